@@ -1,0 +1,62 @@
+"""The API key: loaded from the environment or a file, held so that it cannot leak by accident.
+
+`ApiKey` never shows its value in repr/str, pickles to nothing usable by loggers, and offers a
+fingerprint (the sandbox ledger's `key_id`) for anything that must name a key.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+ENV_VAR = "EMBEDDINGS_API_KEY"
+
+
+class MissingApiKeyError(RuntimeError):
+    """No key was configured; the message says where one is looked for (never a value)."""
+
+
+def key_fingerprint(value: str) -> str:
+    return "key-" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:12]
+
+
+class ApiKey:
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str):
+        value = value.strip()
+        if not value:
+            raise MissingApiKeyError("the API key is empty")
+        self._value = value
+
+    def reveal(self) -> str:
+        """The raw key, for the Authorization header only."""
+        return self._value
+
+    @property
+    def fingerprint(self) -> str:
+        return key_fingerprint(self._value)
+
+    def __repr__(self) -> str:
+        return f"ApiKey({self.fingerprint})"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ApiKey) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def load_api_key(file: str | None = None, env_var: str = ENV_VAR) -> ApiKey:
+    """The key from FILE when given, else from the environment variable."""
+    if file:
+        try:
+            with open(file, encoding="utf-8") as fh:
+                return ApiKey(fh.read())
+        except OSError as exc:
+            raise MissingApiKeyError(f"cannot read the API key file {file}: {exc.strerror}") from None
+    value = os.environ.get(env_var, "")
+    if not value.strip():
+        raise MissingApiKeyError(f"no API key: set {env_var} or pass --api-key-file PATH")
+    return ApiKey(value)
