@@ -1,7 +1,8 @@
 """The API key: loaded from the environment or a file, held so that it cannot leak by accident.
 
-`ApiKey` never shows its value in repr/str, pickles to nothing usable by loggers, and offers a
-fingerprint (the sandbox ledger's `key_id`) for anything that must name a key.
+`ApiKey` never shows its value in repr/str and offers a
+fingerprint (the sandbox ledger's `key_id`) for anything that must name a key. It refuses
+to be pickled, so it cannot ride inside a serialized Beam DoFn.
 """
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class ApiKey:
 
     def __hash__(self) -> int:
         return hash(self._value)
+
+    def __reduce__(self):
+        # A pickled DoFn would carry the key into the job graph; workers load it in setup().
+        raise TypeError("ApiKey cannot be pickled: load it on the worker with load_api_key()")
 
 
 def load_api_key(file: str | None = None, env_var: str = ENV_VAR) -> ApiKey:
