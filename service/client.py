@@ -1,0 +1,490 @@
+"""Typed HTTP client of the embeddings service (spec: /work/shared/spec/service-api.md).
+
+One retry loop (`EmbeddingsClient._call`) serves every endpoint: exponential backoff with
+jitter, Retry-After / retry-after-ms honoured, a cap on attempts and on total time. urllib3's
+own retries are off so nothing else retries behind its back. The same X-Request-Id goes out on
+every attempt of one logical request, so the service's ledger can tie retries together.
+
+The key lives in an ApiKey and is put on the wire by `_BearerAuth` only; errors carry plain
+data, never the requests Response/PreparedRequest (which hold the Authorization header).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import email.utils
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from typing import Any, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
+
+import numpy as np
+import requests
+import requests.adapters
+import requests.auth
+import urllib3.exceptions
+
+from service.credentials import ApiKey
+from service.errors import (APIConnectionError, APITimeoutError, EmbeddingsError,
+                            InvalidResponseError, error_from_response)
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep trying one logical request. The pipeline fills these from configs/."""
+    max_attempts: int = 6            # first try included
+    initial_backoff_s: float = 0.5   # wait before the 2nd attempt; doubles each retry
+    max_backoff_s: float = 20.0      # cap of one computed wait (a Retry-After may exceed it)
+    max_total_s: float = 120.0       # no retry starts if its wait would end after this
+    jitter: float = 0.25             # computed waits shrink by up to this fraction; server ones grow
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0     # per socket read, as requests defines it
+
+    def __post_init__(self):
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter must be in [0, 1]")
+        for name in ("initial_backoff_s", "max_backoff_s", "max_total_s",
+                     "connect_timeout_s", "read_timeout_s"):
+            if getattr(self, name) < 0 or (name.endswith("timeout_s") and getattr(self, name) == 0):
+                raise ValueError(f"{name} must be positive")
+
+
+def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds the server asks us to wait: retry-after-ms first, then Retry-After as seconds
+    or as an HTTP date. None when absent or unreadable. `headers` keys are lower case."""
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / divisor
+        except ValueError:
+            continue
+        if seconds == seconds and seconds != float("inf"):   # not NaN/inf
+            return max(0.0, seconds)
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def backoff_delay(policy: RetryPolicy, retry_number: int, retry_after: float | None,
+                  rand: float) -> float:
+    """Wait before retry number `retry_number` (1 = the 2nd attempt); rand in [0, 1).
+
+    A positive Retry-After is a floor: jitter only lengthens it, so clients told the same
+    time do not all come back at once. Otherwise initial * 2^(n-1), capped, minus jitter."""
+    if retry_after is not None and retry_after > 0:
+        return retry_after * (1 + policy.jitter * rand)
+    base = min(policy.initial_backoff_s * 2.0 ** min(retry_number - 1, 60), policy.max_backoff_s)
+    return base * (1 - policy.jitter * rand)
+
+
+def next_wait(policy: RetryPolicy, attempts_made: int, elapsed_s: float,
+              retry_after: float | None, rand: float) -> float | None:
+    """The wait before the next attempt, or None when attempts or total time are used up."""
+    if attempts_made >= policy.max_attempts:
+        return None
+    wait = backoff_delay(policy, attempts_made, retry_after, rand)
+    if elapsed_s + wait > policy.max_total_s:
+        return None
+    return wait
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    total_tokens: int
+    cost_rub: float | None     # None only when a compatible server does not report it
+    balance: float | None      # balance after this request, RUB
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedResult:
+    model: str
+    vectors: np.ndarray        # float32 (n, d), row i = inputs[i]
+    usage: Usage
+    request_id: str
+    attempts: int
+    latency_ms: float          # wall time of the whole logical request, retries and waits included
+    status: int
+    uncertain_attempts: int    # failed after sending (read timeout, reset, 5xx): may be billed
+
+
+@dataclasses.dataclass(frozen=True)
+class Balance:
+    balance: float
+    budget: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    daily_usage: float
+    monthly_usage: float
+
+
+class _Invalid(ValueError):
+    """A 2xx body that breaks the spec; becomes InvalidResponseError."""
+
+    def __init__(self, message: str, undecodable: bool = False):
+        super().__init__(message)
+        self.undecodable = undecodable
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Invalid(f"{what} is {value!r}, expected a number")
+    return float(value)
+
+
+def _count(value: Any, what: str) -> int:
+    number = _number(value, what)
+    if number < 0 or not number.is_integer():
+        raise _Invalid(f"{what} is {value!r}, expected a non-negative integer")
+    return int(number)
+
+
+def parse_usage(doc: Mapping[str, Any]) -> Usage:
+    usage = doc.get("usage")
+    if not isinstance(usage, Mapping):
+        raise _Invalid("the response has no usage object")
+    prompt = _count(usage.get("prompt_tokens"), "usage.prompt_tokens")
+    total = _count(usage.get("total_tokens", prompt), "usage.total_tokens")
+    cost, balance = usage.get("cost_rub"), usage.get("balance")
+    return Usage(prompt, total,
+                 None if cost is None else _number(cost, "usage.cost_rub"),
+                 None if balance is None else _number(balance, "usage.balance"))
+
+
+def decode_vectors(data: Any, n_inputs: int) -> tuple[np.ndarray, str]:
+    """(n, d) float32 ordered by `index`, and the encoding the server actually used."""
+    if not isinstance(data, list):
+        raise _Invalid("'data' is not a list")
+    if len(data) != n_inputs:
+        raise _Invalid(f"{len(data)} embeddings for {n_inputs} inputs")
+    by_index: list[Any] = [None] * n_inputs
+    seen = [False] * n_inputs
+    for pos, item in enumerate(data):
+        idx = item.get("index") if isinstance(item, Mapping) else None
+        if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx < n_inputs or seen[idx]:
+            raise _Invalid(f"indexes are not a permutation of 0..{n_inputs - 1} "
+                           f"(entry {pos} has index {idx!r})")
+        seen[idx] = True
+        by_index[idx] = item.get("embedding")
+    kinds = {type(e) for e in by_index}
+    if kinds == {str}:
+        try:
+            raw = [base64.b64decode(e, validate=True) for e in by_index]
+        except (binascii.Error, ValueError):
+            raise _Invalid("an embedding is not valid base64", undecodable=True) from None
+        _same_length([len(r) for r in raw], "bytes")
+        if len(raw[0]) % 4:
+            raise _Invalid(f"base64 vectors of {len(raw[0])} bytes are not float32 arrays",
+                           undecodable=True)
+        vectors = np.empty((n_inputs, len(raw[0]) // 4), dtype=np.float32)
+        for row, chunk in enumerate(raw):
+            vectors[row] = np.frombuffer(chunk, dtype="<f4")
+        encoding = "base64"
+    elif kinds == {list}:
+        _same_length([len(e) for e in by_index], "numbers")
+        try:
+            vectors = np.asarray(by_index, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise _Invalid("an embedding list holds something other than numbers") from None
+        encoding = "float"
+    else:
+        names = sorted(k.__name__ for k in kinds)
+        raise _Invalid(f"embeddings are {names}; expected all base64 strings or all number lists")
+    if not np.isfinite(vectors).all():
+        raise _Invalid("vectors hold NaN or infinite values")
+    return vectors, encoding
+
+
+def _same_length(lengths: list[int], unit: str) -> None:
+    if len(set(lengths)) != 1:
+        raise _Invalid(f"vectors differ in length: {min(lengths)}..{max(lengths)} {unit}")
+    if lengths[0] == 0:
+        raise _Invalid("vectors are empty")
+
+
+class _BearerAuth(requests.auth.AuthBase):
+    """Sets the header at send time. Passing auth also stops requests from replacing it with
+    credentials from ~/.netrc."""
+
+    def __init__(self, key: ApiKey):
+        self._key = key
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = "Bearer " + self._key.reveal()
+        return request
+
+    def __repr__(self) -> str:
+        return f"_BearerAuth({self._key!r})"
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """One attempt: an HTTP answer, or a transport error (and whether the request had gone out)."""
+    status: int = 0
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    body: bytes = b""
+    error: EmbeddingsError | None = None
+    sent: bool = True
+
+
+@dataclasses.dataclass
+class _Reply:
+    headers: dict[str, str]
+    body: bytes
+    status: int
+    attempts: int
+    uncertain_attempts: int
+    latency_ms: float
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and everything it wraps (requests -> urllib3 -> socket)."""
+    stack, seen = [exc], set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack += [getattr(e, "reason", None), e.__cause__, e.__context__,
+                  *(a for a in e.args if isinstance(a, BaseException))]
+
+
+def _transport_error(exc: requests.RequestException, url: str, timeout: tuple[float, float],
+                     request_id: str) -> _Outcome:
+    """Our typed error for a requests exception, built from strings only (no request object)."""
+    chain = list(_causes(exc))
+    root = next((e for e in reversed(chain) if isinstance(e, OSError)), exc)
+    reason = f"{type(root).__name__}: {root}" if str(root) else type(root).__name__
+    connect_phase = isinstance(exc, requests.exceptions.ConnectTimeout) or any(
+        isinstance(e, urllib3.exceptions.ConnectTimeoutError) for e in chain)  # incl. refused, DNS
+    read_timeout = isinstance(exc, requests.exceptions.ReadTimeout) or any(
+        isinstance(e, urllib3.exceptions.ReadTimeoutError) for e in chain)
+    kw = dict(request_id=request_id)
+    if connect_phase and isinstance(exc, requests.exceptions.Timeout):
+        return _Outcome(error=APITimeoutError(f"connect timeout ({timeout[0]} s) to {url}", **kw),
+                        sent=False)
+    if connect_phase:
+        return _Outcome(error=APIConnectionError(f"cannot connect to {url}: {reason}", **kw), sent=False)
+    if read_timeout:
+        return _Outcome(error=APITimeoutError(
+            f"no response from {url} within the read timeout ({timeout[1]} s); the request was "
+            "sent and may have been billed", **kw))
+    if isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError,
+                        requests.exceptions.ContentDecodingError)):
+        return _Outcome(error=APIConnectionError(
+            f"connection to {url} broke after the request was sent ({reason}); it may have "
+            "been billed", **kw))
+    return _Outcome(error=EmbeddingsError(f"request to {url} failed: {reason}", retryable=False, **kw),
+                    sent=False)
+
+
+class EmbeddingsClient:
+    """Thread-safe: one requests.Session shared by all threads. Its per-request state is the
+    urllib3 pool (thread-safe) and the cookie jar (locked; the service sets no cookies)."""
+
+    def __init__(self, base_url: str, api_key: ApiKey, *, account_segment: str = "service",
+                 retry: RetryPolicy = RetryPolicy(), pool_size: int = 32,
+                 encoding_format: str = "base64"):
+        if not isinstance(api_key, ApiKey):
+            raise TypeError("api_key must be a service.credentials.ApiKey")
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if parts.username or parts.password:
+            raise ValueError("base_url must not carry credentials; the key goes in an ApiKey")
+        if encoding_format not in ("base64", "float"):
+            raise ValueError(f"encoding_format must be 'base64' or 'float', got {encoding_format!r}")
+        if pool_size < 1:
+            raise ValueError("pool_size must be >= 1")
+        self.base_url = base_url.rstrip("/")
+        self.account_segment = account_segment.strip("/")
+        self.retry = retry
+        self.encoding_format = encoding_format
+        self._key = api_key
+        self._auth = _BearerAuth(api_key)
+        self._timeout = (retry.connect_timeout_s, retry.read_timeout_s)
+        self._fallback_lock = threading.Lock()
+        self._session = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_size,
+                                                max_retries=0)
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+
+    def __repr__(self) -> str:
+        return (f"EmbeddingsClient(base_url={self.base_url!r}, key={self._key!r}, "
+                f"encoding_format={self.encoding_format!r})")
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> EmbeddingsClient:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    def embed(self, model: str, inputs: Sequence[str], *, dimensions: int | None = None,
+              request_id: str | None = None) -> EmbedResult:
+        """Embed `inputs` (a list of non-empty strings) in one logical request."""
+        if isinstance(inputs, (str, bytes)):
+            raise TypeError("inputs must be a sequence of strings, not a single string")
+        inputs = list(inputs)
+        if not inputs:
+            raise ValueError("inputs is empty: nothing to embed")
+        for i, text in enumerate(inputs):
+            if not isinstance(text, str):
+                raise TypeError(f"inputs[{i}] is {type(text).__name__}, expected str")
+            if not text:
+                raise ValueError(f"inputs[{i}] is an empty string; the service rejects those")
+        if not isinstance(model, str) or not model:
+            raise ValueError("model must be a non-empty string")
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or dimensions < 1):
+            raise ValueError(f"dimensions must be a positive integer, got {dimensions!r}")
+        request_id = request_id or uuid.uuid4().hex
+        payload: dict[str, Any] = {"model": model, "input": inputs,
+                                   "encoding_format": self.encoding_format}
+        if dimensions is not None:
+            payload["dimensions"] = dimensions
+        reply = self._call("POST", "/embeddings", request_id,
+                           json.dumps(payload, ensure_ascii=False).encode("utf-8"))
+        usage = None
+        try:
+            doc = self._json(reply)
+            usage = parse_usage(doc)
+            vectors, used = decode_vectors(doc.get("data"), len(inputs))
+            if dimensions is not None and vectors.shape[1] != dimensions:
+                raise _Invalid(f"asked for {dimensions} dimensions, got {vectors.shape[1]}")
+        except _Invalid as exc:
+            if exc.undecodable:
+                self._use_float("its base64 vectors were not float32 arrays")
+            raise self._invalid(str(exc), reply, request_id, usage) from None
+        if used == "float" and self.encoding_format == "base64":
+            self._use_float("it answered a base64 request with float lists")
+        answered_model = doc.get("model")
+        return EmbedResult(model=answered_model if isinstance(answered_model, str) else model,
+                           vectors=vectors, usage=usage, request_id=request_id,
+                           attempts=reply.attempts, latency_ms=reply.latency_ms,
+                           status=reply.status, uncertain_attempts=reply.uncertain_attempts)
+
+    def balance(self) -> Balance:
+        reply = self._call("GET", f"/{self.account_segment}/balance", uuid.uuid4().hex)
+        try:
+            doc = self._json(reply)
+            budget = doc.get("budget")
+            return Balance(_number(doc.get("balance"), "balance"),
+                           None if budget is None else _number(budget, "budget"))
+        except _Invalid as exc:
+            raise self._invalid(str(exc), reply, None, None) from None
+
+    def stats(self) -> Stats:
+        reply = self._call("GET", f"/{self.account_segment}/stats", uuid.uuid4().hex)
+        try:
+            doc = self._json(reply)
+            return Stats(_number(doc.get("daily_usage"), "daily_usage"),
+                         _number(doc.get("monthly_usage"), "monthly_usage"))
+        except _Invalid as exc:
+            raise self._invalid(str(exc), reply, None, None) from None
+
+    # -- the one retry loop ---------------------------------------------------------------
+
+    def _call(self, method: str, path: str, request_id: str, body: bytes | None = None) -> _Reply:
+        url = self.base_url + path
+        started = time.monotonic()
+        attempts = uncertain = 0
+        while True:
+            attempts += 1
+            outcome = self._attempt(method, url, body, request_id)
+            if outcome.error is None and 200 <= outcome.status < 300:
+                return _Reply(outcome.headers, outcome.body, outcome.status, attempts, uncertain,
+                              (time.monotonic() - started) * 1000)
+            retry_after = None
+            if outcome.error is not None:
+                error = outcome.error
+            else:
+                retry_after = parse_retry_after(outcome.headers)
+                error = error_from_response(outcome.status, outcome.headers, outcome.body,
+                                            request_id=request_id, retry_after=retry_after,
+                                            secret=self._key.reveal())
+            if outcome.sent and (outcome.error is not None or outcome.status >= 500):
+                uncertain += 1
+            elapsed = time.monotonic() - started
+            wait = (next_wait(self.retry, attempts, elapsed, retry_after, random.random())
+                    if error.retryable else None)
+            if wait is None:
+                error.attempts, error.uncertain_attempts = attempts, uncertain
+                error.latency_ms = elapsed * 1000
+                raise error
+            reason = (f"HTTP {outcome.status}" + (f" {error.code}" if error.code else "")
+                      if outcome.error is None else type(error).__name__)
+            log.log(logging.INFO if outcome.status == 429 else logging.WARNING,
+                    "%s %s attempt %d/%d failed (%s); retrying in %.2f s%s [request_id=%s]",
+                    method, path, attempts, self.retry.max_attempts, reason, wait,
+                    " as the server asked" if retry_after else "", request_id)
+            time.sleep(wait)
+
+    def _attempt(self, method: str, url: str, body: bytes | None, request_id: str) -> _Outcome:
+        headers = {"Accept": "application/json", "X-Request-Id": request_id}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            response = self._session.request(method, url, data=body, headers=headers,
+                                             auth=self._auth, timeout=self._timeout,
+                                             allow_redirects=False)
+            with response:
+                content = response.content
+        except requests.RequestException as exc:
+            return _transport_error(exc, url, self._timeout, request_id)
+        return _Outcome(status=response.status_code, body=content,
+                        headers={k.lower(): v for k, v in response.headers.items()})
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @staticmethod
+    def _json(reply: _Reply) -> Mapping[str, Any]:
+        try:
+            doc = json.loads(reply.body)
+        except (ValueError, UnicodeDecodeError):
+            ctype = reply.headers.get("content-type", "unknown type").split(";")[0]
+            raise _Invalid(f"HTTP {reply.status} with a non-JSON body "
+                           f"({ctype}, {len(reply.body)} bytes)") from None
+        if not isinstance(doc, Mapping):
+            raise _Invalid(f"HTTP {reply.status} body is a JSON {type(doc).__name__}, not an object")
+        return doc
+
+    @staticmethod
+    def _invalid(message: str, reply: _Reply, request_id: str | None,
+                 usage: Usage | None) -> InvalidResponseError:
+        return InvalidResponseError(f"invalid response: {message}", usage=usage, status=reply.status,
+                                    request_id=request_id, attempts=reply.attempts,
+                                    uncertain_attempts=reply.uncertain_attempts,
+                                    latency_ms=reply.latency_ms)
+
+    def _use_float(self, why: str) -> None:
+        with self._fallback_lock:
+            if self.encoding_format == "float":
+                return
+            self.encoding_format = "float"
+        log.warning("the service ignores encoding_format=base64 (%s): asking for float from now on",
+                    why)
