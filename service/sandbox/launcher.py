@@ -1,0 +1,156 @@
+"""Start and control a sandbox subprocess: for tests, the demo and the benchmarks.
+
+    with SandboxProcess(tmp / "sb.db", key="sk-test", balance=10.0) as sb:
+        requests.post(sb.base_url + "/embeddings", ...)
+
+The child is `sys.executable -m service.sandbox` on a free loopback port; its log goes to
+`<db>.log` (never a key: the sandbox logs fingerprints). The key travels in argv, which is
+acceptable for a test server only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from .store import read_ledger
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class SandboxError(RuntimeError):
+    """The sandbox did not start or stop as asked; the message carries the end of its log."""
+
+
+class SandboxProcess:
+    def __init__(self, db, key: str | None = "sk-test", balance: float | None = 1000.0,
+                 budget: float | None = None, args: Sequence[str] = (), port: int = 0,
+                 host: str = "127.0.0.1", start_timeout_s: float = 30.0):
+        self.db = str(db)
+        self.host = host
+        self._key, self._balance, self._budget = key, balance, budget
+        self._args = [str(a) for a in args]
+        self._requested_port = port
+        self._start_timeout_s = start_timeout_s
+        self.port: int | None = None
+        self.log_path = self.db + ".log"
+        self._ready_file = self.db + ".ready"
+        self._proc: subprocess.Popen | None = None
+        self._log_fh = None
+
+    @property
+    def base_url(self) -> str:
+        if self.port is None:
+            raise SandboxError("the sandbox has not been started")
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _argv(self, port: int) -> list[str]:
+        argv = [sys.executable, "-m", "service.sandbox", "--host", self.host, "--port", str(port),
+                "--db", self.db, "--ready-file", self._ready_file]
+        if self._key is not None:
+            argv += ["--key", self._key, "--balance", repr(float(self._balance))]
+            if self._budget is not None:
+                argv += ["--budget", repr(float(self._budget))]
+        return argv + self._args
+
+    def start(self) -> "SandboxProcess":
+        if self.running():
+            raise SandboxError("the sandbox is already running")
+        port = self.port if self.port is not None else self._requested_port
+        if os.path.exists(self._ready_file):
+            os.remove(self._ready_file)
+        self._log_fh = open(self.log_path, "ab")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
+        self._proc = subprocess.Popen(self._argv(port), stdin=subprocess.DEVNULL, stdout=self._log_fh,
+                                      stderr=subprocess.STDOUT, env=env, cwd=_REPO_ROOT)
+        try:
+            self.port = self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_ready(self) -> int:
+        deadline = time.monotonic() + self._start_timeout_s
+        port = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise SandboxError(f"the sandbox exited with {self._proc.returncode}:\n{self.log_tail()}")
+            if port is None and os.path.exists(self._ready_file):
+                with open(self._ready_file, encoding="utf-8") as fh:
+                    port = json.load(fh)["port"]
+            if port is not None and self._healthy(port):
+                return port
+            time.sleep(0.02)
+        raise SandboxError(f"the sandbox was not ready within {self._start_timeout_s} s:\n{self.log_tail()}")
+
+    def _healthy(self, port: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{port}/healthz", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within TIMEOUT_S."""
+        if self.running():
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout_s)
+        self._close_log()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as a crash would leave it."""
+        if self.running():
+            self._proc.kill()
+            self._proc.wait(10)
+        self._close_log()
+
+    def restart(self) -> "SandboxProcess":
+        """Stop if running, then start again on the same port and database."""
+        self.stop()
+        return self.start()
+
+    def _close_log(self) -> None:
+        if self._log_fh:
+            self._log_fh.close()
+            self._log_fh = None
+
+    def log_tail(self, n_bytes: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(max(0, os.path.getsize(self.log_path) - n_bytes))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def ledger(self) -> list[dict]:
+        """The ledger rows, as `python -m service.sandbox ledger` prints them."""
+        return list(read_ledger(self.db))
+
+    def __enter__(self) -> "SandboxProcess":
+        return self if self.running() else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"SandboxProcess(db={self.db!r}, port={self.port}, pid={self.pid})"

@@ -1,0 +1,159 @@
+"""Accounts, keys and the ledger in SQLite.
+
+WAL with synchronous=FULL: a charge is on disk before its answer is sent, so kill -9 (or a
+power cut) loses no charge the client saw. A charge is one BEGIN IMMEDIATE transaction that
+checks and debits the balance and the key budget and inserts the ledger row; a process-wide
+lock serialises writers on the one connection (no lost updates, no busy retries).
+Money is integer micro-roubles. Keys are stored by fingerprint only, never by value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import sqlite3
+import threading
+from typing import Iterator
+from zoneinfo import ZoneInfo
+
+from .money import from_micro
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS accounts (
+    account TEXT PRIMARY KEY,
+    balance_micro INTEGER NOT NULL CHECK (balance_micro >= 0)
+);
+CREATE TABLE IF NOT EXISTS keys (
+    key_id TEXT PRIMARY KEY,
+    account TEXT NOT NULL REFERENCES accounts(account),
+    budget_micro INTEGER CHECK (budget_micro IS NULL OR budget_micro >= 0)
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    request_id TEXT NOT NULL,
+    account TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    total_tokens INTEGER NOT NULL,
+    cost_micro INTEGER NOT NULL,
+    balance_after_micro INTEGER NOT NULL,
+    input_sha256 TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ledger_account_time ON ledger (account, created_at);
+"""
+# Fixed width, so text order is time order in SQL comparisons.
+_TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def utc_timestamp(when: dt.datetime) -> str:
+    return when.astimezone(dt.timezone.utc).strftime(_TS_FORMAT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Charge:
+    request_id: str
+    key_id: str
+    model: str
+    prompt_tokens: int
+    total_tokens: int
+    cost_micro: int
+    input_sha256: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChargeResult:
+    ok: bool
+    balance_micro: int      # after the charge when ok, current otherwise
+    refusal: str = ""       # "balance" or "budget" when not ok
+
+
+class Store:
+    def __init__(self, path: str):
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def ensure_account(self, account: str, balance_micro: int) -> None:
+        """Create ACCOUNT with its initial balance unless it exists: a restart keeps balances."""
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO accounts VALUES (?, ?)", (account, balance_micro))
+
+    def ensure_key(self, key_id: str, account: str, budget_micro: int | None) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO keys VALUES (?, ?, ?)", (key_id, account, budget_micro))
+
+    def balance(self, key_id: str) -> tuple[int, int | None]:
+        """(account balance, key budget or None), micro-roubles."""
+        with self._lock:
+            return self._db.execute(
+                "SELECT a.balance_micro, k.budget_micro FROM keys k JOIN accounts a USING (account)"
+                " WHERE k.key_id = ?", (key_id,)).fetchone()
+
+    def charge(self, account: str, c: Charge, now: dt.datetime) -> ChargeResult:
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                balance, budget = db.execute(
+                    "SELECT a.balance_micro, k.budget_micro FROM keys k JOIN accounts a USING (account)"
+                    " WHERE k.key_id = ?", (c.key_id,)).fetchone()
+                if c.cost_micro > balance:
+                    db.execute("ROLLBACK")
+                    return ChargeResult(False, balance, "balance")
+                if budget is not None and c.cost_micro > budget:
+                    db.execute("ROLLBACK")
+                    return ChargeResult(False, balance, "budget")
+                after = balance - c.cost_micro
+                db.execute("UPDATE accounts SET balance_micro = ? WHERE account = ?", (after, account))
+                if budget is not None:
+                    db.execute("UPDATE keys SET budget_micro = ? WHERE key_id = ?",
+                               (budget - c.cost_micro, c.key_id))
+                db.execute(
+                    "INSERT INTO ledger (request_id, account, key_id, model, prompt_tokens, total_tokens,"
+                    " cost_micro, balance_after_micro, input_sha256, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (c.request_id, account, c.key_id, c.model, c.prompt_tokens, c.total_tokens,
+                     c.cost_micro, after, json.dumps(c.input_sha256), utc_timestamp(now)))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            return ChargeResult(True, after)
+
+    def usage(self, account: str, now: dt.datetime, tz: ZoneInfo) -> tuple[int, int]:
+        """(daily, monthly) spending in micro-roubles: since local midnight of today in TZ, and
+        since local midnight 30 days earlier (today plus the 30 days before: 31 days)."""
+        midnight = now.astimezone(tz).replace(hour=0, minute=0, second=0, microsecond=0)
+        day_start = utc_timestamp(midnight)
+        month_start = utc_timestamp(midnight - dt.timedelta(days=30))  # wall-clock arithmetic in TZ
+        with self._lock:
+            return self._db.execute(
+                "SELECT COALESCE(SUM(CASE WHEN created_at >= ? THEN cost_micro END), 0),"
+                " COALESCE(SUM(cost_micro), 0) FROM ledger WHERE account = ? AND created_at >= ?",
+                (day_start, account, month_start)).fetchone()
+
+
+def read_ledger(path: str) -> Iterator[dict]:
+    """The ledger as design.md's records, in charge order; safe beside a running sandbox."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT request_id, key_id, model, prompt_tokens, total_tokens, cost_micro,"
+            " balance_after_micro, input_sha256, created_at FROM ledger ORDER BY seq")
+        for rid, key_id, model, prompt, total, cost, after, shas, created in rows:
+            yield {"request_id": rid, "key_id": key_id, "model": model, "prompt_tokens": prompt,
+                   "total_tokens": total, "cost_rub": from_micro(cost),
+                   "balance_after": from_micro(after), "input_sha256": json.loads(shas),
+                   "created_at": created}
+    finally:
+        db.close()
