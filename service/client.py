@@ -136,6 +136,9 @@ class Stats:
     monthly_usage: float
 
 
+_NOT_JSON = object()
+
+
 class _Invalid(ValueError):
     """A 2xx body that breaks the spec; becomes InvalidResponseError."""
 
@@ -369,7 +372,7 @@ class EmbeddingsClient:
             payload["dimensions"] = dimensions
         reply = self._call("POST", "/embeddings", request_id,
                            json.dumps(payload, ensure_ascii=False).encode("utf-8"))
-        usage = None
+        usage, problem = None, None
         try:
             doc = self._json(reply)
             usage = parse_usage(doc)
@@ -377,9 +380,11 @@ class EmbeddingsClient:
             if dimensions is not None and vectors.shape[1] != dimensions:
                 raise _Invalid(f"asked for {dimensions} dimensions, got {vectors.shape[1]}")
         except _Invalid as exc:
-            if exc.undecodable:
+            problem = exc
+        if problem is not None:   # raised outside `except`: no chained context holding the body
+            if problem.undecodable:
                 self._use_float("its base64 vectors were not float32 arrays")
-            raise self._invalid(str(exc), reply, request_id, usage) from None
+            raise self._invalid(str(problem), reply, request_id, usage)
         if used == "float" and self.encoding_format == "base64":
             self._use_float("it answered a base64 request with float lists")
         answered_model = doc.get("model")
@@ -390,22 +395,14 @@ class EmbeddingsClient:
 
     def balance(self) -> Balance:
         reply = self._call("GET", f"/{self.account_segment}/balance", uuid.uuid4().hex)
-        try:
-            doc = self._json(reply)
-            budget = doc.get("budget")
-            return Balance(_number(doc.get("balance"), "balance"),
-                           None if budget is None else _number(budget, "budget"))
-        except _Invalid as exc:
-            raise self._invalid(str(exc), reply, None, None) from None
+        return self._parse(reply, lambda doc: Balance(
+            _number(doc.get("balance"), "balance"),
+            None if doc.get("budget") is None else _number(doc.get("budget"), "budget")))
 
     def stats(self) -> Stats:
         reply = self._call("GET", f"/{self.account_segment}/stats", uuid.uuid4().hex)
-        try:
-            doc = self._json(reply)
-            return Stats(_number(doc.get("daily_usage"), "daily_usage"),
-                         _number(doc.get("monthly_usage"), "monthly_usage"))
-        except _Invalid as exc:
-            raise self._invalid(str(exc), reply, None, None) from None
+        return self._parse(reply, lambda doc: Stats(_number(doc.get("daily_usage"), "daily_usage"),
+                                                    _number(doc.get("monthly_usage"), "monthly_usage")))
 
     # -- the one retry loop ---------------------------------------------------------------
 
@@ -461,14 +458,24 @@ class EmbeddingsClient:
 
     # -- helpers --------------------------------------------------------------------------
 
+    def _parse(self, reply: _Reply, build: Any) -> Any:
+        problem = None
+        try:
+            return build(self._json(reply))
+        except _Invalid as exc:
+            problem = exc
+        raise self._invalid(str(problem), reply, None, None)
+
     @staticmethod
     def _json(reply: _Reply) -> Mapping[str, Any]:
         try:
             doc = json.loads(reply.body)
         except (ValueError, UnicodeDecodeError):
+            doc = _NOT_JSON   # the decode error quotes the body: keep it out of any exception chain
+        if doc is _NOT_JSON:
             ctype = reply.headers.get("content-type", "unknown type").split(";")[0]
             raise _Invalid(f"HTTP {reply.status} with a non-JSON body "
-                           f"({ctype}, {len(reply.body)} bytes)") from None
+                           f"({ctype}, {len(reply.body)} bytes)")
         if not isinstance(doc, Mapping):
             raise _Invalid(f"HTTP {reply.status} body is a JSON {type(doc).__name__}, not an object")
         return doc
