@@ -433,7 +433,8 @@ class EmbeddingsClient:
                 error.attempts, error.uncertain_attempts = attempts, uncertain
                 error.latency_ms = elapsed * 1000
                 raise error
-            reason = (f"HTTP {outcome.status}" + (f" {error.code}" if error.code else "")
+            reason = (f"HTTP {outcome.status}" + (f" {error.code}" if error.code not in
+                                                  (None, "", outcome.status) else "")
                       if outcome.error is None else type(error).__name__)
             log.log(logging.INFO if outcome.status == 429 else logging.WARNING,
                     "%s %s attempt %d/%d failed (%s); retrying in %.2f s%s [request_id=%s]",
