@@ -82,6 +82,7 @@ class Sandbox:
         self.embedding_limits = (TokenBuckets(rps, config.faults.embeddings_burst or max(1.0, rps))
                                  if rps else None)
         self.encoding = get_encoding("cl100k_base")   # load before reporting ready
+        embed_batch("warm-up", ["warm up"], 8)         # builds the embedder's tables
         prefix = "/v1/" + config.account_segment
         self.routes = {("POST", "/v1/embeddings"): "embeddings", ("GET", prefix + "/balance"): "balance",
                        ("GET", prefix + "/stats"): "stats", ("GET", "/healthz"): "healthz"}
