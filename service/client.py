@@ -394,14 +394,12 @@ class EmbeddingsClient:
                            status=reply.status, uncertain_attempts=reply.uncertain_attempts)
 
     def balance(self) -> Balance:
-        reply = self._call("GET", f"/{self.account_segment}/balance", uuid.uuid4().hex)
-        return self._parse(reply, lambda doc: Balance(
+        return self._get("balance", lambda doc: Balance(
             _number(doc.get("balance"), "balance"),
             None if doc.get("budget") is None else _number(doc.get("budget"), "budget")))
 
     def stats(self) -> Stats:
-        reply = self._call("GET", f"/{self.account_segment}/stats", uuid.uuid4().hex)
-        return self._parse(reply, lambda doc: Stats(_number(doc.get("daily_usage"), "daily_usage"),
+        return self._get("stats", lambda doc: Stats(_number(doc.get("daily_usage"), "daily_usage"),
                                                     _number(doc.get("monthly_usage"), "monthly_usage")))
 
     # -- the one retry loop ---------------------------------------------------------------
@@ -459,13 +457,16 @@ class EmbeddingsClient:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _parse(self, reply: _Reply, build: Any) -> Any:
+    def _get(self, endpoint: str, build: Any) -> Any:
+        """GET an account endpoint and BUILD the result from its JSON."""
+        request_id = uuid.uuid4().hex
+        reply = self._call("GET", f"/{self.account_segment}/{endpoint}", request_id)
         problem = None
         try:
             return build(self._json(reply))
         except _Invalid as exc:
             problem = exc
-        raise self._invalid(str(problem), reply, None, None)
+        raise self._invalid(str(problem), reply, request_id, None)
 
     @staticmethod
     def _json(reply: _Reply) -> Mapping[str, Any]:

@@ -376,3 +376,13 @@ def test_the_key_never_appears_on_any_error_path(canned, caplog):
     for e in errors:
         assert not any(KEY in t for t in _exception_texts(e)), type(e)
     assert caplog.records and not any(KEY in r.getMessage() for r in caplog.records)
+
+
+def test_account_answers_of_the_wrong_shape_are_invalid(canned, client):
+    canned.script.extend([{"status": 200, "json": {"balance": "12"}},
+                          {"status": 200, "json": {"daily_usage": 1}}])
+    with pytest.raises(E.InvalidResponseError, match="balance is '12'") as info:
+        client.balance()
+    assert info.value.request_id == canned.seen[0]["headers"]["X-Request-Id"]
+    with pytest.raises(E.InvalidResponseError, match="monthly_usage is None"):
+        client.stats()
