@@ -11,7 +11,6 @@ A refused request is never charged.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import hashlib
 import hmac
 import json
@@ -311,8 +310,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _stats(self, key: KeySpec) -> None:
         self._account_limit(key)
-        now = dt.datetime.now(dt.timezone.utc)
-        daily, monthly = self.sandbox.store.usage(key.account, now, self.sandbox.config.tz)
+        daily, monthly = self.sandbox.store.usage(key.account, self.sandbox.config.tz)
         self._send(200, {"daily_usage": from_micro(daily), "monthly_usage": from_micro(monthly)})
 
     def _embeddings(self, key: KeySpec) -> None:
@@ -342,8 +340,7 @@ class Handler(BaseHTTPRequestHandler):
         if wait_s > 0:
             time.sleep(wait_s)
         shas = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts]
-        result = sb.store.charge(key.account, Charge(request_id, key.key_id, model.name, total, total, cost, shas),
-                                 dt.datetime.now(dt.timezone.utc))
+        result = sb.store.charge(Charge(request_id, key.key_id, model.name, total, total, cost, shas))
         if not result.ok:
             raise self._insufficient(result.refusal, cost)
         if fault == "slow":
