@@ -288,6 +288,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _reset(self) -> None:
         """Abort the connection with RST, as a crashing proxy would."""
+        log.info("%s %s -> connection reset (injected)", self.command, self.path)
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.close_connection = True
         self.connection.close()
