@@ -65,3 +65,37 @@ def load_api_key(file: str | None = None, env_var: str = ENV_VAR) -> ApiKey:
     if not value.strip():
         raise MissingApiKeyError(f"no API key: set {env_var} or pass --api-key-file PATH")
     return ApiKey(value)
+
+
+class KeySource:
+    """Where a worker finds the key: a file, a secret manager name, or the environment.
+
+    Picklable and holds no key, so it can travel inside a DoFn; `load()` runs on the worker.
+    """
+
+    def __init__(self, file: str | None = None, secret: str | None = None, env_var: str = ENV_VAR):
+        self.file, self.secret, self.env_var = file, secret, env_var
+
+    def load(self) -> ApiKey:
+        if self.secret:
+            return _from_secret_manager(self.secret)
+        return load_api_key(self.file, self.env_var)
+
+    def __repr__(self) -> str:
+        where = f"secret {self.secret}" if self.secret else f"file {self.file}" if self.file else f"${self.env_var}"
+        return f"KeySource({where})"
+
+
+def _from_secret_manager(name: str) -> ApiKey:
+    """NAME is a Secret Manager version ('projects/P/secrets/S/versions/latest'). The library
+    is an optional extra ('embedpipe[gcp]'), imported only when this is used."""
+    try:
+        from google.cloud import secretmanager  # type: ignore[import-not-found]
+    except ImportError:
+        raise MissingApiKeyError("--api-key-secret needs google-cloud-secret-manager on the workers: "
+                                 "install embedpipe[gcp]") from None
+    try:
+        reply = secretmanager.SecretManagerServiceClient().access_secret_version(name=name)
+    except Exception as exc:  # the library raises many types; say which secret, never a value
+        raise MissingApiKeyError(f"cannot read secret {name}: {type(exc).__name__}") from None
+    return ApiKey(reply.payload.data.decode("utf-8"))

@@ -1,0 +1,109 @@
+"""embedpipe command line: run, plan, demo, report.
+
+    python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [options]
+    python -m pipeline plan --input GLOB --model M --base-url URL [--json]
+
+User mistakes end in one clear message and an exit code, never a traceback.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from pipeline import profiles
+from pipeline.inputs import UsageError
+from pipeline.job import resolve
+from pipeline.options import EmbedPipeOptions
+from pipeline.summary import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from service import errors
+from service.catalog import ConfigError
+from service.credentials import MissingApiKeyError
+from service.tokenizer import TokenizerError
+
+log = logging.getLogger("embedpipe")
+
+USAGE = __doc__
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("embedpipe", "service", "transforms", "pipeline"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def _options(argv: list[str]) -> EmbedPipeOptions:
+    return EmbedPipeOptions(profiles.expand(argv))
+
+
+def cmd_run(argv: list[str]) -> int:
+    from pipeline.run import execute
+    code, report = execute(resolve(_options(argv), need_output=True))
+    print(json.dumps({k: report[k] for k in ("run_id", "documents", "chunks", "embedded", "failed",
+                                             "pending", "requests", "prompt_tokens", "cost_rub",
+                                             "pending_reasons", "failed_reasons", "exit_code")}, indent=2))
+    messages = {
+        EXIT_FAILED: "stopped early: {why}. The unsent chunks are in pending-*.parquet; fix the cause "
+                     "and run again with --resume.",
+        EXIT_DOES_NOT_FIT: "the estimate does not fit the spendable amount: nothing was sent. Raise "
+                           "--max-spend-rub or the balance, or pass --allow-partial.",
+        4: "the budget ran out: the rest is in pending-*.parquet; run again with --resume when there "
+           "is more budget.",
+    }
+    if code in messages:
+        why = ", ".join(report["pending_reasons"]) or "see summary.json"
+        log.error(messages[code].format(why=why))
+    return code
+
+
+def cmd_plan(argv: list[str]) -> int:
+    from pipeline.plan import plan, render
+    opts = _options(argv)
+    result = plan(resolve(opts, need_output=False))
+    print(json.dumps(result, indent=2) if opts.json else render(result))
+    return EXIT_OK if result["fits"] else EXIT_DOES_NOT_FIT
+
+
+def cmd_demo(argv: list[str]) -> int:
+    from pipeline.demo import main as demo_main
+    return demo_main(argv)
+
+
+def cmd_report(argv: list[str]) -> int:
+    from pipeline.report import main as report_main
+    return report_main(argv)
+
+
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        print(USAGE, file=sys.stderr)
+        return EXIT_USAGE
+    _logging("--verbose" in argv)
+    command, rest = argv[0], [a for a in argv[1:] if a != "--verbose"]
+    try:
+        return COMMANDS[command](rest)
+    except (UsageError, ConfigError, MissingApiKeyError, TokenizerError) as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+    except errors.AuthenticationError as exc:
+        log.error("the service refused the API key (%s): check EMBEDDINGS_API_KEY or --api-key-file",
+                  exc.message)
+        return EXIT_FAILED
+    except errors.PermissionDeniedError as exc:
+        log.error("the key may not do this (403: %s)", exc.message)
+        return EXIT_FAILED
+    except errors.EmbeddingsError as exc:
+        log.error("the service could not be used: %s", exc)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        log.error("interrupted; run again with --resume to continue without paying twice")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Typed run settings: configs/pipeline.yaml (or --run-config FILE), overridden by flags."""
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+from typing import Any, Mapping
+
+import yaml
+
+from service.catalog import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSettings:
+    max_attempts: int = 6
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 20.0
+    max_total_s: float = 120.0
+    jitter: float = 0.25
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    pool_size: int = 32
+    encoding_format: str = "base64"
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSettings:
+    overlap_tokens: int = 0
+    boundary_window: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class PackSettings:
+    fill_target: float = 0.95
+    max_open_requests: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedSettings:
+    max_in_flight: int = 4
+    progress_interval_s: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetSettings:
+    reserve_rub: float = 0.0
+    price_margin: float = 1.25
+    balance_poll_s: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimitSettings:
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteSettings:
+    codec: str = "zstd"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    client: ClientSettings = ClientSettings()
+    split: SplitSettings = SplitSettings()
+    pack: PackSettings = PackSettings()
+    embed: EmbedSettings = EmbedSettings()
+    budget: BudgetSettings = BudgetSettings()
+    rate_limits: RateLimitSettings = RateLimitSettings()
+    write: WriteSettings = WriteSettings()
+
+    def replace(self, section: str, **changes: Any) -> "RunSettings":
+        return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
+
+
+def _section(cls: type, raw: Any, where: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - fields.keys())
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; known: {sorted(fields)}")
+    values = {}
+    for name, value in raw.items():
+        default = getattr(cls(), name)
+        if isinstance(default, bool) or type(default) is str:
+            ok = type(value) is type(default)
+        else:  # numbers: an int is fine where a float is expected, never a bool
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            ok = ok and (isinstance(default, float) or isinstance(value, int))
+        if not ok:
+            raise ConfigError(f"{where}.{name}: expected a non-negative {type(default).__name__}, got {value!r}")
+        values[name] = float(value) if isinstance(default, float) else value
+    return cls(**values)
+
+
+def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of sections")
+    sections = {f.name: f.type for f in dataclasses.fields(RunSettings)}
+    unknown = sorted(set(doc) - sections.keys())
+    if unknown:
+        raise ConfigError(f"{where}: unknown section(s) {unknown}; known: {sorted(sections)}")
+    types = {f.name: type(f.default) for f in dataclasses.fields(RunSettings)}
+    settings = RunSettings(**{name: _section(types[name], doc.get(name), f"{where}:{name}")
+                              for name in sections})
+    if settings.client.encoding_format not in ("base64", "float"):
+        raise ConfigError(f"{where}:client.encoding_format must be base64 or float")
+    if not 0 < settings.pack.fill_target <= 1:
+        raise ConfigError(f"{where}:pack.fill_target must be in (0, 1]")
+    if settings.embed.max_in_flight < 1 or settings.client.max_attempts < 1:
+        raise ConfigError(f"{where}: embed.max_in_flight and client.max_attempts must be >= 1")
+    return settings
+
+
+def default_settings_text() -> str:
+    return resources.files("configs").joinpath("pipeline.yaml").read_text(encoding="utf-8")

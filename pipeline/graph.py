@@ -1,0 +1,101 @@
+"""The job's Beam graph: Read -> Split -> Dedupe -> (anti-join known) -> Pack -> Embed -> Write."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Sequence
+
+import apache_beam as beam
+
+from pipeline.inputs import InputInfo
+from pipeline.job import Job
+from transforms import schemas
+from transforms.dedupe import GroupDistinctTexts
+from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
+from transforms.known import REUSED, AntiJoinKnown, Known, reused_tables
+from transforms.pack import PackRequests, request_totals
+from transforms.read import REJECTED, ReadDocuments
+from transforms.splitting import SplitConfig
+from transforms.write import WriteRows, WriteTables
+
+REUSED_PER_TABLE = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownSources:
+    """What earlier runs already paid for (see transforms/known.py)."""
+    resume_glob: str | None = None
+    known_globs: tuple[str, ...] = ()
+    journal: tuple[tuple[str, Known], ...] = ()
+    journal_requests: tuple[dict, ...] = ()
+
+    @property
+    def any(self) -> bool:
+        return bool(self.resume_glob or self.known_globs or self.journal)
+
+
+def packed_requests(p: beam.Pipeline, job: Job, known: KnownSources = KnownSources()):
+    """Read -> Split -> Dedupe -> anti-join -> Pack, shared by `run` and `plan`:
+    (read outputs, reused (TextItem, Known) pairs or None, requests)."""
+    opts, model, s = job.opts, job.model, job.settings
+    read = p | "Read" >> ReadDocuments(opts.input, opts.id_column, opts.text_column, job.keep_columns,
+                                       SplitConfig(max_tokens=model.chunk_tokens,
+                                                   overlap_tokens=s.split.overlap_tokens,
+                                                   boundary_window=s.split.boundary_window))
+    items = read["docs"] | "Dedupe" >> GroupDistinctTexts()
+    reused = None
+    if known.any:
+        joined = items | "AntiJoinKnown" >> AntiJoinKnown(model.name, job.dimensions, known.resume_glob,
+                                                         known.known_globs, known.journal)
+        items, reused = joined.items, joined[REUSED]
+    requests = items | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
+                                                      s.pack.fill_target, s.pack.max_open_requests)
+    return read, reused, requests
+
+
+def _journal_request_rows(rows: Sequence[dict]) -> list[dict]:
+    return [{**r, "started_at": dt.datetime.fromisoformat(r["started_at"])} for r in rows]
+
+
+def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
+          balance_before: float | None, spendable_rub: float | None, price_per_token_rub: float) -> None:
+    opts, model, s = job.opts, job.model, job.settings
+    meta = schemas.metadata(model.name, opts.dimensions, job.run_id)
+    kept = info.kept_fields
+    emb_schema = schemas.embeddings(job.dimensions, kept, meta)
+    pending_schema = schemas.pending(kept, meta)
+    read, reused, requests = packed_requests(p, job, known)
+    totals = request_totals(requests)
+    fits = totals | "Preflight" >> beam.Map(
+        lambda t: spendable_rub is None or t[3] * price_per_token_rub <= spendable_rub)
+    embed_cfg = EmbedConfig(
+        base_url=opts.base_url, account_segment=opts.account_segment, key_source=job.key_source,
+        model=model.name, dimensions=opts.dimensions, expected_dims=job.dimensions, run_id=job.run_id,
+        output_dir=opts.output, retry=job.retry, pool_size=s.client.pool_size,
+        encoding_format=s.client.encoding_format, max_in_flight=s.embed.max_in_flight,
+        balance_before=balance_before, spendable_rub=spendable_rub,
+        price_per_token_rub=price_per_token_rub,
+        price_margin=s.budget.price_margin / model.safety_factor, balance_poll_s=s.budget.balance_poll_s,
+        allow_partial=opts.allow_partial, boundary_window=s.split.boundary_window,
+        progress_interval_s=s.embed.progress_interval_s, embeddings_schema=emb_schema,
+        pending_schema=pending_schema, kept=kept)
+    out = requests | "Embed" >> EmbedRequests(embed_cfg, totals, fits)
+
+    embeddings, request_rows = out.embeddings, out[REQUESTS]
+    if reused is not None:
+        dims, run_id, now = job.dimensions, job.run_id, dt.datetime.now(dt.timezone.utc)
+        reused_tables_ = (reused
+                          | "BatchReused" >> beam.BatchElements(min_batch_size=1, max_batch_size=REUSED_PER_TABLE)
+                          | "ReusedTables" >> beam.Map(reused_tables, dims, emb_schema, model.name, run_id,
+                                                       kept, now))
+        embeddings = (embeddings, reused_tables_) | "AllEmbeddings" >> beam.Flatten()
+        journaled = p | "JournaledRequests" >> beam.Create(_journal_request_rows(known.journal_requests))
+        request_rows = (request_rows, journaled) | "AllRequests" >> beam.Flatten()
+
+    codec = s.write.codec
+    embeddings | "WriteEmbeddings" >> WriteTables(opts.output, "embeddings", job.run_id, emb_schema, codec)
+    request_rows | "WriteRequests" >> WriteRows(opts.output, "requests", job.run_id, schemas.REQUESTS, codec)
+    ((read[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten()
+     | "WriteFailed" >> WriteRows(opts.output, "failed", job.run_id, schemas.FAILED, codec,
+                                  extra={"run_id": job.run_id}))
+    out[PENDING] | "WritePending" >> WriteTables(opts.output, "pending", job.run_id, pending_schema, codec)

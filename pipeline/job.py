@@ -1,0 +1,83 @@
+"""Everything a run needs, resolved once in the driver from options, configs and the account."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import secrets
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.config import RunSettings, default_settings_text, parse_settings
+from pipeline.inputs import UsageError
+from pipeline.options import EmbedPipeOptions
+from service.catalog import ConfigError, ModelSpec, get_model, load_models, parse_models
+from service.client import RetryPolicy
+from service.credentials import KeySource
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    opts: EmbedPipeOptions
+    model: ModelSpec
+    settings: RunSettings
+    run_id: str
+    keep_columns: tuple[str, ...]
+
+    @property
+    def dimensions(self) -> int:
+        return self.opts.dimensions or self.model.dimensions
+
+    @property
+    def key_source(self) -> KeySource:
+        return KeySource(file=self.opts.api_key_file, secret=self.opts.api_key_secret)
+
+    @property
+    def retry(self) -> RetryPolicy:
+        c = self.settings.client
+        return RetryPolicy(max_attempts=c.max_attempts, initial_backoff_s=c.initial_backoff_s,
+                           max_backoff_s=c.max_backoff_s, max_total_s=c.max_total_s, jitter=c.jitter,
+                           connect_timeout_s=c.connect_timeout_s, read_timeout_s=c.read_timeout_s)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with FileSystems.open(path) as fh:
+            return fh.read().decode("utf-8")
+    except Exception as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def resolve(opts: EmbedPipeOptions, *, need_output: bool) -> Job:
+    missing = [flag for flag, value in (("--input", opts.input), ("--model", opts.model),
+                                        ("--base-url", opts.base_url)) if not value]
+    if need_output and not opts.output:
+        missing.append("--output")
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}")
+    models = parse_models(_read_text(opts.models_config), opts.models_config) if opts.models_config else load_models()
+    model = get_model(models, opts.model)
+    settings = parse_settings(_read_text(opts.run_config) if opts.run_config else default_settings_text(),
+                              opts.run_config or "configs/pipeline.yaml")
+    if opts.max_in_flight is not None:
+        if opts.max_in_flight < 1:
+            raise UsageError("--max-in-flight must be at least 1")
+        settings = settings.replace("embed", max_in_flight=opts.max_in_flight)
+    if opts.overlap_tokens is not None:
+        settings = settings.replace("split", overlap_tokens=opts.overlap_tokens)
+    if settings.split.overlap_tokens >= model.chunk_tokens:
+        raise UsageError(f"overlap of {settings.split.overlap_tokens} tokens leaves no room in "
+                         f"{model.chunk_tokens}-token chunks")
+    if opts.dimensions is not None and (opts.dimensions < 1 or not model.supports_dimensions):
+        raise UsageError(f"--dimensions is not supported by {model.name}" if not model.supports_dimensions
+                         else "--dimensions must be positive")
+    if opts.max_spend_rub is not None and opts.max_spend_rub < 0:
+        raise UsageError("--max-spend-rub must be >= 0")
+    keep = tuple(c.strip() for c in opts.keep_columns.split(",") if c.strip())
+    reserved = {"doc_id", "chunk_index", "embedding", "cost_rub", "run_id", "text", "reason"}
+    if clash := reserved.intersection(keep):
+        raise UsageError(f"--keep-columns {sorted(clash)} would clash with output columns")
+    return Job(opts, model, settings, new_run_id(), keep)

@@ -1,0 +1,43 @@
+"""Command-line options of `run` and `plan`, as a Beam PipelineOptions subclass."""
+from __future__ import annotations
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+
+class EmbedPipeOptions(PipelineOptions):
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        add = parser.add_argument
+        add("--input", help="Parquet file glob (local, gs://, s3://)")
+        add("--output", help="output directory")
+        add("--model", help="model id from configs/models.yaml")
+        add("--base_url", "--base-url", dest="base_url", help="service base URL ending in /v1")
+        add("--max_spend_rub", "--max-spend-rub", dest="max_spend_rub", type=float, default=None,
+            help="never spend more than this in one run")
+        add("--allow_partial", "--allow-partial", dest="allow_partial", action="store_true",
+            help="when the estimate exceeds the budget, embed what fits and exit 4")
+        add("--max_in_flight", "--max-in-flight", dest="max_in_flight", type=int, default=None,
+            help="concurrent requests per worker (default from configs/pipeline.yaml)")
+        add("--resume", action="store_true",
+            help="skip texts already delivered (or journaled) in --output")
+        add("--known", action="append", default=[],
+            help="embeddings files of earlier runs whose vectors are reused (repeatable glob)")
+        add("--dimensions", type=int, default=None, help="ask the service for shorter vectors")
+        add("--id_column", "--id-column", dest="id_column", default="id")
+        add("--text_column", "--text-column", dest="text_column", default="text")
+        add("--keep_columns", "--keep-columns", dest="keep_columns", default="",
+            help="comma-separated input columns carried to the outputs")
+        add("--api_key_file", "--api-key-file", dest="api_key_file", default=None,
+            help="read the API key from this file (else $EMBEDDINGS_API_KEY)")
+        add("--api_key_secret", "--api-key-secret", dest="api_key_secret", default=None,
+            help="secret manager version name, resolved on the workers")
+        add("--account_segment", "--account-segment", dest="account_segment", default="service")
+        add("--models_config", "--models-config", dest="models_config", default=None,
+            help="model catalogue (default: the packaged configs/models.yaml)")
+        add("--run_config", "--run-config", dest="run_config", default=None,
+            help="run settings (default: the packaged configs/pipeline.yaml)")
+        add("--overlap_tokens", "--overlap-tokens", dest="overlap_tokens", type=int, default=None)
+        add("--doc_vectors", "--doc-vectors", dest="doc_vectors", action="store_true",
+            help="also write one token-weighted mean vector per document")
+        add("--profile", default=None, help="configs/profiles/NAME.yaml (flags override it)")
+        add("--json", dest="json", action="store_true", help="plan: print one JSON object")

@@ -1,0 +1,76 @@
+"""`plan`: what a run would send and cost, against what may be spent. Sends no embeddings."""
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipeline import account as acct
+from pipeline.graph import packed_requests
+from pipeline.inputs import inspect_input
+from pipeline.job import Job
+from pipeline.resume import known_sources
+from pipeline.run import client_for, counter, make_runner
+from pipeline.summary import read_columns, run_files
+from transforms.pack import request_totals
+
+_TOTALS = ("plan_requests", "plan_inputs", "plan_chunks", "plan_tokens")
+
+
+def _count_totals(totals):
+    for name, value in zip(_TOTALS, totals):
+        Metrics.counter("embedpipe", name).inc(value)
+
+
+def learned_price(output_dir: str | None) -> float | None:
+    """RUB per token actually billed in the requests of earlier runs in OUTPUT_DIR."""
+    if not output_dir:
+        return None
+    try:
+        tables = read_columns(run_files(output_dir, "requests"), ["cost_rub", "total_tokens"])
+    except Exception:  # no such directory yet
+        return None
+    cost = sum(sum(v or 0 for v in t.column("cost_rub").to_pylist()) for t in tables)
+    tokens = sum(sum(v or 0 for v in t.column("total_tokens").to_pylist()) for t in tables)
+    return cost / tokens if tokens else None
+
+
+def plan(job: Job) -> dict:
+    opts, model, s = job.opts, job.model, job.settings
+    info = inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
+    with client_for(job) as client:
+        account = acct.read_account(client)
+    p = beam.Pipeline(runner=make_runner(opts), options=opts)
+    _, _, requests = packed_requests(p, job, known_sources(job))
+    request_totals(requests) | "Count" >> beam.Map(_count_totals)
+    result = p.run()
+    result.wait_until_finish()
+    learned = learned_price(opts.output)
+    price = learned if learned is not None else model.price_per_token
+    requests_n, inputs, chunks, tokens = (counter(result, n) for n in _TOTALS)
+    spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub)
+    estimate = round(tokens * price, 6)
+    return {
+        "model": model.name, "files": len(info.files), "documents": counter(result, "documents"),
+        "chunks": chunks, "distinct_chunks": inputs, "requests": requests_n, "prompt_tokens": tokens,
+        "price_rub_per_1m_tokens": round(price * 1e6, 6),
+        "price_source": "learned from earlier requests" if learned is not None else "configs/models.yaml estimate",
+        "estimated_cost_rub": estimate, "balance_rub": account.balance, "key_budget_rub": account.budget,
+        "max_spend_rub": opts.max_spend_rub, "reserve_rub": s.budget.reserve_rub,
+        "stats": account.stats, "spendable_rub": round(spendable, 6), "fits": estimate <= spendable,
+    }
+
+
+def render(p: dict) -> str:
+    rows = [("model", p["model"]), ("files / documents", f"{p['files']} / {p['documents']}"),
+            ("chunks (distinct texts)", f"{p['chunks']} ({p['distinct_chunks']})"),
+            ("requests", p["requests"]), ("prompt tokens", p["prompt_tokens"]),
+            ("price RUB per 1M tokens", f"{p['price_rub_per_1m_tokens']} ({p['price_source']})"),
+            ("estimated cost RUB", f"{p['estimated_cost_rub']:.6f}"),
+            ("balance RUB", p["balance_rub"]), ("key budget RUB", p["key_budget_rub"]),
+            ("--max-spend-rub", p["max_spend_rub"]), ("reserve RUB", p["reserve_rub"]),
+            ("spent today / 31 days RUB", "n/a" if not p["stats"] else
+             f"{p['stats']['daily_usage']} / {p['stats']['monthly_usage']}"),
+            ("spendable RUB", f"{p['spendable_rub']:.6f}"),
+            ("fits", "yes" if p["fits"] else "NO: the estimate exceeds the spendable amount")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in rows)

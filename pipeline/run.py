@@ -1,0 +1,68 @@
+"""`run`: validate, read the account, run the Beam job, reconcile, write summary.json."""
+from __future__ import annotations
+
+import logging
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from pipeline import account as acct
+from pipeline import graph, summary
+from pipeline.inputs import check_output_writable, inspect_input
+from pipeline.job import Job
+from pipeline.resume import known_sources
+from service.client import EmbeddingsClient
+from transforms import journal
+
+log = logging.getLogger("embedpipe")
+
+
+def make_runner(opts):
+    """The DirectRunner would first try to download Prism; FnApiRunner runs the same pipeline
+    locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched."""
+    name = opts.view_as(StandardOptions).runner
+    return FnApiRunner() if name in (None, "DirectRunner", "FnApiRunner") else None
+
+
+def client_for(job: Job) -> EmbeddingsClient:
+    s = job.settings.client
+    return EmbeddingsClient(job.opts.base_url, job.key_source.load(), account_segment=job.opts.account_segment,
+                            retry=job.retry, pool_size=2, encoding_format=s.encoding_format)
+
+
+def counter(result, name: str) -> int:
+    try:
+        found = result.metrics().query(beam.metrics.MetricsFilter().with_name(name))["counters"]
+        return sum(c.committed or c.attempted or 0 for c in found)
+    except Exception:  # some runners report no metrics; the files stay the source of truth
+        return 0
+
+
+def execute(job: Job) -> tuple[int, dict]:
+    opts = job.opts
+    info = inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
+    check_output_writable(opts.output)
+    with client_for(job) as client:
+        before = acct.read_account(client)
+    spendable = acct.spendable(before, job.settings.budget.reserve_rub, opts.max_spend_rub)
+    price = job.model.price_per_token
+    log.info("run %s: %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB",
+             job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable)
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+    graph.build(pipeline, job, info, known_sources(job), balance_before=before.balance, spendable_rub=spendable,
+                price_per_token_rub=price)
+    result = pipeline.run()
+    result.wait_until_finish()
+    with client_for(job) as client:
+        after = acct.read_account(client)
+    tokens = counter(result, "tokens")
+    report = summary.build_summary(
+        output_dir=opts.output, run_id=job.run_id, model=job.model.name,
+        documents=counter(result, "documents"), account_before=before.as_dict(),
+        account_after=after.as_dict(),
+        estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable,
+                  "embedded_tokens": tokens})
+    summary.write_summary(opts.output, report)
+    journal.discard(opts.output, job.run_id)
+    return report["exit_code"], report

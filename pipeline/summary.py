@@ -1,0 +1,116 @@
+"""summary.json: totals, reconciliation and the list of current files, written last, atomically.
+
+Built from the output files themselves (the durable truth), not from in-memory counters.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import uuid
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.apportion import from_micro, to_micro
+from transforms.embed_runner import BALANCE, BUDGET, FORBIDDEN, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_PARTIAL = 0, 1, 2, 3, 4
+
+
+def run_files(output_dir: str, kind: str, run_id: str | None = None) -> list[str]:
+    pattern = FileSystems.join(output_dir, f"{kind}-{run_id or '*'}-*.parquet")
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+
+
+def read_columns(paths: list[str], columns: list[str]):
+    tables = []
+    for path in paths:
+        with FileSystems.open(path) as fh:
+            tables.append(pq.read_table(fh, columns=columns))
+    return tables
+
+
+def _sum_micro(tables, column: str) -> int:
+    return sum(to_micro(v) for t in tables for v in t.column(column).to_pylist() if v is not None)
+
+
+def _reasons(tables) -> dict[str, int]:
+    counts = collections.Counter()
+    for t in tables:
+        counts.update(t.column("reason").to_pylist())
+    return dict(sorted(counts.items()))
+
+
+def exit_code(pending_reasons: dict[str, int]) -> int:
+    if any(r in pending_reasons for r in (UNAUTHORIZED, FORBIDDEN, UNAVAILABLE)):
+        return EXIT_FAILED
+    if PREFLIGHT in pending_reasons:
+        return EXIT_DOES_NOT_FIT
+    if BUDGET in pending_reasons or BALANCE in pending_reasons:
+        return EXIT_PARTIAL
+    return EXIT_OK
+
+
+def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
+                  account_before: dict, account_after: dict, estimate: dict) -> dict:
+    emb = read_columns(run_files(output_dir, "embeddings", run_id), ["cost_rub", "request_id"])
+    req = read_columns(run_files(output_dir, "requests", run_id),
+                       ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id"])
+    failed = read_columns(run_files(output_dir, "failed", run_id), ["reason"])
+    pending = read_columns(run_files(output_dir, "pending", run_id), ["reason"])
+    rows_micro, req_micro = _sum_micro(emb, "cost_rub"), _sum_micro(req, "cost_rub")
+    # requests journaled by a killed earlier run, paid before this run's balance was read
+    carried = [t.filter(pc.not_equal(t.column("run_id"), run_id)) for t in req]
+    carried_micro = _sum_micro(carried, "cost_rub")
+    answered = sum(pc.sum(pc.equal(t.column("status"), 200)).as_py() or 0 for t in req)
+    retried = sum(pc.sum(pc.greater(t.column("attempts"), 1)).as_py() or 0 for t in req)
+    recon = {"rows_cost_rub": from_micro(rows_micro), "requests_cost_rub": from_micro(req_micro),
+             "rows_minus_requests_rub": from_micro(rows_micro - req_micro),
+             "carried_over_from_journal_rub": from_micro(carried_micro)}
+    notes = []
+    if rows_micro != req_micro:
+        notes.append("requests billed whose rows are not in embeddings (for example vectors of the "
+                     "wrong length, dead-lettered after being billed)")
+    before, after = account_before.get("balance"), account_after.get("balance")
+    if before is not None and after is not None:
+        delta = to_micro(before) - to_micro(after)
+        recon["balance_delta_rub"] = from_micro(delta)
+        billed_now = req_micro - carried_micro
+        recon["balance_minus_requests_rub"] = from_micro(delta - billed_now)
+        if delta != billed_now:
+            notes.append(f"the balance fell by {from_micro(delta - billed_now):.6f} RUB more than the "
+                         f"answered requests cost: attempts that timed out or were cut after sending "
+                         f"may have been billed ({retried} requests needed retries), or another "
+                         f"client spent on the same account meanwhile")
+    d_before = (account_before.get("stats") or {}).get("monthly_usage")
+    d_after = (account_after.get("stats") or {}).get("monthly_usage")
+    if d_before is not None and d_after is not None:
+        recon["stats_delta_rub"] = from_micro(to_micro(d_after) - to_micro(d_before))
+    recon["notes"] = notes
+    pending_reasons = _reasons(pending)
+    current = (run_files(output_dir, "embeddings") + run_files(output_dir, "requests")
+               + run_files(output_dir, "failed", run_id) + run_files(output_dir, "pending", run_id))
+    return {
+        "run_id": run_id, "model": model, "documents": documents,
+        "chunks": sum(t.num_rows for t in emb) + sum(t.num_rows for t in failed) + sum(t.num_rows for t in pending),
+        "embedded": sum(t.num_rows for t in emb), "failed": sum(t.num_rows for t in failed),
+        "pending": sum(t.num_rows for t in pending), "failed_reasons": _reasons(failed),
+        "pending_reasons": pending_reasons, "requests": sum(t.num_rows for t in req),
+        "requests_answered": answered, "requests_retried": retried,
+        "prompt_tokens": sum(pc.sum(t.column("prompt_tokens")).as_py() or 0 for t in req),
+        "cost_rub": from_micro(req_micro - carried_micro), "estimate": estimate,
+        "balance_before": before, "balance_after": after,
+        "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),
+        "reconciliation": recon, "exit_code": exit_code(pending_reasons),
+        "files": [FileSystems.split(f)[1] for f in current],
+    }
+
+
+def write_summary(output_dir: str, summary: dict) -> str:
+    final = FileSystems.join(output_dir, "summary.json")
+    temp = f"{final}.tmp-{uuid.uuid4().hex}"
+    with FileSystems.create(temp) as fh:
+        fh.write(json.dumps(summary, indent=2, default=str).encode())
+    FileSystems.rename([temp], [final])  # replaces an earlier summary in one step (os.rename)
+    return final

@@ -1,0 +1,61 @@
+"""Shared by the end-to-end tests: a small corpus with every kind of row, and output readers."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.cli import main
+from service.sandbox.store import read_ledger
+
+WORDS_EN = ("parquet beam pipeline vector budget token rouble request worker shard cloud batch "
+            "schema column embedding service latency retry journal ledger balance").split()
+WORDS_RU = "данные вектор бюджет запрос модель текст поиск рубль строка колонка".split()
+
+
+def paragraph(rng: random.Random, words, n: int) -> str:
+    return " ".join(rng.choice(words) for _ in range(n)).capitalize() + "."
+
+
+def corpus_rows(seed: int = 1) -> list[dict]:
+    rng = random.Random(seed)
+    rows = [{"id": f"en-{i}", "text": paragraph(rng, WORDS_EN, 5 + i * 3), "lang": "en"} for i in range(12)]
+    rows += [{"id": f"ru-{i}", "text": paragraph(rng, WORDS_RU, 8 + i), "lang": "ru"} for i in range(6)]
+    rows.append({"id": "code-1", "text": "def f(x):\n    return x * 2\n\nprint(f(21))\n", "lang": "code"})
+    long_text = "\n\n".join(paragraph(rng, WORDS_EN + WORDS_RU, 300) for _ in range(40))
+    rows.append({"id": "long-1", "text": long_text, "lang": "mixed"})
+    rows.append({"id": "dup-text-a", "text": rows[0]["text"], "lang": "en"})  # same text, new id
+    rows.append({"id": "special", "text": "<|endoftext|>", "lang": "en"})
+    rows += [{"id": "null-text", "text": None, "lang": "en"}, {"id": "empty", "text": "", "lang": "en"},
+             {"id": "blank", "text": " \n\t ", "lang": "en"},
+             {"id": "twice", "text": "first of two rows", "lang": "en"},
+             {"id": "twice", "text": "second of two rows", "lang": "en"},
+             {"id": None, "text": "a row without id", "lang": "en"}]
+    return rows
+
+
+def write_corpus(path: Path, rows: list[dict] | None = None) -> Path:
+    rows = corpus_rows() if rows is None else rows
+    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("lang", pa.string())])
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path
+
+
+def run(*args: str) -> int:
+    return main(["run", *args])
+
+
+def read_kind(out: Path, kind: str) -> pa.Table:
+    files = sorted(out.glob(f"{kind}-*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def ledger(db) -> list[dict]:
+    return list(read_ledger(str(db)))

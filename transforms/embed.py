@@ -1,0 +1,194 @@
+"""Embed: packed requests -> embeddings tables, with requests / failed / pending tagged outputs.
+
+The DoFn builds its client in setup() and keeps up to `max_in_flight` requests in flight with
+a thread pool: requests is blocking and releases the GIL while waiting, and threads need no
+new dependency (asyncio would need an async HTTP client). Budget guard and breaker are shared
+by every DoFn instance of one worker process.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import datetime as dt
+import logging
+import threading
+import time
+from typing import Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+from service import errors
+from service.client import EmbeddingsClient, RetryPolicy
+from service.credentials import KeySource
+from service.tokenizer import get_encoding
+from transforms import journal
+from transforms.budget import BudgetGuard
+from transforms.embed_runner import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
+from transforms.lineage import embeddings_table, pending_table
+from transforms.progress import Progress
+from transforms.splitting import SplitConfig, Splitter
+
+log = logging.getLogger("embedpipe.embed")
+
+REQUESTS, FAILED, PENDING = "requests", "failed", "pending"
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedConfig:
+    base_url: str
+    account_segment: str
+    key_source: KeySource
+    model: str
+    dimensions: int | None          # sent to the service only when set
+    expected_dims: int
+    run_id: str
+    output_dir: str
+    retry: RetryPolicy
+    pool_size: int
+    encoding_format: str
+    max_in_flight: int
+    balance_before: float | None
+    spendable_rub: float | None
+    price_per_token_rub: float
+    price_margin: float
+    balance_poll_s: float
+    allow_partial: bool
+    boundary_window: float
+    progress_interval_s: float
+    embeddings_schema: pa.Schema
+    pending_schema: pa.Schema
+    kept: tuple
+
+
+class _WorkerState:
+    """Per process and run: one guard, one breaker, one progress line for all DoFn instances."""
+    _lock = threading.Lock()
+    _by_run: dict = {}
+
+    @classmethod
+    def get(cls, cfg: EmbedConfig):
+        with cls._lock:
+            if cfg.run_id not in cls._by_run:
+                guard = BudgetGuard(balance_before=cfg.balance_before, spendable_rub=cfg.spendable_rub,
+                                    price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin)
+                cls._by_run[cfg.run_id] = (guard, Breaker(), Progress(cfg.progress_interval_s), [0.0])
+            return cls._by_run[cfg.run_id]
+
+
+class _EmbedDoFn(beam.DoFn):
+    def __init__(self, cfg: EmbedConfig):
+        self._cfg = cfg
+        self._m = {name: Metrics.counter("embedpipe", name) for name in (
+            "requests", "embedded_chunks", "tokens", "cost_micro_rub", "retries", "failed_chunks",
+            "pending_chunks")}
+
+    def setup(self):
+        cfg = self._cfg
+        self._client = EmbeddingsClient(cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
+                                        retry=cfg.retry, pool_size=cfg.pool_size,
+                                        encoding_format=cfg.encoding_format)
+        self._guard, self._breaker, self._progress, self._last_poll = _WorkerState.get(cfg)
+        encoding = get_encoding()
+        self._runner = RequestRunner(
+            self._client, model=cfg.model, dimensions=cfg.dimensions, expected_dims=cfg.expected_dims,
+            guard=self._guard, breaker=self._breaker, run_id=cfg.run_id,
+            resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
+                max_tokens=n, boundary_window=cfg.boundary_window))),
+            journal=self._journal)
+        self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight, thread_name_prefix="embed")
+
+    def start_bundle(self):
+        self._futures: set[cf.Future] = set()
+
+    def process(self, request: Sequence, totals, fits):
+        self._progress.set_total(totals[2])
+        if not fits and not self._cfg.allow_partial:  # preflight said no: send nothing
+            yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
+            return
+        self._poll_account()
+        while len(self._futures) >= self._cfg.max_in_flight:
+            done, self._futures = cf.wait(self._futures, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                yield from self._emit(fut.result())
+        self._futures.add(self._pool.submit(self._runner.run, request))
+
+    def finish_bundle(self):
+        for fut in cf.as_completed(self._futures):
+            for out in self._emit(fut.result()):
+                tag, value = (out.tag, out.value) if isinstance(out, beam.pvalue.TaggedOutput) else (None, out)
+                wv = WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
+                yield beam.pvalue.TaggedOutput(tag, wv) if tag else wv
+        self._futures = set()
+
+    def teardown(self):
+        if getattr(self, "_pool", None):
+            self._pool.shutdown(wait=True)
+            self._client.close()
+
+    def _poll_account(self):
+        """Fresh balance and key budget now and then; the endpoint is rate limited."""
+        now = time.monotonic()
+        if not self._guard.limited or now - self._last_poll[0] < self._cfg.balance_poll_s:
+            return
+        self._last_poll[0] = now
+        try:
+            account = self._client.balance()
+        except errors.EmbeddingsError as exc:  # never fatal: responses carry the balance too
+            log.debug("balance poll failed: %s", exc)
+            return
+        self._guard.observe_account(account.balance, account.budget)
+
+    def _journal(self, delivery, request_row):
+        journal.write_entry(self._cfg.output_dir, self._cfg.run_id, request_row,
+                            [i.text_sha256 for i in delivery.items], [i.n_tokens for i in delivery.items],
+                            delivery.vectors, delivery.shares_micro)
+
+    def _emit(self, outcome: Outcome):
+        cfg, now = self._cfg, dt.datetime.now(dt.timezone.utc)
+        rows = tokens = 0
+        for d in outcome.deliveries:
+            table = embeddings_table(d.items, d.vectors, [d.request_id] * len(d.items), d.shares_micro,
+                                     cfg.embeddings_schema, cfg.model, cfg.run_id, cfg.kept, now)
+            rows += table.num_rows
+            tokens += sum(i.n_tokens for i in d.items)
+            yield table
+        cost = sum(r["cost_rub"] for r in outcome.requests)
+        for row in outcome.requests:
+            yield beam.pvalue.TaggedOutput(REQUESTS, row)
+        for rejected in outcome.failed:
+            yield beam.pvalue.TaggedOutput(FAILED, rejected)
+        if outcome.pending:
+            yield beam.pvalue.TaggedOutput(PENDING, pending_table(
+                outcome.pending, cfg.pending_schema, cfg.model, cfg.run_id, cfg.kept))
+        m = self._m
+        m["requests"].inc(len(outcome.requests))
+        m["embedded_chunks"].inc(rows)
+        m["tokens"].inc(tokens)
+        m["cost_micro_rub"].inc(round(cost * 1e6))
+        m["retries"].inc(outcome.retries)
+        m["failed_chunks"].inc(len(outcome.failed))
+        m["pending_chunks"].inc(sum(len(i.refs) for i, _ in outcome.pending))
+        self._progress.add(rows, tokens, len(outcome.requests), cost)
+        if self._breaker.reason and not getattr(self, "_breaker_logged", False):
+            self._breaker_logged = True
+            log.error("stopped sending: %s (%s)", self._breaker.reason, self._breaker.message)
+
+
+class EmbedRequests(beam.PTransform):
+    """Packed requests -> main: embeddings tables; tagged requests (dicts), failed (Rejected),
+    pending (tables)."""
+
+    def __init__(self, cfg: EmbedConfig, totals, fits):
+        super().__init__()
+        self._cfg, self._totals, self._fits = cfg, totals, fits
+
+    def expand(self, requests):
+        return requests | "Embed" >> beam.ParDo(
+            _EmbedDoFn(self._cfg), totals=beam.pvalue.AsSingleton(self._totals),
+            fits=beam.pvalue.AsSingleton(self._fits)).with_outputs(REQUESTS, FAILED, PENDING, main="embeddings")
+

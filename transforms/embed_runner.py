@@ -1,0 +1,203 @@
+"""Send one packed request and turn whatever happens into outcomes (no Beam here).
+
+- over-length 400: a single input is re-split into smaller pieces and sent again; a batch is
+  bisected until the over-length input stands alone;
+- any other 400: bisect until the bad input stands alone, then dead-letter it;
+- 401/403: trip the breaker: nothing more is sent by this worker, the rest is pending;
+- 402 or a request that no longer fits the budget: stop spending, the rest is pending;
+- transient faults that outlived the client's retry budget: the service is unreachable:
+  trip the breaker too (a retry storm against a dead service helps nobody).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import threading
+import uuid
+from typing import Callable, Sequence
+
+import numpy as np
+
+from service import errors
+from service.client import EmbeddingsClient
+from transforms.apportion import apportion_micro, from_micro, to_micro
+from transforms.budget import BudgetGuard
+from transforms.records import Rejected, TextItem
+from transforms.splitting import Splitter
+
+# Pending reasons: resumable, and each one maps to the job's exit code in the summary.
+BUDGET = "budget_exhausted"
+BALANCE = "insufficient_balance"
+UNAUTHORIZED = "unauthorized"
+FORBIDDEN = "forbidden"
+UNAVAILABLE = "service_unavailable"
+PREFLIGHT = "estimate_exceeds_budget"
+
+
+class Breaker:
+    """Once tripped, no request leaves this worker; the reason says why, once."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.reason: str | None = None
+        self.message: str | None = None
+
+    def trip(self, reason: str, message: str) -> bool:
+        with self._lock:
+            first = self.reason is None
+            if first:
+                self.reason, self.message = reason, message
+            return first
+
+
+@dataclasses.dataclass
+class Delivery:
+    """One answered request: its texts, their vectors and each text's share of the cost."""
+    request_id: str
+    items: list[TextItem]
+    vectors: np.ndarray
+    shares_micro: list[int]
+
+
+@dataclasses.dataclass
+class Outcome:
+    deliveries: list[Delivery] = dataclasses.field(default_factory=list)
+    requests: list[dict] = dataclasses.field(default_factory=list)
+    failed: list[Rejected] = dataclasses.field(default_factory=list)
+    pending: list[tuple[TextItem, str]] = dataclasses.field(default_factory=list)
+    retries: int = 0
+
+
+def rejections(item: TextItem, reason: str, detail: str) -> list[Rejected]:
+    return [Rejected(r.doc_id, r.chunk_index, reason, detail) for r in item.refs]
+
+
+class RequestRunner:
+    def __init__(self, client: EmbeddingsClient, *, model: str, dimensions: int | None,
+                 expected_dims: int, guard: BudgetGuard, breaker: Breaker, run_id: str,
+                 resplit: Callable[[TextItem], list[TextItem]],
+                 journal: Callable[[Delivery, dict], None] | None = None):
+        self._client, self._model, self._dimensions = client, model, dimensions
+        self._expected_dims = expected_dims
+        self._guard, self._breaker, self._run_id = guard, breaker, run_id
+        self._resplit, self._journal = resplit, journal
+
+    def run(self, items: Sequence[TextItem]) -> Outcome:
+        out = Outcome()
+        queue = [list(items)]
+        while queue:
+            batch = queue.pop()
+            if self._breaker.reason:
+                out.pending += [(i, self._breaker.reason) for i in batch]
+                continue
+            batch = self._fit_budget(batch, out)
+            if batch:
+                queue += self._send(batch, out)
+        return out
+
+    def _fit_budget(self, batch: list[TextItem], out: Outcome) -> list[TextItem]:
+        """The longest prefix whose worst-case cost fits; the rest is pending for good."""
+        affordable, tokens, n = self._guard.affordable_tokens(), 0, 0
+        while n < len(batch) and tokens + batch[n].n_tokens <= affordable:
+            tokens += batch[n].n_tokens
+            n += 1
+        if n < len(batch):
+            self._guard.stop()
+            out.pending += [(i, BUDGET) for i in batch[n:]]
+        return batch[:n]
+
+    def _send(self, batch: list[TextItem], out: Outcome) -> list[list[TextItem]]:
+        """Send BATCH; return the sub-batches still to be sent (bisection, re-split)."""
+        tokens = sum(i.n_tokens for i in batch)
+        reservation = self._guard.reserve(tokens)
+        if reservation is None:
+            out.pending += [(i, BUDGET) for i in batch]
+            return []
+        request_id = uuid.uuid4().hex
+        started = dt.datetime.now(dt.timezone.utc)
+        try:
+            result = self._client.embed(self._model, [i.text for i in batch],
+                                        dimensions=self._dimensions, request_id=request_id)
+        except errors.EmbeddingsError as exc:
+            billed = getattr(exc, "usage", None)  # a malformed 200 was still billed
+            self._guard.settle(reservation, billed.cost_rub if billed else None,
+                               billed.balance if billed else None)
+            out.requests.append(self._request_row(request_id, batch, started, error=exc))
+            out.retries += max(0, exc.attempts - 1)
+            return self._on_error(exc, batch, out)
+        if result.usage.cost_rub is not None:
+            self._guard.learn_price(result.usage.cost_rub, result.usage.total_tokens)
+        self._guard.settle(reservation, result.usage.cost_rub, result.usage.balance)
+        row = self._request_row(request_id, batch, started, result=result)
+        out.requests.append(row)
+        out.retries += result.attempts - 1
+        if result.vectors.shape[1] != self._expected_dims:
+            detail = (f"the service answered vectors of length {result.vectors.shape[1]}, "
+                      f"expected {self._expected_dims} (request {request_id}, billed)")
+            for item in batch:
+                out.failed += rejections(item, "wrong_dimensions", detail)
+            return []
+        total = to_micro(result.usage.cost_rub or 0.0)  # a server that reports no cost: lineage is 0
+        delivery = Delivery(request_id, batch, result.vectors,
+                            apportion_micro(total, [i.n_tokens for i in batch]))
+        if self._journal is not None:
+            self._journal(delivery, row)
+        out.deliveries.append(delivery)
+        return []
+
+    def _on_error(self, exc: errors.EmbeddingsError, batch: list[TextItem], out: Outcome):
+        half = len(batch) // 2
+        if isinstance(exc, errors.ContextLengthExceededError):
+            if len(batch) > 1:
+                return [batch[:half], batch[half:]]
+            pieces = self._resplit(batch[0])
+            if len(pieces) > 1:
+                return [pieces]
+            out.failed += rejections(batch[0], "too_long", exc.message)
+        elif isinstance(exc, errors.BadRequestError):
+            if len(batch) > 1:
+                return [batch[:half], batch[half:]]
+            out.failed += rejections(batch[0], "bad_request", exc.message)
+        elif isinstance(exc, (errors.AuthenticationError, errors.PermissionDeniedError)):
+            reason = UNAUTHORIZED if isinstance(exc, errors.AuthenticationError) else FORBIDDEN
+            self._breaker.trip(reason, exc.message)
+            out.pending += [(i, reason) for i in batch]
+        elif isinstance(exc, errors.InsufficientBalanceError):
+            self._guard.stop()
+            out.pending += [(i, BALANCE) for i in batch]
+        elif isinstance(exc, errors.InvalidResponseError):
+            for item in batch:
+                out.failed += rejections(item, "invalid_response", exc.message)
+        elif exc.retryable:
+            self._breaker.trip(UNAVAILABLE, exc.message)
+            out.pending += [(i, UNAVAILABLE) for i in batch]
+        else:  # 404, 413 and other permanent statuses: this batch cannot succeed as sent
+            if len(batch) > 1:
+                return [batch[:half], batch[half:]]
+            out.failed += rejections(batch[0], f"http_{exc.status or 'error'}", exc.message)
+        return []
+
+    def _request_row(self, request_id, batch, started, *, result=None, error=None) -> dict:
+        usage = result.usage if result is not None else getattr(error, "usage", None)
+        return {
+            "request_id": request_id, "model": self._model, "n_inputs": len(batch),
+            "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "total_tokens": usage.total_tokens if usage else 0,
+            "cost_rub": from_micro(to_micro(usage.cost_rub or 0.0)) if usage else 0.0,
+            "balance_after": usage.balance if usage else None,
+            "attempts": result.attempts if result is not None else error.attempts,
+            "latency_ms": (result or error).latency_ms,
+            "status": result.status if result is not None else (error.status or 0),
+            "started_at": started, "run_id": self._run_id,
+        }
+
+
+def resplit(item: TextItem, splitter_for: Callable[[int], Splitter]) -> list[TextItem]:
+    """Cut an input the service found too long into halves (by client tokens). The pieces keep
+    the parent's chunk_index; their token spans tell them apart and give their order."""
+    pieces = splitter_for(max(1, item.n_tokens // 2)).split("", item.text)
+    return [TextItem(p.text_sha256, p.text, p.n_tokens, tuple(
+                r._replace(token_start=r.token_start + p.token_start,
+                           token_end=r.token_start + p.token_end, n_tokens=p.n_tokens)
+                for r in item.refs))
+            for p in pieces]

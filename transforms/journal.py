@@ -1,0 +1,80 @@
+"""The journal: every answered request, durable before the final outputs exist.
+
+One small Parquet file per request under DIR/_journal/<run_id>/, written under a temporary
+name and renamed, so a reader sees whole entries or none. A run killed mid-way loses nothing
+it paid for: `--resume` reads these vectors instead of paying for the texts again.
+"""
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.known import Known
+
+JOURNAL_DIR = "_journal"
+
+_SCHEMA_FIELDS = [pa.field("text_sha256", pa.string()), pa.field("n_tokens", pa.int32()),
+                  pa.field("share_micro", pa.int64())]
+
+
+def journal_dir(output_dir: str, run_id: str | None = None) -> str:
+    base = FileSystems.join(output_dir, JOURNAL_DIR)
+    return FileSystems.join(base, run_id) if run_id else base
+
+
+def write_entry(output_dir: str, run_id: str, request_row: dict, shas: list[str], n_tokens: list[int],
+                vectors: np.ndarray, shares_micro: list[int]) -> str:
+    dims = vectors.shape[1]
+    row = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in request_row.items()}
+    schema = pa.schema([*_SCHEMA_FIELDS, pa.field("embedding", pa.list_(pa.float32(), dims))],
+                       metadata={b"request": json.dumps(row).encode()})
+    table = pa.Table.from_arrays([
+        pa.array(shas, pa.string()), pa.array(n_tokens, pa.int32()), pa.array(shares_micro, pa.int64()),
+        pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32, copy=False).reshape(-1)), dims),
+    ], schema=schema)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    final = FileSystems.join(journal_dir(output_dir, run_id), f"{request_row['request_id']}.parquet")
+    temp = f"{final}.tmp-{uuid.uuid4().hex}"
+    with FileSystems.create(temp) as fh:
+        fh.write(buf.getvalue())
+    FileSystems.rename([temp], [final])
+    return final
+
+
+def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
+    """(request row, table of sha/n_tokens/share_micro/embedding) for every whole entry."""
+    pattern = FileSystems.join(journal_dir(output_dir), "*", "*.parquet")
+    for match in FileSystems.match([pattern])[0].metadata_list:
+        with FileSystems.open(match.path) as fh:
+            table = pq.read_table(io.BytesIO(fh.read()))
+        yield json.loads(table.schema.metadata[b"request"]), table
+
+
+def discard(output_dir: str, run_id: str) -> None:
+    """The run's final files and summary exist: its journal is no longer needed."""
+    directory = journal_dir(output_dir, run_id)
+    if FileSystems.exists(directory):
+        FileSystems.delete([directory])
+
+
+def load_unwritten(output_dir: str, written_runs: set[str]):
+    """Entries of runs that never wrote their outputs (killed): ((sha, Known) pairs, request rows)."""
+    known, request_rows = [], []
+    for request, table in read_entries(output_dir):
+        if request["run_id"] in written_runs:
+            continue
+        request_rows.append(request)
+        dims = table.schema.field("embedding").type.list_size
+        vectors = table.column("embedding").combine_chunks().flatten().to_numpy().astype("<f4").reshape(-1, dims)
+        for i, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
+                                             table.column("share_micro").to_pylist())):
+            known.append((sha, Known(vectors[i].tobytes(), request["request_id"], share, ())))
+    return known, request_rows

@@ -1,0 +1,104 @@
+"""Never pay twice: texts whose vectors already exist are taken from there, not sent again.
+
+Sources, keyed by text_sha256 and anti-joined with this run's texts (CoGroupByKey, so it
+scales like any shuffle instead of holding a set in memory):
+- `--resume`: the embeddings files already in DIR. Rows delivered there are skipped; other
+  rows with the same text get that vector at no cost.
+- the journal of a run that was killed: paid for but never written out. Its rows are written
+  now, with the original request id and cost share.
+- `--known GLOB`: embeddings files of other runs, reused at no cost.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.io.parquetio import ReadFromParquetBatched
+from apache_beam.metrics import Metrics
+
+from transforms.lineage import embeddings_table
+from transforms.records import TextItem
+
+REUSED = "reused"
+
+
+class Known(NamedTuple):
+    vector: bytes            # float32 little-endian
+    request_id: str | None
+    share_micro: int         # > 0 only for journaled, never-written rows
+    delivered: tuple         # (doc_id, chunk_index) pairs already written in DIR
+
+
+class _KnownRows(beam.DoFn):
+    """Embeddings tables of earlier outputs -> (sha, Known), only for this model and length."""
+
+    def __init__(self, model: str, dims: int, delivered_here: bool):
+        self._model, self._dims, self._delivered_here = model, dims, delivered_here
+
+    def process(self, table: pa.Table):
+        emb = table.column("embedding").combine_chunks()
+        if emb.type.list_size != self._dims:
+            return
+        vectors = emb.flatten().to_numpy(zero_copy_only=False).astype("<f4").reshape(-1, self._dims)
+        cols = [table.column(c).to_pylist() for c in ("text_sha256", "model", "request_id", "doc_id", "chunk_index")]
+        for i, (sha, model, request_id, doc_id, chunk_index) in enumerate(zip(*cols)):
+            if model == self._model:
+                delivered = ((doc_id, chunk_index),) if self._delivered_here else ()
+                yield sha, Known(vectors[i].tobytes(), request_id, 0, delivered)
+
+
+class _AntiJoin(beam.DoFn):
+    def __init__(self):
+        self._reused = Metrics.counter("embedpipe", "chunks_reused")
+        self._skipped = Metrics.counter("embedpipe", "chunks_already_delivered")
+
+    def process(self, joined):
+        sha, groups = joined
+        items, known = list(groups["items"]), list(groups["known"])
+        if not items:
+            return
+        item = items[0]
+        if not known:
+            yield item
+            return
+        delivered = {pair for k in known for pair in k.delivered}
+        refs = tuple(r for r in item.refs if (r.doc_id, r.chunk_index) not in delivered)
+        self._skipped.inc(len(item.refs) - len(refs))
+        if refs:
+            self._reused.inc(len(refs))
+            best = max(known, key=lambda k: k.share_micro)  # a journaled entry carries its cost
+            yield beam.pvalue.TaggedOutput(REUSED, (item._replace(refs=refs), best))
+
+
+class AntiJoinKnown(beam.PTransform):
+    """TextItems x known vectors -> main: TextItems still to send; `reused`: (TextItem, Known)."""
+
+    def __init__(self, model: str, dims: int, resume_glob: str | None, known_globs: Sequence[str],
+                 journal_entries: Sequence[tuple[str, Known]]):
+        super().__init__()
+        self._model, self._dims = model, dims
+        self._sources = ([(resume_glob, True)] if resume_glob else []) + [(g, False) for g in known_globs]
+        self._journal = list(journal_entries)
+
+    def expand(self, items):
+        p = items.pipeline
+        known = [p | "Journal" >> beam.Create(self._journal)]
+        for i, (glob, here) in enumerate(self._sources):
+            known.append(p | f"ReadKnown{i}" >> ReadFromParquetBatched(
+                glob, columns=["text_sha256", "model", "request_id", "doc_id", "chunk_index", "embedding"])
+                | f"KnownRows{i}" >> beam.ParDo(_KnownRows(self._model, self._dims, here)))
+        all_known = known | "AllKnown" >> beam.Flatten()
+        keyed = items | "KeyItems" >> beam.Map(lambda item: (item.text_sha256, item))
+        return ({"items": keyed, "known": all_known}
+                | "CoGroup" >> beam.CoGroupByKey()
+                | "AntiJoin" >> beam.ParDo(_AntiJoin()).with_outputs(REUSED, main="items"))
+
+
+def reused_tables(batch: Sequence[tuple[TextItem, Known]], dims: int, schema: pa.Schema, model: str,
+                  run_id: str, kept, embedded_at) -> pa.Table:
+    items = [item for item, _ in batch]
+    vectors = np.frombuffer(b"".join(k.vector for _, k in batch), dtype="<f4").reshape(len(batch), dims)
+    return embeddings_table(items, vectors, [k.request_id for _, k in batch],
+                            [k.share_micro for _, k in batch], schema, model, run_id, kept, embedded_at)

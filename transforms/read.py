@@ -1,0 +1,106 @@
+"""Read: Parquet row groups -> each document's chunks (or a rejection), keyed by doc id.
+
+Works on whole Arrow tables so that tokenisation is batched (tiktoken's threads) and Beam's
+per-element cost is paid per document, not per row value.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.parquetio import ReadFromParquetBatched
+from apache_beam.metrics import Metrics
+
+from service.tokenizer import get_encoding
+from transforms.records import Rejected
+from transforms.splitting import SplitConfig, Splitter
+
+REJECTED = "rejected"
+
+
+def _id_strings(column: pa.ChunkedArray) -> list:
+    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+        column = column.cast(pa.string())
+    return column.to_pylist()
+
+
+def _row_rejection(doc_id, text) -> Rejected | None:
+    if doc_id is None:
+        return Rejected(None, None, "null_id", "the id column is null")
+    if text is None:
+        return Rejected(doc_id, None, "null_text", "the text column is null")
+    if not text.strip():
+        return Rejected(doc_id, None, "empty_text", "the text is empty or whitespace only")
+    return None
+
+
+class _SplitTable(beam.DoFn):
+    """One Arrow table in; (doc_id, (chunks, kept)) or (doc_id, Rejected) out per row."""
+
+    def __init__(self, id_column: str, text_column: str, keep_columns: Sequence[str], split: SplitConfig):
+        self._id_column, self._text_column = id_column, text_column
+        self._keep_columns = tuple(keep_columns)
+        self._split = split
+        self._rows = Metrics.counter("embedpipe", "documents")
+        self._chunks = Metrics.counter("embedpipe", "chunks")
+
+    def setup(self):
+        self._splitter = Splitter(get_encoding(), self._split)
+
+    def process(self, table: pa.Table):
+        ids = _id_strings(table.column(self._id_column))
+        texts = table.column(self._text_column).to_pylist()
+        kept = list(zip(*(table.column(c).to_pylist() for c in self._keep_columns))) or [()] * len(ids)
+        self._rows.inc(len(ids))
+        valid = []
+        for doc_id, text, extra in zip(ids, texts, kept):
+            rejection = _row_rejection(doc_id, text)
+            if rejection is None:
+                valid.append((doc_id, text, extra))
+            elif doc_id is None:
+                yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+            else:  # still keyed by id: the duplicate-id check must see it
+                yield doc_id, rejection
+        chunk_lists = self._splitter.split_many([(d, t) for d, t, _ in valid])
+        for (doc_id, _, extra), chunks in zip(valid, chunk_lists):
+            self._chunks.inc(len(chunks))
+            yield doc_id, (tuple(chunks), tuple(extra))
+
+
+class _ResolveDuplicateIds(beam.DoFn):
+    """Every row whose id is not unique fails with `duplicate_id`; ambiguity is not resolved."""
+
+    def process(self, keyed, duplicates):
+        doc_id, payload = keyed
+        if doc_id in duplicates:
+            yield beam.pvalue.TaggedOutput(REJECTED, Rejected(
+                doc_id, None, "duplicate_id", f"id occurs {duplicates[doc_id]} times in the input"))
+        elif isinstance(payload, Rejected):
+            yield beam.pvalue.TaggedOutput(REJECTED, payload)
+        else:
+            yield doc_id, payload
+
+
+class ReadDocuments(beam.PTransform):
+    """Parquet files -> main: (doc_id, (chunks, kept)); tagged `rejected`: Rejected rows."""
+
+    def __init__(self, file_pattern: str, id_column: str, text_column: str,
+                 keep_columns: Sequence[str], split: SplitConfig):
+        super().__init__()
+        self._pattern = file_pattern
+        self._columns = (id_column, text_column, *keep_columns)
+        self._split_fn = _SplitTable(id_column, text_column, keep_columns, split)
+
+    def expand(self, pbegin):
+        keyed = (pbegin
+                 | "ReadParquet" >> ReadFromParquetBatched(self._pattern, columns=list(self._columns))
+                 | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, main="docs"))
+        duplicates = (keyed.docs
+                      | "Ids" >> beam.Keys()
+                      | "CountIds" >> beam.combiners.Count.PerElement()
+                      | "OnlyRepeated" >> beam.Filter(lambda kv: kv[1] > 1))
+        resolved = keyed.docs | "ResolveIds" >> beam.ParDo(
+            _ResolveDuplicateIds(), duplicates=beam.pvalue.AsDict(duplicates)).with_outputs(REJECTED, main="docs")
+        rejected = (keyed[REJECTED], resolved[REJECTED]) | "AllRejected" >> beam.Flatten()
+        return {"docs": resolved.docs, REJECTED: rejected}

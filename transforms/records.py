@@ -1,0 +1,32 @@
+"""What flows between the steps. NamedTuples: Beam's FastPrimitivesCoder encodes them
+natively and the fields keep the code readable."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class ChunkRef(NamedTuple):
+    """One row's use of a chunk text: where in which document it sits."""
+    doc_id: str
+    chunk_index: int
+    chunk_count: int
+    token_start: int
+    token_end: int
+    n_tokens: int
+    kept: tuple  # values of --keep-columns, in that order
+
+
+class TextItem(NamedTuple):
+    """One distinct chunk text of the run and every row that shares it (in-run dedup)."""
+    text_sha256: str
+    text: str
+    n_tokens: int
+    refs: tuple  # of ChunkRef
+
+
+class Rejected(NamedTuple):
+    """A row or chunk that will not be embedded, with a short reason code."""
+    doc_id: str | None
+    chunk_index: int | None
+    reason: str
+    detail: str

@@ -1,0 +1,50 @@
+"""Write: every output as zstd Parquet through Beam's file sinks (exactly-once file output,
+any FileSystems scheme). File names carry the run id, so a resumed run adds files beside the
+earlier ones: DIR/embeddings-<run_id>-00000-of-00002.parquet."""
+from __future__ import annotations
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.parquetio import WriteToParquetBatched
+
+ROWS_PER_TABLE = 5000  # batching of small rows into Arrow tables; not a user-facing number
+
+
+def output_prefix(output_dir: str, kind: str, run_id: str) -> str:
+    return FileSystems.join(output_dir, f"{kind}-{run_id}")
+
+
+class WriteTables(beam.PTransform):
+    """PCollection of pyarrow Tables (already in SCHEMA) -> Parquet files."""
+
+    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: str):
+        super().__init__()
+        self._prefix = output_prefix(output_dir, kind, run_id)
+        self._schema, self._codec = schema, codec
+
+    def expand(self, tables):
+        return tables | WriteToParquetBatched(self._prefix, schema=self._schema, codec=self._codec,
+                                              file_name_suffix=".parquet")
+
+
+class WriteRows(beam.PTransform):
+    """PCollection of dicts (or NamedTuples) -> Parquet files, batched into Arrow tables."""
+
+    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: str,
+                 extra: dict | None = None):
+        super().__init__()
+        self._write = WriteTables(output_dir, kind, run_id, schema, codec)
+        self._schema, self._extra = schema, extra or {}
+
+    def expand(self, rows):
+        schema, extra = self._schema, self._extra
+
+        def to_table(batch):
+            dicts = [{**(r._asdict() if hasattr(r, "_asdict") else r), **extra} for r in batch]
+            return pa.Table.from_pylist(dicts, schema=schema)
+
+        return (rows
+                | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=ROWS_PER_TABLE)
+                | "ToTable" >> beam.Map(to_table)
+                | "Write" >> self._write)
