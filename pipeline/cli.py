@@ -42,7 +42,8 @@ def cmd_run(argv: list[str]) -> int:
     code, report = execute(resolve(_options(argv), need_output=True))
     print(json.dumps({k: report[k] for k in ("run_id", "documents", "chunks", "embedded", "failed",
                                              "pending", "requests", "prompt_tokens", "cost_rub",
-                                             "pending_reasons", "failed_reasons", "exit_code")}, indent=2))
+                                             "pending_reasons", "failed_reasons", "metrics",
+                                             "exit_code")}, indent=2))
     messages = {
         EXIT_FAILED: "stopped early: {why}. The unsent chunks are in pending-*.parquet; fix the cause "
                      "and run again with --resume.",

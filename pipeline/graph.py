@@ -11,6 +11,7 @@ from pipeline.inputs import InputInfo
 from pipeline.job import Job
 from transforms import schemas
 from transforms.dedupe import GroupDistinctTexts
+from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
 from transforms.known import REUSED, AntiJoinKnown, Known, reused_tables
 from transforms.pack import PackRequests, request_totals
@@ -99,3 +100,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
      | "WriteFailed" >> WriteRows(opts.output, "failed", job.run_id, schemas.FAILED, codec,
                                   extra={"run_id": job.run_id}))
     out[PENDING] | "WritePending" >> WriteTables(opts.output, "pending", job.run_id, pending_schema, codec)
+    if opts.doc_vectors:
+        (embeddings | "DocumentVectors" >> DocumentVectors(model.name, job.run_id)
+         | "WriteDocuments" >> WriteRows(opts.output, "documents", job.run_id,
+                                         documents_schema(job.dimensions, meta), codec))

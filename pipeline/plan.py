@@ -9,7 +9,7 @@ from pipeline.graph import packed_requests
 from pipeline.inputs import inspect_input
 from pipeline.job import Job
 from pipeline.resume import known_sources
-from pipeline.run import client_for, counter, make_runner
+from pipeline.run import client_for, counters, make_runner
 from pipeline.summary import read_columns, run_files
 from transforms.pack import request_totals
 
@@ -46,11 +46,12 @@ def plan(job: Job) -> dict:
     result.wait_until_finish()
     learned = learned_price(opts.output)
     price = learned if learned is not None else model.price_per_token
-    requests_n, inputs, chunks, tokens = (counter(result, n) for n in _TOTALS)
+    metrics = counters(result)
+    requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in _TOTALS)
     spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub)
     estimate = round(tokens * price, 6)
     return {
-        "model": model.name, "files": len(info.files), "documents": counter(result, "documents"),
+        "model": model.name, "files": len(info.files), "documents": metrics.get("documents", 0),
         "chunks": chunks, "distinct_chunks": inputs, "requests": requests_n, "prompt_tokens": tokens,
         "price_rub_per_1m_tokens": round(price * 1e6, 6),
         "price_source": "learned from earlier requests" if learned is not None else "configs/models.yaml estimate",

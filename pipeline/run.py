@@ -31,12 +31,16 @@ def client_for(job: Job) -> EmbeddingsClient:
                             retry=job.retry, pool_size=2, encoding_format=s.encoding_format)
 
 
-def counter(result, name: str) -> int:
+def counters(result) -> dict[str, int]:
+    """The job's Beam counters (namespace embedpipe), summed over steps."""
+    totals: dict[str, int] = {}
     try:
-        found = result.metrics().query(beam.metrics.MetricsFilter().with_name(name))["counters"]
-        return sum(c.committed or c.attempted or 0 for c in found)
+        found = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("embedpipe"))["counters"]
     except Exception:  # some runners report no metrics; the files stay the source of truth
-        return 0
+        return totals
+    for c in found:
+        totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + (c.committed or c.attempted or 0)
+    return totals
 
 
 def execute(job: Job) -> tuple[int, dict]:
@@ -56,13 +60,12 @@ def execute(job: Job) -> tuple[int, dict]:
     result.wait_until_finish()
     with client_for(job) as client:
         after = acct.read_account(client)
-    tokens = counter(result, "tokens")
+    metrics = counters(result)
     report = summary.build_summary(
         output_dir=opts.output, run_id=job.run_id, model=job.model.name,
-        documents=counter(result, "documents"), account_before=before.as_dict(),
+        documents=metrics.get("documents", 0), account_before=before.as_dict(),
         account_after=after.as_dict(),
-        estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable,
-                  "embedded_tokens": tokens})
+        estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable}, metrics=metrics)
     summary.write_summary(opts.output, report)
     journal.discard(opts.output, job.run_id)
     return report["exit_code"], report

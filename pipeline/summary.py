@@ -53,7 +53,7 @@ def exit_code(pending_reasons: dict[str, int]) -> int:
 
 
 def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
-                  account_before: dict, account_after: dict, estimate: dict) -> dict:
+                  account_before: dict, account_after: dict, estimate: dict, metrics: dict) -> dict:
     emb = read_columns(run_files(output_dir, "embeddings", run_id), ["cost_rub", "request_id"])
     req = read_columns(run_files(output_dir, "requests", run_id),
                        ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id"])
@@ -90,7 +90,8 @@ def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
     recon["notes"] = notes
     pending_reasons = _reasons(pending)
     current = (run_files(output_dir, "embeddings") + run_files(output_dir, "requests")
-               + run_files(output_dir, "failed", run_id) + run_files(output_dir, "pending", run_id))
+               + run_files(output_dir, "failed", run_id) + run_files(output_dir, "pending", run_id)
+               + run_files(output_dir, "documents", run_id))
     return {
         "run_id": run_id, "model": model, "documents": documents,
         "chunks": sum(t.num_rows for t in emb) + sum(t.num_rows for t in failed) + sum(t.num_rows for t in pending),
@@ -102,7 +103,7 @@ def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
         "cost_rub": from_micro(req_micro - carried_micro), "estimate": estimate,
         "balance_before": before, "balance_after": after,
         "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),
-        "reconciliation": recon, "exit_code": exit_code(pending_reasons),
+        "reconciliation": recon, "metrics": metrics, "exit_code": exit_code(pending_reasons),
         "files": [FileSystems.split(f)[1] for f in current],
     }
 

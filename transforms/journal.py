@@ -60,9 +60,11 @@ def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
 
 def discard(output_dir: str, run_id: str) -> None:
     """The run's final files and summary exist: its journal is no longer needed."""
-    directory = journal_dir(output_dir, run_id)
+    directory, base = journal_dir(output_dir, run_id), journal_dir(output_dir)
     if FileSystems.exists(directory):
         FileSystems.delete([directory])
+    if FileSystems.exists(base) and not FileSystems.match([FileSystems.join(base, "*")])[0].metadata_list:
+        FileSystems.delete([base])
 
 
 def load_unwritten(output_dir: str, written_runs: set[str]):

@@ -1,0 +1,52 @@
+"""--doc-vectors: one vector per document, the token-weighted mean of its chunk vectors,
+re-normalised. Written only for documents whose chunks were all embedded in this run."""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+
+def documents_schema(dims: int, meta: dict) -> pa.Schema:
+    return pa.schema([pa.field("doc_id", pa.string()), pa.field("chunk_count", pa.int32()),
+                      pa.field("n_tokens", pa.int64()), pa.field("model", pa.string()),
+                      pa.field("embedding", pa.list_(pa.float32(), dims)), pa.field("run_id", pa.string())],
+                     metadata=meta)
+
+
+def _chunk_vectors(table: pa.Table):
+    dims = table.schema.field("embedding").type.list_size
+    vectors = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(-1, dims)
+    cols = zip(*(table.column(c).to_pylist() for c in ("doc_id", "chunk_index", "chunk_count", "n_tokens")))
+    for i, (doc_id, chunk_index, chunk_count, n_tokens) in enumerate(cols):
+        yield doc_id, (chunk_index, chunk_count, n_tokens, vectors[i].tobytes())
+
+
+def document_vector(grouped, model: str, run_id: str):
+    doc_id, parts = grouped
+    parts = list(parts)
+    if len({p[0] for p in parts}) == parts[0][1]:  # else a chunk failed or is pending
+        yield _mean_row(doc_id, parts, model, run_id)
+
+
+def _mean_row(doc_id, parts, model: str, run_id: str) -> dict:
+    weights = np.array([p[2] for p in parts], dtype=np.float64)
+    matrix = np.stack([np.frombuffer(p[3], dtype=np.float32) for p in parts]).astype(np.float64)
+    mean = weights @ matrix / max(weights.sum(), 1)
+    norm = np.linalg.norm(mean)
+    return {"doc_id": doc_id, "chunk_count": parts[0][1], "n_tokens": int(weights.sum()), "model": model,
+           "embedding": (mean / norm if norm else mean).astype(np.float32).tolist(), "run_id": run_id}
+
+
+class DocumentVectors(beam.PTransform):
+    """Embeddings tables -> one row dict per fully embedded document."""
+
+    def __init__(self, model: str, run_id: str):
+        super().__init__()
+        self._model, self._run_id = model, run_id
+
+    def expand(self, tables):
+        return (tables
+                | "ChunkVectors" >> beam.FlatMap(_chunk_vectors)
+                | "GroupByDoc" >> beam.GroupByKey()
+                | "MeanVector" >> beam.FlatMap(document_vector, self._model, self._run_id))
