@@ -9,6 +9,7 @@ import pytest
 
 from service.catalog import load_models
 from service.sandbox.embedder import embed_text
+from service.sandbox.launcher import SandboxProcess
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows, ledger, read_kind, run, summary, write_corpus
@@ -17,18 +18,18 @@ from transforms.splitting import SplitConfig, Splitter
 MODEL = "text-embedding-3-small"
 
 
-@pytest.fixture
-def env_key(monkeypatch):
-    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
-
-
-@pytest.fixture
-def clean_run(tmp_path, sandbox, env_key):
-    corpus = write_corpus(tmp_path / "corpus.parquet")
-    out = tmp_path / "out"
-    code = run("--input", str(corpus), "--output", str(out), "--model", MODEL,
-               "--base-url", sandbox.base_url, "--keep-columns", "lang")
-    return code, out, sandbox
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    """One job for the whole module: the checks below read its outputs."""
+    tmp = tmp_path_factory.mktemp("clean")
+    with SandboxProcess(tmp / "sb.db", key=SANDBOX_KEY, balance=1000.0) as sandbox, \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+        corpus = write_corpus(tmp / "corpus.parquet")
+        out = tmp / "out"
+        code = run("--input", str(corpus), "--output", str(out), "--model", MODEL,
+                   "--base-url", sandbox.base_url, "--keep-columns", "lang")
+        yield code, out, sandbox
 
 
 def test_every_row_is_accounted_for_once(clean_run):
