@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 
@@ -36,6 +37,9 @@ def serve(argv: list[str]) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
+    except (OSError, sqlite3.Error) as exc:   # the port is taken, the db cannot be opened...
+        log.error("cannot start: %s", exc)
+        return 1
     port = server.server_address[1]
     keys = ", ".join(f"{k.key_id}@{k.account}" for k in config.keys)   # fingerprints only
     log.info("serving http://%s:%d/v1 (db %s, keys %s, precheck %s, faults %s)", config.host, port,
