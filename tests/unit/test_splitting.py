@@ -1,0 +1,182 @@
+"""Splitter guarantees, each checked on every chunk: exact counts within the limit, whole
+characters, lossless concatenation, consistent token positions."""
+import hashlib
+import sys
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from service.tokenizer import get_encoding
+from transforms.splitting import Chunk, SplitConfig, Splitter, _Cut
+
+ENC = get_encoding()
+
+# Pieces that stress cl100k: scripts, emoji sequences, combining marks, runs with no space,
+# unusual whitespace, contractions, special-token text, code.
+FRAGMENTS = ["the", "quick", "brown", " ", "  ", "\n", "\n\n", "\r\n", "\t", ". ", "! ", "? ",
+             "Привет", "мир", "ёжик", "你好", "世界", "。", "！", "的一是不了", "😀", "👨‍👩‍👧",
+             "👍🏽", "e\u0301", "\u00a0", "\u3000", "\u2028", "'s", "'LL", "12345", "3.14",
+             "<|endoftext|>", "<|fim_prefix|>", "def f(x):\n    return x\n", "SELECT * FROM t;",
+             "{\"a\": [1, 2]}", "é", "ß", "🙂"]
+texts = st.lists(st.one_of(
+    st.sampled_from(FRAGMENTS),
+    st.text(max_size=12),
+    st.builds(lambda c, n: c * n, st.sampled_from(["a", " ", "我", "\n", "😀", "-", "Ж"]),
+              st.integers(1, 400)),
+), max_size=150).map("".join)
+
+
+@st.composite
+def configs(draw):
+    max_tokens = draw(st.integers(4, 96))
+    return SplitConfig(max_tokens=max_tokens,
+                       overlap_tokens=draw(st.integers(0, max_tokens // 4)),
+                       boundary_window=draw(st.sampled_from([0.0, 0.15, 0.5])),
+                       segment_chars=1024, batch_chars=draw(st.sampled_from([1, 4096, 1 << 20])))
+
+
+def check(chunks: list[Chunk], doc_id: str, text: str, config: SplitConfig) -> None:
+    assert chunks, "a non-blank text yields chunks"
+    for i, c in enumerate(chunks):
+        assert (c.doc_id, c.chunk_index, c.chunk_count) == (doc_id, i, len(chunks))
+        assert c.text
+        data = c.text.encode("utf-8")   # strict: no surrogate, i.e. whole characters
+        assert c.n_tokens == len(ENC.encode_ordinary(c.text)) <= config.max_tokens
+        assert c.token_end - c.token_start == c.n_tokens
+        assert c.text_sha256 == hashlib.sha256(data).hexdigest()
+    assert chunks[0].token_start == 0
+    pairs = list(zip(chunks, chunks[1:]))
+    if config.overlap_tokens == 0:
+        assert "".join(c.text for c in chunks) == text
+        assert all(a.token_end == b.token_start for a, b in pairs)
+    else:
+        # chunk i+1 starts inside chunk i (sharing at most overlap_tokens) and reaches past it
+        assert all(a.token_start <= b.token_start <= a.token_end <= b.token_end and
+                   a.token_end - b.token_start <= config.overlap_tokens for a, b in pairs)
+        # and the chunks lay over the text end to end: the ends of text a placement can reach
+        assert text.startswith(chunks[0].text)
+        reach = {len(chunks[0].text)}
+        for c in chunks[1:]:
+            n = len(c.text)
+            reach = {end - k + n for end in reach for k in range(min(n - 1, end) + 1)
+                     if text.startswith(c.text, end - k)}
+        assert len(text) in reach
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=texts, config=configs())
+def test_every_guarantee_holds(text, config):
+    chunks = Splitter(ENC, config).split("doc", text)
+    if not text or text.isspace():
+        assert chunks == []
+    else:
+        check(chunks, "doc", text, config)
+
+
+@settings(max_examples=40, deadline=None)
+@given(docs=st.lists(texts, max_size=8), config=configs())
+def test_split_many_equals_split_one_by_one(docs, config):
+    splitter = Splitter(ENC, config)
+    pairs = [(f"d{i}", t) for i, t in enumerate(docs)]
+    assert splitter.split_many(pairs) == [splitter.split(i, t) for i, t in pairs]
+
+
+def natural_text(paragraphs: int) -> str:
+    en = "The pipeline reads a corpus, splits it and embeds each chunk. Costs are tracked! "
+    ru = "Каждый фрагмент отправляется один раз, а стоимость распределяется по строкам. "
+    zh = "每个片段只发送一次。费用按行分摊！"
+    code = "def total(rows):\n    return sum(r.cost for r in rows)\n"
+    parts = [(en * (1 + i % 5)) + (ru * (i % 3)) + (zh * (i % 2)) + (code if i % 4 == 0 else "")
+             for i in range(paragraphs)]
+    return "\n\n".join(parts)
+
+
+@pytest.mark.parametrize("overlap", [0, 40])
+def test_natural_text_over_many_segments(overlap):
+    text = natural_text(400)
+    config = SplitConfig(max_tokens=300, overlap_tokens=overlap, segment_chars=2048)
+    chunks = Splitter(ENC, config).split("d", text)
+    check(chunks, "d", text, config)
+    if overlap == 0:   # natural cuts only: the positions are the document's own
+        assert chunks[-1].token_end == len(ENC.encode_ordinary(text))
+    else:              # and the shared part is about what was asked
+        shared = [a.token_end - b.token_start for a, b in zip(chunks, chunks[1:])]
+        assert min(shared) >= overlap * 3 // 4
+    # cut at natural boundaries: paragraph, line or sentence ends, word starts
+    assert all(c.text.endswith(("\n", ".", "!", "。", "！")) or c.text[-1].isalnum()
+               and chunks[i + 1].text[0].isspace() for i, c in enumerate(chunks[:-1]))
+
+
+def test_prefers_a_paragraph_break_then_a_sentence_end():
+    sentence = "This sentence is one of many. "
+    first = sentence * 10 + "\n\n"
+    text = first + sentence * 40
+    chunks = Splitter(ENC, SplitConfig(max_tokens=100, boundary_window=0.5)).split("d", text)
+    assert chunks[0].text == first
+    assert chunks[1].text.endswith(".")
+    assert chunks[2].text.startswith(" This")
+
+
+@pytest.mark.parametrize("text", ["", " ", "\n\t  \r\n", "\u3000\u00a0"])
+def test_blank_text_gives_no_chunk(text):
+    assert Splitter(ENC, SplitConfig(max_tokens=16)).split("d", text) == []
+
+
+def test_special_token_text_is_plain_text():
+    text = "<|endoftext|>" * 50
+    chunks = Splitter(ENC, SplitConfig(max_tokens=32)).split("d", text)
+    check(chunks, "d", text, SplitConfig(max_tokens=32))
+    assert sum(c.n_tokens for c in chunks) == len(ENC.encode_ordinary(text)) > 50
+
+
+def test_single_chunk_document():
+    (chunk,) = Splitter(ENC, SplitConfig(max_tokens=8191)).split("id-1", "Hello, world.")
+    assert (chunk.chunk_index, chunk.chunk_count, chunk.token_start) == (0, 1, 0)
+    assert chunk.token_end == chunk.n_tokens == len(ENC.encode_ordinary("Hello, world."))
+
+
+def test_lone_surrogate_is_replaced_as_tiktoken_does():
+    (chunk,) = Splitter(ENC, SplitConfig(max_tokens=64)).split("d", "ab\ud800cd")
+    assert chunk.text == "ab\ufffdcd"
+    assert chunk.n_tokens == len(ENC.encode_ordinary("ab\ud800cd"))
+
+
+@pytest.mark.parametrize("text", ["a" * 50_000, "我" * 30_000, "😀" * 5_000,
+                                  "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(20_000))])
+def test_long_runs_without_any_natural_boundary(text):
+    config = SplitConfig(max_tokens=500, segment_chars=4096)
+    check(Splitter(ENC, config).split("d", text), "d", text, config)
+
+
+def test_over_limit_chunk_is_split_again():
+    # No known input makes a chunk count more than its slice; feed one to the safety net.
+    splitter = Splitter(ENC, SplitConfig(max_tokens=8))
+    text = "Some words that count far more than eight tokens in total, surely."
+    fitted = splitter._fit([_Cut(text.encode(), 0, 0, len(ENC.encode_ordinary(text)))])
+    assert len(fitted) > 1 and b"".join(c.data for c in fitted).decode() == text
+    assert all(c.n_tokens == len(ENC.encode_ordinary(c.data.decode())) <= 8 for c in fitted)
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_tokens=3), dict(max_tokens=100, overlap_tokens=26),
+                                    dict(max_tokens=100, boundary_window=0.6),
+                                    dict(max_tokens=100, segment_chars=10)])
+def test_config_is_validated(kwargs):
+    with pytest.raises(ValueError):
+        SplitConfig(**kwargs)
+
+
+def test_memory_does_not_grow_with_the_document():
+    text = natural_text(400)
+    text = (text * (2_000_000 // len(text) + 1))[:2_000_000]
+    splitter = Splitter(ENC, SplitConfig(max_tokens=8191, segment_chars=1 << 16, batch_chars=1 << 18))
+    splitter.split("warm", "up")
+    tracemalloc.start()
+    try:
+        chunks = splitter.split("d", text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    output = sum(sys.getsizeof(c) + sys.getsizeof(c.text) + sys.getsizeof(c.text_sha256) for c in chunks)
+    # the document's ~500k tokens as one list of Python ints alone would take ~18 MB
+    assert peak - output < 4_000_000

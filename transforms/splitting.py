@@ -1,0 +1,367 @@
+"""Token-exact splitting of documents into chunks that fit a model's input limit.
+
+Guarantees (tests/unit/test_splitting*.py prove each one):
+- every chunk's n_tokens is len(encoding.encode_ordinary(chunk.text)), counted on the chunk
+  itself (what the service counts), and n_tokens <= max_tokens;
+- chunk texts are whole characters (a cut never falls inside a multi-byte UTF-8 sequence);
+- without overlap the chunks of a document concatenate to exactly its text;
+- token_end - token_start == n_tokens; without overlap token_end of chunk i is token_start of
+  chunk i+1 and the first starts at 0. With overlap, token_start of chunk i+1 is token_end of
+  chunk i minus the tokens the two share. These are the document's own token positions
+  (token_end of the last chunk == len(encode_ordinary(text))) when every cut is a natural one;
+  a cut forced inside a run of symbols or spaces may leave one side a token shorter than its
+  slice of the document, and the positions then add up the chunks' own counts.
+
+How: the document is encoded in segments (cut after a newline or before a space, so they
+tokenize as in the whole text) and only a window of tokens is kept, as a numpy array with
+byte offsets, so a text of tens of megabytes never becomes one Python int per token. Cuts are
+chosen at token boundaries that start a whole character, preferring a paragraph break, then a
+line or sentence end, then the start of whitespace, within the last boundary_window of the
+window. Every chunk is then re-encoded on its own (batched over tiktoken's threads): that
+count is n_tokens, and a chunk over the limit would be split again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import Iterator, Sequence
+
+import numpy as np
+import tiktoken
+
+# A code point is at most 4 UTF-8 bytes, and cl100k has a token for every byte, so a chunk of
+# one character never needs more than this: below it, exact splitting could be impossible.
+MIN_MAX_TOKENS = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Chunk:
+    doc_id: str
+    chunk_index: int
+    chunk_count: int
+    token_start: int
+    token_end: int
+    n_tokens: int
+    text: str
+    text_sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitConfig:
+    """max_tokens: the largest chunk (ModelSpec.chunk_tokens). overlap_tokens: tokens repeated
+    at the start of the next chunk (at most max_tokens // 4). boundary_window: the fraction of
+    max_tokens, searched back from the end of a full window, where a natural cut is preferred
+    to a token boundary. segment_chars: characters encoded at once (memory of huge texts).
+    batch_chars: characters per encode_ordinary_batch call (threads vs. transient memory)."""
+    max_tokens: int
+    overlap_tokens: int = 0
+    boundary_window: float = 0.15
+    segment_chars: int = 1 << 18
+    batch_chars: int = 1 << 20
+
+    def __post_init__(self):
+        if self.max_tokens < MIN_MAX_TOKENS:
+            raise ValueError(f"max_tokens must be >= {MIN_MAX_TOKENS}, got {self.max_tokens}")
+        if not 0 <= self.overlap_tokens <= self.max_tokens // 4:
+            raise ValueError(f"overlap_tokens must be in [0, max_tokens // 4], got {self.overlap_tokens}")
+        if not 0 <= self.boundary_window <= 0.5:
+            raise ValueError(f"boundary_window must be in [0, 0.5], got {self.boundary_window}")
+        if self.segment_chars < 1024 or self.batch_chars < 1:
+            raise ValueError("segment_chars must be >= 1024 and batch_chars >= 1")
+
+
+@functools.lru_cache(maxsize=4)
+def _token_lengths(encoding: tiktoken.Encoding) -> np.ndarray:
+    """Byte length of every token id (0 for the unused ids), built once per encoding."""
+    lengths = np.zeros(encoding.n_vocab, dtype=np.int64)
+    for token in range(encoding.n_vocab):
+        try:
+            lengths[token] = len(encoding.decode_single_token_bytes(token))
+        except KeyError:
+            pass
+    return lengths
+
+
+def _blank(text: str) -> bool:
+    return not text or text.isspace()   # isspace: no copy of a huge text, unlike strip()
+
+
+def _utf8(segment: str) -> bytes:
+    """Lone surrogates (impossible in Arrow strings) become U+FFFD, as tiktoken does."""
+    try:
+        return segment.encode("utf-8")
+    except UnicodeEncodeError:
+        return segment.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+
+
+def _encode(encoding: tiktoken.Encoding, data: Sequence[bytes]) -> list[list[int]]:
+    """Tokens of UTF-8 texts. tiktoken caches a UTF-8 copy inside every str it encodes, so it
+    gets throwaway strings: neither the caller's texts nor the chunks keep that copy."""
+    return encoding.encode_ordinary_batch([d.decode("utf-8") for d in data])
+
+
+def _segments(text: str, size: int) -> Iterator[bytes]:
+    """Pieces of about `size` characters that tokenize as they do inside the whole text: cut
+    after a newline followed by a non-space, else before a space between two non-spaces (both
+    are boundaries of cl100k's regex pieces), else anywhere (exactness is re-checked later)."""
+    pos, end = 0, len(text)
+    while pos < end:
+        cut = end if end - pos <= size else _segment_cut(text, pos + size // 2, pos + size)
+        yield _utf8(text[pos:cut])
+        pos = cut
+
+
+def _segment_cut(text: str, lo: int, hi: int) -> int:
+    i = text.rfind("\n", lo, hi)
+    while i != -1:
+        if not text[i + 1].isspace():
+            return i + 1
+        i = text.rfind("\n", lo, i)
+    i = text.rfind(" ", lo, hi)
+    while i != -1:
+        if not text[i - 1].isspace() and not text[i + 1].isspace():
+            return i
+        i = text.rfind(" ", lo, i)
+    return hi
+
+
+class _Stream:
+    """A window of one document's tokens with their byte offsets, in document coordinates.
+    Segments are encoded on demand; tokens before the current chunk are dropped."""
+
+    def __init__(self, encoding: tiktoken.Encoding, lengths: np.ndarray,
+                 segments: Iterator[bytes], first: tuple[bytes, list[int]] | None = None):
+        self._encoding, self._lengths, self._segments = encoding, lengths, segments
+        self.tok0 = 0                                  # document index of buffered token 0
+        self.offs = np.zeros(1, dtype=np.int64)        # byte offset of each token start, + end
+        self._buf = b""
+        self._view = np.frombuffer(self._buf, dtype=np.uint8)
+        self.exhausted = False
+        self.segments = 0
+        if first is not None:
+            self._append(*first)
+
+    @property
+    def end_tok(self) -> int:
+        return self.tok0 + len(self.offs) - 1
+
+    @property
+    def end_byte(self) -> int:
+        return int(self.offs[-1])
+
+    def ensure(self, token: int) -> None:
+        """Encode segments until the buffer holds token index `token` or the text ends."""
+        while self.end_tok <= token and not self.exhausted:
+            segment = next(self._segments, None)
+            if segment is None:
+                self.exhausted = True
+            else:
+                self._append(segment, _encode(self._encoding, [segment])[0])
+
+    def _append(self, data: bytes, tokens: list[int]) -> None:
+        self.segments += 1
+        ids = np.array(tokens, dtype=np.int64)
+        ends = self.offs[-1] + np.cumsum(self._lengths[ids])
+        self.offs = np.concatenate([self.offs, ends])
+        self._buf += data
+        self._view = np.frombuffer(self._buf, dtype=np.uint8)
+
+    def trim(self, token: int) -> None:
+        drop = token - self.tok0
+        if drop > 0:
+            self._buf = self._buf[int(self.offs[drop] - self.offs[0]):]
+            self._view = np.frombuffer(self._buf, dtype=np.uint8)
+            self.offs = self.offs[drop:]
+            self.tok0 = token
+
+    def off(self, token: int) -> int:
+        return int(self.offs[token - self.tok0])
+
+    def bytes_at(self, positions: np.ndarray, shift: int) -> np.ndarray:
+        """The byte at each document offset + shift (clipped to the buffer)."""
+        index = np.clip(positions + shift - self.offs[0], 0, len(self._view) - 1)
+        return self._view[index]
+
+    def is_char_start(self, pos: int) -> bool:
+        return pos >= self.end_byte or (self._view[pos - self.offs[0]] & 0xC0) != 0x80
+
+    def token_of(self, pos: int) -> int:
+        """Index of the token holding document byte `pos`."""
+        return self.tok0 + int(np.searchsorted(self.offs, pos, side="right")) - 1
+
+    def data(self, start: int, end: int) -> bytes:
+        base = int(self.offs[0])
+        return self._buf[start - base:end - base]
+
+
+_WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", dtype=np.uint8)
+_SENTENCE_END = np.frombuffer(b".!?", dtype=np.uint8)
+_CJK_STOPS = [b"\xe3\x80\x82", b"\xef\xbc\x81", b"\xef\xbc\x9f"]   # 。！？
+
+
+def _boundary_class(stream: _Stream, pos: np.ndarray) -> np.ndarray:
+    """3 paragraph break, 2 line or sentence end, 1 start of whitespace, 0 other, for cuts
+    before `pos`. All are boundaries of cl100k's regex pieces on both sides of the cut, so the
+    chunks tokenize as their slices of the document."""
+    prev1, prev2, prev3 = (stream.bytes_at(pos, -k) for k in (1, 2, 3))
+    nxt = stream.bytes_at(pos, 0)
+    newline = prev1 == 0x0A
+    paragraph = newline & ((prev2 == 0x0A) | ((prev2 == 0x0D) & (prev3 == 0x0A)))
+    next_space = np.isin(nxt, _WHITESPACE)
+    sentence = newline | (np.isin(prev1, _SENTENCE_END) & next_space)
+    for stop in _CJK_STOPS:
+        sentence |= (prev3 == stop[0]) & (prev2 == stop[1]) & (prev1 == stop[2])
+    space = next_space & ~np.isin(prev1, _WHITESPACE)   # the start of a run: "a|  1" not "a  |1"
+    return np.where(paragraph, 3, np.where(sentence, 2, np.where(space, 1, 0)))
+
+
+@dataclasses.dataclass(slots=True)
+class _Cut:
+    data: bytes                   # the chunk's UTF-8
+    overlap: int                  # tokens of the slice shared with the previous chunk
+    shared: int                   # bytes of data shared with the previous chunk
+    n_tokens: int | None = None   # exact, once counted
+
+
+class Splitter:
+    def __init__(self, encoding: tiktoken.Encoding, config: SplitConfig):
+        self._encoding = encoding
+        self._config = config
+        self._lengths = _token_lengths(encoding)
+
+    def split(self, doc_id: str, text: str) -> list[Chunk]:
+        return self.split_many([(doc_id, text)])[0]
+
+    def split_many(self, docs: Sequence[tuple[str, str]]) -> list[list[Chunk]]:
+        """Chunks of each document, in order. Encoding and the exactness check run in batches
+        on tiktoken's threads; a blank text yields [] (the caller dead-letters it)."""
+        out: list[list[Chunk]] = []
+        for group in self._groups(docs):
+            plans = self._plan_group([text for _, text in group])
+            self._count([cut for plan in plans for cut in plan])
+            out.extend(self._chunks(doc_id, self._fit(plan))
+                       for (doc_id, _), plan in zip(group, plans))
+        return out
+
+    def _plan_group(self, texts: list[str]) -> list[list[_Cut]]:
+        """Plans for a group, its first segments encoded in one batch."""
+        segments = [_segments(text, self._config.segment_chars) for text in texts]
+        firsts = [None if _blank(text) else next(it) for text, it in zip(texts, segments)]
+        tokens = iter(_encode(self._encoding, [f for f in firsts if f is not None]))
+        return [[] if first is None else
+                self._plan(_Stream(self._encoding, self._lengths, it, (first, next(tokens))))
+                for it, first in zip(segments, firsts)]
+
+    def _fit(self, plan: list[_Cut]) -> list[_Cut]:
+        """Split again, on its own tokens and without its overlap, a chunk over the limit: one
+        whose window held no whole-character token boundary past the previous chunk (a cut
+        forced after the next character, with tiny limits), or one counting more than its slice
+        of the document (cuts at whole-character token boundaries never did in fuzzing; they
+        can count one token less). Ends: each pass yields shorter texts, down to one character."""
+        fitted: list[_Cut] = []
+        for cut in plan:
+            if cut.n_tokens <= self._config.max_tokens:
+                fitted.append(cut)
+                continue
+            sub = self._plan_group([cut.data[cut.shared:].decode("utf-8")])[0]   # overlap dropped
+            self._count(sub)
+            fitted.extend(self._fit(sub))
+        return fitted
+
+    def _groups(self, docs: Sequence[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+        group: list[tuple[str, str]] = []
+        size = 0
+        for doc in docs:
+            group.append(doc)
+            size += min(len(doc[1]), self._config.segment_chars)
+            if size >= self._config.batch_chars:
+                yield group
+                group, size = [], 0
+        if group:
+            yield group
+
+    def _count(self, cuts: list[_Cut]) -> None:
+        """Exact token count of every cut not counted yet, in batches of about batch_chars."""
+        todo = [cut for cut in cuts if cut.n_tokens is None]
+        start, size = 0, 0
+        for i, cut in enumerate(todo):
+            size += len(cut.data)
+            if size >= self._config.batch_chars or i == len(todo) - 1:
+                batch = todo[start:i + 1]
+                for c, n in zip(batch, map(len, _encode(self._encoding, [c.data for c in batch]))):
+                    c.n_tokens = n
+                start, size = i + 1, 0
+
+    def _plan(self, stream: _Stream) -> list[_Cut]:
+        """Cut the document into chunks of at most max_tokens tokens of its token stream."""
+        cuts: list[_Cut] = []
+        start_tok = start = 0     # the token holding the chunk's first byte; that byte's offset
+        floor = overlap = 0       # floor: the previous chunk's end, the next one must pass it
+        while True:
+            end, end_tok = self._choose_end(stream, start_tok, floor,
+                                            start_tok + self._config.max_tokens)
+            if end == stream.end_byte:
+                stream.ensure(stream.end_tok)   # a forced cut may reach the end of the buffer
+            last = end == stream.end_byte and stream.exhausted
+            whole = last and start == 0 and stream.segments == 1   # counted when encoded
+            cuts.append(_Cut(stream.data(start, end), overlap, floor - start,
+                             stream.end_tok if whole else None))
+            if last:
+                return cuts
+            floor = end
+            start_tok, start, overlap = self._next_start(stream, start_tok, start, end, end_tok)
+            stream.trim(start_tok)
+
+    def _choose_end(self, stream: _Stream, start_tok: int, floor: int,
+                    target: int) -> tuple[int, int]:
+        """The chunk's end byte and the token holding it (its end token when at a boundary)."""
+        stream.ensure(target)
+        if target >= stream.end_tok and stream.exhausted:
+            return stream.end_byte, stream.end_tok
+        first = max(start_tok, stream.token_of(floor)) + 1
+        lo = max(first, target - int(self._config.boundary_window * self._config.max_tokens))
+        for tokens, natural in ((np.arange(lo, target + 1), True), (np.arange(first, lo), False)):
+            pos = stream.offs[tokens - stream.tok0]
+            ok = ((stream.bytes_at(pos, 0) & 0xC0) != 0x80) & (pos > floor)
+            if ok.any():
+                classes = np.where(ok, _boundary_class(stream, pos) if natural else 0, -1)
+                best = int(np.flatnonzero(classes == classes.max())[-1])
+                return int(pos[best]), int(tokens[best])
+        # No whole-character token boundary in reach: cut between characters inside a token.
+        end = stream.off(target)
+        while end > floor and not stream.is_char_start(end):
+            end -= 1
+        if end <= floor:
+            end = floor + 1
+            while not stream.is_char_start(end):
+                end += 1
+        return end, stream.token_of(end)
+
+    def _next_start(self, stream: _Stream, start_tok: int, start: int, end: int,
+                    end_tok: int) -> tuple[int, int, int]:
+        """Where the next chunk starts: at the end, or overlap_tokens back from it, preferring
+        a word start; returns (token, byte, shared tokens)."""
+        want = self._config.overlap_tokens
+        if want == 0:
+            return end_tok, end, 0
+        tokens = np.arange(max(end_tok - want, start_tok + 1), end_tok)
+        pos = stream.offs[tokens - stream.tok0]
+        ok = ((stream.bytes_at(pos, 0) & 0xC0) != 0x80) & (pos > start) & (pos < end)
+        if not ok.any():
+            return end_tok, end, 0
+        near = tokens < tokens[0] + max(1, want // 4)
+        words = ok & near & (_boundary_class(stream, pos) > 0)
+        best = int(np.flatnonzero(words if words.any() else ok)[0])
+        return int(tokens[best]), int(pos[best]), end_tok - int(tokens[best])
+
+    def _chunks(self, doc_id: str, plan: list[_Cut]) -> list[Chunk]:
+        chunks = []
+        start = end = 0
+        for index, cut in enumerate(plan):
+            start = max(start, end - min(cut.overlap, cut.n_tokens))
+            end = start + cut.n_tokens
+            chunks.append(Chunk(doc_id, index, len(plan), start, end, cut.n_tokens,
+                                cut.data.decode("utf-8"), hashlib.sha256(cut.data).hexdigest()))
+            cut.data = b""   # release the bytes once the text exists: lowers a huge text's peak
+        return chunks
