@@ -1,37 +1,49 @@
-"""Cost lineage to the micro-rouble (1e-6 RUB, the service's billing precision).
+"""Cost lineage in integer micro-roubles (1 micro = 1e-6 RUB, the service's billing unit).
 
-Shares are whole micro-roubles apportioned by largest remainder, so they always sum exactly to
-the total: no float drift, no negative share, ties broken by position (deterministic).
+Sums are done on integers so that the rows of a request add up exactly to its cost; floats
+appear only at the edges (the service's usage.cost_rub in, Parquet float64 out).
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
-MICRO = 1_000_000
+MICRO_PER_RUB = 1_000_000
 
 
 def to_micro(rub: float) -> int:
-    return round(rub * MICRO)
+    """Nearest micro-rouble: round(rub * 1e6) (Python's round, ties to even). An amount the
+    service billed, round(x, 6), maps back to its exact micro count below 1e9 RUB, where the
+    float error of the product stays well under half a micro."""
+    if not math.isfinite(rub):
+        raise ValueError(f"not a finite amount of roubles: {rub!r}")
+    return round(rub * MICRO_PER_RUB)
 
 
 def from_micro(micro: int) -> float:
-    return micro / MICRO
+    """The float closest to micro / 1e6; to_micro(from_micro(m)) == m below 1e9 RUB."""
+    return micro / MICRO_PER_RUB
 
 
 def apportion_micro(total_micro: int, weights: Sequence[int]) -> list[int]:
+    """Split total_micro in proportion to weights by largest remainder: every share is the
+    floor of its exact proportion or one more, the shares sum exactly to total_micro, and the
+    micros left after flooring go to the largest remainders, the lower index first on a tie.
+    All-zero weights split equally (same rule). Empty weights: [] for a total of 0."""
     if total_micro < 0:
-        raise ValueError("cannot apportion a negative amount")
+        raise ValueError(f"total must be >= 0, got {total_micro}")
+    if any(w < 0 for w in weights):
+        raise ValueError("weights must be >= 0")
     if not weights:
         if total_micro:
-            raise ValueError("nothing to apportion a non-zero amount over")
+            raise ValueError(f"cannot apportion {total_micro} micro over no weights")
         return []
-    if any(w < 0 for w in weights):
-        raise ValueError("weights must be non-negative")
-    weights = list(weights) if sum(weights) > 0 else [1] * len(weights)
+    if not any(weights):
+        weights = [1] * len(weights)
     whole = sum(weights)
-    shares = [total_micro * w // whole for w in weights]
-    remainders = [total_micro * w % whole for w in weights]
+    shares, remainders = zip(*(divmod(total_micro * w, whole) for w in weights))
+    shares = list(shares)
     left = total_micro - sum(shares)
-    for i in sorted(range(len(weights)), key=lambda i: (-remainders[i], i))[:left]:
+    for i in sorted(range(len(shares)), key=lambda i: (-remainders[i], i))[:left]:
         shares[i] += 1
     return shares
