@@ -1,16 +1,21 @@
 """Token-aware request packing: streaming first-fit over a bounded set of open requests.
 
-A request closes as soon as it is `fill_target` full by tokens or holds `max_inputs` items;
-when more than `max_open_bins` are open, the fullest one is sent. Memory stays bounded, no
-request is ever empty or over a cap, and an item larger than `max_tokens` travels alone
-(the service's answer then decides: an over-length 400 is re-split by the caller).
+Beam's BatchElements counts elements; a request here is capped by inputs AND by summed
+tokens. Guarantees (tests/unit/test_packing.py): no request is empty or over either cap
+(an item alone over max_tokens travels alone: the service's answer decides, and an
+over-length 400 is re-split by the caller); every item comes out exactly once; at most
+max_open_bins + 1 requests are held. Fill: a request closed by add() is fill_target full by
+tokens, or full by inputs, or was the fullest of the open set when the set overflowed, which
+only happens when the arriving item fits none of them, so it holds more than
+max_tokens - (that item's tokens). Hence with items of at most (1 - fill_target) * max_tokens
+every request but the ones flush() returns is fill_target full.
 """
 from __future__ import annotations
 
 from typing import Any
 
 
-class _Bin:
+class _Request:
     __slots__ = ("items", "tokens")
 
     def __init__(self):
@@ -19,38 +24,48 @@ class _Bin:
 
 
 class Packer:
-    def __init__(self, max_inputs: int, max_tokens: int, fill_target: float = 0.95, max_open_bins: int = 16):
-        if max_inputs < 1 or max_tokens < 1 or not 0 < fill_target <= 1 or max_open_bins < 1:
-            raise ValueError("packing limits must be positive and fill_target in (0, 1]")
+    """max_inputs, max_tokens: the request caps (ModelSpec.max_inputs_per_request,
+    request_tokens). fill_target: close a request once this fraction of max_tokens is used.
+    max_open_bins: requests being filled at once (memory, and how long an item may wait)."""
+
+    def __init__(self, max_inputs: int, max_tokens: int, fill_target: float = 0.95,
+                 max_open_bins: int = 16):
+        if max_inputs < 1 or max_tokens < 1 or max_open_bins < 1:
+            raise ValueError("max_inputs, max_tokens and max_open_bins must be >= 1")
+        if not 0 < fill_target <= 1:
+            raise ValueError(f"fill_target must be in (0, 1], got {fill_target}")
         self._max_inputs, self._max_tokens = max_inputs, max_tokens
         self._full_tokens = fill_target * max_tokens
         self._max_open = max_open_bins
-        self._open: list[_Bin] = []
-
-    def _is_full(self, b: _Bin) -> bool:
-        return len(b.items) >= self._max_inputs or b.tokens >= self._full_tokens
+        self._open: list[_Request] = []
 
     def add(self, item: Any, n_tokens: int) -> list[list[Any]]:
-        if n_tokens >= self._max_tokens:
+        """Place the item; returns the requests this closed (usually none, at most one)."""
+        if n_tokens < 0:
+            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        if n_tokens > self._max_tokens:
             return [[item]]
-        target = next((b for b in self._open if len(b.items) < self._max_inputs
-                       and b.tokens + n_tokens <= self._max_tokens), None)
-        if target is None:
-            target = _Bin()
-            self._open.append(target)
-        target.items.append(item)
-        target.tokens += n_tokens
-        closed = []
-        if self._is_full(target):
-            self._open.remove(target)
-            closed.append(target.items)
+        # open requests always have an input free: a request reaching max_inputs closes at once
+        request = next((r for r in self._open if r.tokens + n_tokens <= self._max_tokens), None)
+        if request is None:
+            request = _Request()
+            self._open.append(request)
+        request.items.append(item)
+        request.tokens += n_tokens
+        if request.tokens >= self._full_tokens or len(request.items) >= self._max_inputs:
+            self._open.remove(request)
+            return [request.items]
         if len(self._open) > self._max_open:
-            fullest = max(self._open, key=lambda b: (b.tokens / self._max_tokens, len(b.items) / self._max_inputs))
+            fullest = max(self._open, key=self._fill)
             self._open.remove(fullest)
-            closed.append(fullest.items)
-        return closed
+            return [fullest.items]
+        return []
 
     def flush(self) -> list[list[Any]]:
-        closed = [b.items for b in self._open if b.items]
+        """Every open request, oldest first; the packer is empty afterwards."""
+        closed = [r.items for r in self._open]
         self._open = []
         return closed
+
+    def _fill(self, request: _Request) -> float:
+        return max(request.tokens / self._max_tokens, len(request.items) / self._max_inputs)
