@@ -32,7 +32,7 @@ def known_sources(job: Job) -> KnownSources:
     opts = job.opts
     resume_glob, journal, journal_requests = None, (), ()
     if opts.resume and opts.output:
-        existing = run_files(opts.output, "embeddings") if FileSystems.exists(opts.output) else []
+        existing = run_files(opts.output, "embeddings")  # a prefix on object stores: never exists()
         for path in existing:
             _check_same_model(path, job)
         if existing:

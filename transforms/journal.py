@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import uuid
 from typing import Iterator
 
@@ -61,10 +62,12 @@ def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
 def discard(output_dir: str, run_id: str) -> None:
     """The run's final files and summary exist: its journal is no longer needed."""
     directory, base = journal_dir(output_dir, run_id), journal_dir(output_dir)
-    if FileSystems.exists(directory):
-        FileSystems.delete([directory])
-    if FileSystems.exists(base) and not FileSystems.match([FileSystems.join(base, "*")])[0].metadata_list:
-        FileSystems.delete([base])
+    entries = [m.path for m in FileSystems.match([FileSystems.join(directory, "*")])[0].metadata_list]
+    if entries:  # object stores have no directories: delete the objects themselves
+        FileSystems.delete(entries)
+    for folder in (directory, base):  # a local disk keeps empty directories behind
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
 
 
 def load_unwritten(output_dir: str, written_runs: set[str]):

@@ -25,6 +25,23 @@ def _id_strings(column: pa.ChunkedArray) -> list:
     return column.to_pylist()
 
 
+def _texts(column: pa.ChunkedArray) -> tuple[list, dict[int, str]]:
+    """The column as Python strings; rows whose bytes are not valid UTF-8 (Arrow does not
+    check what writers put in a string column) come back as None, with the reason by row."""
+    try:
+        return column.to_pylist(), {}
+    except UnicodeDecodeError:
+        binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+        texts, invalid = [], {}
+        for i, raw in enumerate(column.cast(binary).to_pylist()):
+            try:
+                texts.append(None if raw is None else raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                texts.append(None)
+                invalid[i] = f"the text is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        return texts, invalid
+
+
 def _row_rejection(doc_id, text) -> Rejected | None:
     if doc_id is None:
         return Rejected(None, None, "null_id", "the id column is null")
@@ -50,12 +67,14 @@ class _SplitTable(beam.DoFn):
 
     def process(self, table: pa.Table):
         ids = _id_strings(table.column(self._id_column))
-        texts = table.column(self._text_column).to_pylist()
+        texts, invalid = _texts(table.column(self._text_column))
         kept = list(zip(*(table.column(c).to_pylist() for c in self._keep_columns))) or [()] * len(ids)
         self._rows.inc(len(ids))
         valid = []
-        for doc_id, text, extra in zip(ids, texts, kept):
+        for row, (doc_id, text, extra) in enumerate(zip(ids, texts, kept)):
             rejection = _row_rejection(doc_id, text)
+            if row in invalid and doc_id is not None:
+                rejection = Rejected(doc_id, None, "invalid_utf8", invalid[row])
             if rejection is None:
                 valid.append((doc_id, text, extra))
             elif doc_id is None:

@@ -330,9 +330,6 @@ def test_python_strings_with_lone_surrogates_cannot_enter_arrow():
         pa.array(["fine", "bad \ud800 half"], pa.string())
 
 
-@pytest.mark.xfail(strict=True, reason="transforms/read.py _SplitTable.process: invalid UTF-8 in the text "
-                   "column raises UnicodeDecodeError inside Beam; the job dies with a traceback instead "
-                   "of failing that row")
 def test_invalid_utf8_in_a_string_column_fails_that_row(tmp_path, sb, caplog, capsys):
     # Writers that do not validate (other languages, `view(pa.string())`) can still put the
     # UTF-8 encoding of a surrogate, or a stray byte, into a Parquet string column.

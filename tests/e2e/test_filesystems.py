@@ -143,14 +143,7 @@ def read_kind(out: str, kind: str) -> pa.Table | None:
     return pa.concat_tables([read_table(p) for p in paths]) if paths else None
 
 
-OBJECT_STORE_BUGS = (
-    "on object stores FileSystems.exists() is false for a prefix and delete() of a prefix without "
-    "'/' deletes nothing: transforms/journal.py discard() leaves the journal behind, and "
-    "pipeline/resume.py known_sources() skips the earlier embeddings, so --resume writes every "
-    "journaled row a second time")
-
-
-@pytest.fixture(params=["local", pytest.param("mem", marks=pytest.mark.xfail(strict=True, reason=OBJECT_STORE_BUGS))])
+@pytest.fixture(params=["local", "mem"])
 def store(request, monkeypatch, tmp_path):
     """A corpus under a fresh root on the local disk or in mem://; yields the root."""
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
