@@ -1,0 +1,118 @@
+"""Shared by the money tests (budget, resume, reconcile, plan, report): a corpus that makes many
+small requests, a model catalogue that the pipeline and the sandbox both use (small requests,
+short vectors, a round price), and readers of the current output files and of the ledger."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from pipeline.cli import main
+from service.catalog import load_models
+from service.sandbox.store import read_ledger
+from tests.conftest import SANDBOX_KEY
+from tests.e2e.helpers import WORDS_EN, WORDS_RU, paragraph
+
+MODEL = "text-embedding-3-small"
+PRICE_PER_1M = 100.0          # RUB: a token costs 100 micro-roubles, a request a few kopecks
+MAX_INPUTS = 4                # many requests from a small corpus
+MAX_INPUT_TOKENS = 512        # long documents split into a few chunks
+MAX_REQUEST_TOKENS = 1024     # so the largest request costs at most 0.1024 RUB
+DIMS = 32                     # small vectors: the outputs stay tiny
+
+
+def write_models(path: Path, price_per_1m: float = PRICE_PER_1M) -> Path:
+    """A copy of configs/models.yaml with MODEL shrunk as above (the other models unchanged)."""
+    doc = {"models": {name: {k: v for k, v in dataclasses.asdict(m).items() if k != "name"}
+                      for name, m in load_models().items()}}
+    doc["models"][MODEL].update(max_input_tokens=MAX_INPUT_TOKENS, max_inputs_per_request=MAX_INPUTS,
+                                max_tokens_per_request=MAX_REQUEST_TOKENS, dimensions=DIMS,
+                                price_rub_per_1m_tokens=price_per_1m)
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def corpus_rows(n_short: int = 300, n_long: int = 6, seed: int = 3, prefix: str = "") -> list[dict]:
+    """Short documents (one chunk each), long ones (several chunks), two ids sharing one text,
+    and one empty text (a failed row)."""
+    rng = random.Random(seed)
+    rows = [{"id": f"{prefix}s-{i}", "text": paragraph(rng, WORDS_EN + WORDS_RU, rng.randint(8, 40))}
+            for i in range(n_short)]
+    rows += [{"id": f"{prefix}l-{i}", "text": "\n\n".join(paragraph(rng, WORDS_EN, 120) for _ in range(12))}
+             for i in range(n_long)]
+    rows.append({"id": f"{prefix}shared", "text": rows[0]["text"]})
+    rows.append({"id": f"{prefix}empty", "text": ""})
+    return rows
+
+
+def write_corpus(path: Path, rows: list[dict]) -> Path:
+    schema = pa.schema([("id", pa.string()), ("text", pa.string())])
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return path
+
+
+def start_sandbox(factory, models: Path, *, balance: float = 100.0, args=(), **kwargs):
+    return factory(key=SANDBOX_KEY, balance=balance, args=["--models", str(models), *args], **kwargs)
+
+
+def run(corpus: Path, out: Path, sandbox, models: Path, *extra: str) -> int:
+    return main(["run", "--input", str(corpus), "--output", str(out), "--model", MODEL,
+                 "--base-url", sandbox.base_url, "--models-config", str(models), *extra])
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def current(out: Path, kind: str) -> pa.Table | None:
+    """The rows of KIND in the files summary.json lists as DIR's current state."""
+    files = [out / f for f in summary(out)["files"] if f.startswith(kind + "-")]
+    return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+
+
+def ledger(sandbox) -> list[dict]:
+    return list(read_ledger(sandbox.db))
+
+
+def micro(values) -> int:
+    return sum(round(v * 1e6) for v in values if v is not None)
+
+
+def billed_twice(charges: list[dict]) -> dict[str, int]:
+    counts = collections.Counter(h for c in charges for h in c["input_sha256"])
+    return {h: n for h, n in counts.items() if n > 1}
+
+
+def assert_every_row_once(out: Path, rows: list[dict]) -> dict[str, int]:
+    """Every chunk of every input row is in exactly one of the current embeddings, failed and
+    pending files, and every document's chunks are complete. Returns rows per kind."""
+    seen: dict[tuple, str] = {}
+    counts: dict[str, tuple] = {}
+    per_kind = {}
+    for kind in ("embeddings", "failed", "pending"):
+        table = current(out, kind)
+        per_kind[kind] = 0 if table is None else table.num_rows
+        if table is None:
+            continue
+        cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * table.num_rows
+                for c in ("doc_id", "chunk_index", "chunk_count", "token_start")}
+        for doc_id, index, count, start in zip(*cols.values()):
+            key = (doc_id, index, start)
+            assert key not in seen, f"{key} is in both {seen[key]} and {kind}"
+            seen[key] = kind
+            if index is not None:
+                counts.setdefault(doc_id, count)
+    by_doc = collections.defaultdict(set)
+    for doc_id, index, _ in seen:
+        by_doc[doc_id].add(index)
+    assert set(by_doc) == {r["id"] for r in rows}
+    for doc_id, indexes in by_doc.items():
+        expected = {None} if doc_id not in counts else set(range(counts[doc_id]))
+        assert indexes == expected, f"{doc_id}: chunks {sorted(indexes, key=str)}, expected {expected}"
+    return per_kind

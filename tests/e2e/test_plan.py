@@ -1,0 +1,85 @@
+"""`python -m pipeline plan`: one JSON object on stdout, exit 0 or 3, no embeddings request,
+an estimate close to what `run` then spends, and a price learned from an earlier run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SANDBOX_KEY
+from tests.e2e.money_helpers import (MODEL, corpus_rows, ledger, micro, run, start_sandbox, write_corpus,
+                                     write_models)
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = ("chunks", "requests", "prompt_tokens", "estimated_cost_rub", "spendable_rub", "fits")
+
+
+def sample_corpus(path: Path) -> Path:
+    """The project's sample corpus when the logic helper's generator exists, else ours."""
+    try:
+        from pipeline.sample_corpus import write_sample_corpus
+    except ImportError:
+        return write_corpus(path, corpus_rows())
+    write_sample_corpus(str(path), n_docs=300, seed=7)
+    return path
+
+
+def plan(corpus: Path, sandbox, models: Path, *extra: str) -> tuple[int, dict]:
+    argv = [sys.executable, "-m", "pipeline", "plan", "--input", str(corpus), "--model", MODEL,
+            "--base-url", sandbox.base_url, "--models-config", str(models), "--json", *extra]
+    proc = subprocess.run(argv, cwd=REPO, env={**os.environ, "EMBEDDINGS_API_KEY": SANDBOX_KEY},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 3), proc.stderr[-3000:]
+    return proc.returncode, json.loads(proc.stdout)   # exactly one JSON document, nothing else
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return sample_corpus(tmp_path / "corpus.parquet")
+
+
+def test_plan_prints_one_object_exits_by_fit_and_sends_nothing(tmp_path, sandbox_factory, corpus):
+    models = write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models, balance=100.0)
+    code, fits = plan(corpus, sb, models)
+    assert code == 0 and fits["fits"] is True
+    assert all(k in fits for k in KEYS)
+    assert fits["chunks"] > 0 and fits["requests"] > 0 and fits["prompt_tokens"] > 0
+    assert fits["spendable_rub"] == pytest.approx(100.0)
+    assert fits["estimated_cost_rub"] == pytest.approx(fits["prompt_tokens"] * 100 / 1e6, abs=1e-6)
+
+    cap = fits["estimated_cost_rub"] / 2
+    code, over = plan(corpus, sb, models, "--max-spend-rub", str(cap))
+    assert code == 3 and over["fits"] is False and over["spendable_rub"] == pytest.approx(cap)
+    assert over["estimated_cost_rub"] == fits["estimated_cost_rub"]
+    assert ledger(sb) == []
+
+
+def test_estimate_matches_the_run_and_a_price_is_learned(tmp_path, sandbox_factory, corpus, monkeypatch):
+    models = write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models, balance=100.0)
+    _, estimate = plan(corpus, sb, models)
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+    out = tmp_path / "out"
+    assert run(corpus, out, sb, models) == 0
+    charges = ledger(sb)
+    spent = micro(c["cost_rub"] for c in charges) / 1e6
+    off = abs(estimate["estimated_cost_rub"] - spent) / spent
+    print(f"\nplan {estimate['estimated_cost_rub']:.6f} RUB / {estimate['requests']} requests, run "
+          f"{spent:.6f} RUB / {len(charges)} requests: {off:.4%} apart")
+    assert off <= 0.02
+    assert estimate["prompt_tokens"] == sum(c["prompt_tokens"] for c in charges)
+
+    # a stale catalogue price: plan takes the price the service really billed in OUT instead
+    stale = write_models(tmp_path / "stale.yaml", price_per_1m=50.0)
+    _, guessed = plan(corpus, sb, stale)
+    _, learned = plan(corpus, sb, stale, "--output", str(out))
+    assert guessed["price_rub_per_1m_tokens"] == pytest.approx(50.0)
+    assert learned["price_rub_per_1m_tokens"] == pytest.approx(100.0, rel=1e-4)
+    assert "learned" in learned["price_source"]
+    assert abs(learned["estimated_cost_rub"] - spent) / spent <= 0.02
+    assert len(ledger(sb)) == len(charges)
