@@ -78,7 +78,9 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
         price_per_token_rub=price_per_token_rub,
         price_margin=s.budget.price_margin / model.safety_factor, balance_poll_s=s.budget.balance_poll_s,
         allow_partial=opts.allow_partial, boundary_window=s.split.boundary_window,
-        progress_interval_s=s.embed.progress_interval_s, embeddings_schema=emb_schema,
+        progress_interval_s=s.embed.progress_interval_s,
+        requests_per_minute=s.rate_limits.requests_per_minute,
+        tokens_per_minute=s.rate_limits.tokens_per_minute, embeddings_schema=emb_schema,
         pending_schema=pending_schema, kept=kept)
     out = requests | "Embed" >> EmbedRequests(embed_cfg, totals, fits)
 

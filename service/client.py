@@ -20,7 +20,7 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -348,8 +348,11 @@ class EmbeddingsClient:
     # -- endpoints ------------------------------------------------------------------------
 
     def embed(self, model: str, inputs: Sequence[str], *, dimensions: int | None = None,
-              request_id: str | None = None) -> EmbedResult:
-        """Embed `inputs` (a list of non-empty strings) in one logical request."""
+              request_id: str | None = None,
+              on_retry: Callable[[int], None] | None = None) -> EmbedResult:
+        """Embed `inputs` (a list of non-empty strings) in one logical request. `on_retry` is
+        told the status (0 for a transport error) of each failed attempt about to be retried,
+        so a caller can slow down on 429s that the retry loop absorbs."""
         if isinstance(inputs, (str, bytes)):
             raise TypeError("inputs must be a sequence of strings, not a single string")
         inputs = list(inputs)
@@ -371,7 +374,7 @@ class EmbeddingsClient:
         if dimensions is not None:
             payload["dimensions"] = dimensions
         reply = self._call("POST", "/embeddings", request_id,
-                           json.dumps(payload, ensure_ascii=False).encode("utf-8"))
+                           json.dumps(payload, ensure_ascii=False).encode("utf-8"), on_retry)
         usage, problem = None, None
         try:
             doc = self._json(reply)
@@ -404,7 +407,8 @@ class EmbeddingsClient:
 
     # -- the one retry loop ---------------------------------------------------------------
 
-    def _call(self, method: str, path: str, request_id: str, body: bytes | None = None) -> _Reply:
+    def _call(self, method: str, path: str, request_id: str, body: bytes | None = None,
+              on_retry: Callable[[int], None] | None = None) -> _Reply:
         url = self.base_url + path
         started = time.monotonic()
         attempts = uncertain = 0
@@ -438,6 +442,8 @@ class EmbeddingsClient:
                     "%s %s attempt %d/%d failed (%s); retrying in %.2f s%s [request_id=%s]",
                     method, path, attempts, self.retry.max_attempts, reason, wait,
                     " as the server asked" if retry_after else "", request_id)
+            if on_retry is not None:
+                on_retry(outcome.status if outcome.error is None else 0)
             time.sleep(wait)
 
     def _attempt(self, method: str, url: str, body: bytes | None, request_id: str) -> _Outcome:

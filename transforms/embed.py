@@ -31,6 +31,7 @@ from transforms.budget import BudgetGuard
 from transforms.embed_runner import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.lineage import embeddings_table, pending_table
 from transforms.progress import Progress
+from transforms.ratelimit import AimdLimiter, TokenBucketLimiter
 from transforms.splitting import SplitConfig, Splitter
 
 log = logging.getLogger("embedpipe.embed")
@@ -60,13 +61,16 @@ class EmbedConfig:
     allow_partial: bool
     boundary_window: float
     progress_interval_s: float
+    requests_per_minute: int
+    tokens_per_minute: int
     embeddings_schema: pa.Schema
     pending_schema: pa.Schema
     kept: tuple
 
 
 class _WorkerState:
-    """Per process and run: one guard, one breaker, one progress line for all DoFn instances."""
+    """Per process and run: one guard, breaker, progress line and pair of rate limiters for all
+    DoFn instances (the provider's limits are per key, not per thread)."""
     _lock = threading.Lock()
     _by_run: dict = {}
 
@@ -76,7 +80,9 @@ class _WorkerState:
             if cfg.run_id not in cls._by_run:
                 guard = BudgetGuard(balance_before=cfg.balance_before, spendable_rub=cfg.spendable_rub,
                                     price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin)
-                cls._by_run[cfg.run_id] = (guard, Breaker(), Progress(cfg.progress_interval_s), [0.0])
+                limits = (AimdLimiter(cfg.max_in_flight, maximum=cfg.max_in_flight),
+                          TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
+                cls._by_run[cfg.run_id] = (guard, Breaker(), Progress(cfg.progress_interval_s), [0.0], limits)
             return cls._by_run[cfg.run_id]
 
 
@@ -92,14 +98,14 @@ class _EmbedDoFn(beam.DoFn):
         self._client = EmbeddingsClient(cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
                                         retry=cfg.retry, pool_size=cfg.pool_size,
                                         encoding_format=cfg.encoding_format)
-        self._guard, self._breaker, self._progress, self._last_poll = _WorkerState.get(cfg)
+        self._guard, self._breaker, self._progress, self._last_poll, (aimd, quota) = _WorkerState.get(cfg)
         encoding = get_encoding()
         self._runner = RequestRunner(
             self._client, model=cfg.model, dimensions=cfg.dimensions, expected_dims=cfg.expected_dims,
             guard=self._guard, breaker=self._breaker, run_id=cfg.run_id,
             resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
                 max_tokens=n, boundary_window=cfg.boundary_window))),
-            journal=self._journal)
+            journal=self._journal, concurrency=aimd, quota=quota if quota.enabled else None)
         self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight, thread_name_prefix="embed")
 
     def start_bundle(self):

@@ -22,6 +22,7 @@ from service import errors
 from service.client import EmbeddingsClient
 from transforms.apportion import apportion_micro, from_micro, to_micro
 from transforms.budget import BudgetGuard
+from transforms.ratelimit import AimdLimiter, TokenBucketLimiter
 from transforms.records import Rejected, TextItem
 from transforms.splitting import Splitter
 
@@ -76,11 +77,13 @@ class RequestRunner:
     def __init__(self, client: EmbeddingsClient, *, model: str, dimensions: int | None,
                  expected_dims: int, guard: BudgetGuard, breaker: Breaker, run_id: str,
                  resplit: Callable[[TextItem], list[TextItem]],
-                 journal: Callable[[Delivery, dict], None] | None = None):
+                 journal: Callable[[Delivery, dict], None] | None = None,
+                 concurrency: AimdLimiter | None = None, quota: TokenBucketLimiter | None = None):
         self._client, self._model, self._dimensions = client, model, dimensions
         self._expected_dims = expected_dims
         self._guard, self._breaker, self._run_id = guard, breaker, run_id
         self._resplit, self._journal = resplit, journal
+        self._concurrency, self._quota = concurrency, quota
 
     def run(self, items: Sequence[TextItem]) -> Outcome:
         out = Outcome()
@@ -116,8 +119,7 @@ class RequestRunner:
         request_id = uuid.uuid4().hex
         started = dt.datetime.now(dt.timezone.utc)
         try:
-            result = self._client.embed(self._model, [i.text for i in batch],
-                                        dimensions=self._dimensions, request_id=request_id)
+            result = self._embed([i.text for i in batch], tokens, request_id)
         except errors.EmbeddingsError as exc:
             billed = getattr(exc, "usage", None)  # a malformed 200 was still billed
             self._guard.settle(reservation, billed.cost_rub if billed else None,
@@ -144,6 +146,17 @@ class RequestRunner:
             self._journal(delivery, row)
         out.deliveries.append(delivery)
         return []
+
+    def _embed(self, texts: list[str], tokens: int, request_id: str):
+        """The call itself, paced by the client-side quota and the AIMD concurrency limit
+        (a 429 that the client's retry loop absorbs still slows every thread down)."""
+        if self._quota is not None:
+            self._quota.acquire(tokens)
+        if self._concurrency is None:
+            return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id)
+        with self._concurrency.slot() as permit:
+            return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
+                                      on_retry=lambda status: permit.rate_limited() if status == 429 else None)
 
     def _on_error(self, exc: errors.EmbeddingsError, batch: list[TextItem], out: Outcome):
         half = len(batch) // 2
