@@ -1,0 +1,223 @@
+"""embed_corpus: embed a Parquet corpus once a day, gated by the cost plan.
+
+    plan_gate >> embed
+
+**plan_gate** runs `python -m pipeline plan --json`. Exit 0: go on. Exit 3: the run fails
+at once, without retries, with "estimate X RUB exceeds spendable Y RUB"; with
+`allow_partial` it only warns, and `embed` spends what fits. Any other exit fails (2, a
+usage or input error, without retries).
+
+**embed** runs `python -m pipeline run ... --resume` and maps its exit code:
+
+| exit | outcome | task |
+| --- | --- | --- |
+| 0 | done | success, XCom `{"outcome": "done"}` |
+| 4 | partial: pending chunks | success, XCom `{"outcome": "partial"}`, a warning in the log |
+| 2, 3 | input error / does not fit | failed, not retried: retrying cannot help |
+| 1, other | breaker, service unreachable | failed, retried |
+
+Exit 4 is not an alarm: the budget ran out as `allow_partial` allowed, the unsent chunks
+are in `pending-*.parquet`, and the next scheduled run picks them up. `--resume` is always
+passed: it is idempotent, so a first run, a retry and the next day's run are the same
+command, and none of them pays twice for a text. Downstream consumers that need a complete
+output read the XCom `outcome`.
+
+**Why a subprocess task and not BeamRunPythonPipelineOperator** (apache-beam provider 6.3):
+on DataflowRunner that operator stops reading the launcher as soon as the Dataflow job id
+appears in its log and then waits on the Dataflow API, so the launcher's exit code (3, 4)
+and the summary.json it writes after the job are never seen; on other runners every
+non-zero exit becomes the same "Apache Beam process failed with return code N" error; and
+its command line (`python [py_options] py_file --runner=... --k=v`) has no place for the
+`run` subcommand. One subprocess task gives every runner the CLI's exact exit codes; the
+Dataflow settings travel as ordinary Beam flags. Killing the task interrupts the launcher
+(SIGINT, then SIGKILL after a grace period); a Dataflow job it already submitted keeps
+running until cancelled in the console.
+
+**The API key** is the password of the Airflow Connection `embeddings_api`, read at run
+time inside the task and handed to the child process only as `EMBEDDINGS_API_KEY`: never
+on the command line (which is logged), never in Beam options, never in a templated field
+(a @task's are op_args, op_kwargs and templates_dict; all are empty here). Airflow masks
+connection passwords in task logs. Dataflow workers read the key themselves from the
+secret manager (`api_key_secret` param: a name, not the key).
+
+**The interpreter** is the Airflow Variable `embedpipe_python`: a python that has the
+embedpipe package installed (default: the worker's own python).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, BaseHook, Param, Variable, get_current_context, task
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+DAG_ID = "embed_corpus"
+API_CONN_ID = "embeddings_api"
+PYTHON_VARIABLE = "embedpipe_python"
+KEY_ENV_VAR = "EMBEDDINGS_API_KEY"
+
+PLAN_TIMEOUT_S = 15 * 60           # plan reads the input and asks for the balance only
+RUN_TIMEOUT = timedelta(hours=12)  # one day's run must end before the next one starts
+STOP_GRACE_S = 60                  # after SIGINT, time for the job to finish its journal
+
+# `python -m pipeline` exit codes (shared/design.md)
+EXIT_OK, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_PARTIAL = 0, 2, 3, 4
+
+log = logging.getLogger(__name__)
+
+
+def _python() -> str:
+    return Variable.get(PYTHON_VARIABLE, default=sys.executable)
+
+
+def _child_env() -> dict[str, str]:
+    key = BaseHook.get_connection(API_CONN_ID).password
+    if not key:
+        raise AirflowFailException(
+            f"the Airflow connection {API_CONN_ID!r} has no password: put the API key there")
+    return {**os.environ, KEY_ENV_VAR: key}
+
+
+def _shared_args(p) -> list[str]:
+    """Flags that plan and run take alike."""
+    args = ["--input", p["input"], "--model", p["model"], "--base-url", p["base_url"]]
+    if p["max_spend_rub"] is not None:
+        args += ["--max-spend-rub", str(p["max_spend_rub"])]
+    if p["profile"]:
+        args += ["--profile", p["profile"]]
+    return args
+
+
+def _runner_args(p) -> list[str]:
+    args = ["--runner", p["runner"]]
+    if p["runner"] == "DataflowRunner":
+        args += ["--project", p["dataflow_project"], "--region", p["dataflow_region"],
+                 "--temp_location", p["dataflow_temp_location"]]
+        if p["api_key_secret"]:
+            args += ["--api-key-secret", p["api_key_secret"]]
+    return args
+
+
+def _rub(value) -> str:
+    """Roubles to the millionth the service bills in, without float noise or exponents."""
+    if not isinstance(value, (int, float)):
+        return "?"
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def _stream(cmd: list[str], env: dict[str, str]) -> int:
+    """Run CMD with its output in the task log, line by line; return its exit code."""
+    log.info("running: %s", shlex.join(cmd))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace")
+    try:
+        for line in proc.stdout:
+            log.info("%s", line.rstrip())
+        return proc.wait()
+    except BaseException:
+        # Task killed or timed out: SIGINT lets the job log where it stopped (what it paid
+        # for is already journaled), SIGKILL if it does not end in time.
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+
+
+@task(task_id="plan_gate", execution_timeout=timedelta(seconds=PLAN_TIMEOUT_S + 60))
+def plan_gate() -> dict:
+    p = get_current_context()["params"]
+    cmd = [_python(), "-m", "pipeline", "plan", *_shared_args(p), "--json"]
+    log.info("running: %s", shlex.join(cmd))
+    try:
+        done = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True,
+                              errors="replace", timeout=PLAN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise AirflowException(f"pipeline plan did not finish in {PLAN_TIMEOUT_S} s") from None
+    for line in done.stderr.splitlines():
+        log.info("%s", line)
+    if done.returncode == EXIT_USAGE:
+        raise AirflowFailException("pipeline plan: usage or input error (exit 2), see the log")
+    if done.returncode not in (EXIT_OK, EXIT_DOES_NOT_FIT):
+        raise AirflowException(f"pipeline plan failed with exit code {done.returncode}")
+    try:
+        plan = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise AirflowException("pipeline plan --json did not print one JSON object") from None
+    log.info("plan: %s", json.dumps(plan, sort_keys=True))
+    if done.returncode == EXIT_DOES_NOT_FIT:
+        why = (f"estimate {_rub(plan.get('estimated_cost_rub'))} RUB exceeds spendable "
+               f"{_rub(plan.get('spendable_rub'))} RUB")
+        if not p["allow_partial"]:
+            raise AirflowFailException(f"{why}: nothing was sent. Raise max_spend_rub or the "
+                                       "balance, or set allow_partial.")
+        log.warning("%s: allow_partial is set, embed spends what fits and leaves the rest pending",
+                    why)
+    return plan
+
+
+@task(task_id="embed", execution_timeout=RUN_TIMEOUT)
+def embed() -> dict:
+    p = get_current_context()["params"]
+    cmd = [_python(), "-m", "pipeline", "run", *_shared_args(p), "--output", p["output"],
+           "--resume", *_runner_args(p)]
+    if p["allow_partial"]:
+        cmd.append("--allow-partial")
+    code = _stream(cmd, _child_env())
+    if code == EXIT_OK:
+        return {"outcome": "done", "exit_code": code}
+    if code == EXIT_PARTIAL:
+        log.warning("partial: the budget ran out; the unsent chunks are in pending-*.parquet under "
+                    "%s and the next scheduled run resumes them", p["output"])
+        return {"outcome": "partial", "exit_code": code}
+    if code in (EXIT_USAGE, EXIT_DOES_NOT_FIT):
+        raise AirflowFailException(f"pipeline run exited {code} before spending: see the log")
+    raise AirflowException(f"pipeline run failed with exit code {code}; the unsent chunks are "
+                           "pending and a retry resumes them")
+
+
+with DAG(
+    dag_id=DAG_ID,
+    description="Parquet corpus -> embeddings, budget-gated, resumed daily",
+    doc_md=__doc__,
+    schedule="@daily",
+    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    catchup=False,      # a missed day is covered by the next run's --resume
+    max_active_runs=1,  # two runs on one output directory would race for one budget
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=10)},
+    tags=["embedpipe"],
+    params={
+        "input": Param("/data/corpus/*.parquet", type="string", minLength=1,
+                       description="Parquet glob (local, gs://, s3://)"),
+        "output": Param("/data/embeddings", type="string", minLength=1,
+                        description="output directory; the same every day so --resume works"),
+        "model": Param("text-embedding-3-small", type="string", minLength=1,
+                       description="a model of configs/models.yaml"),
+        "base_url": Param("http://127.0.0.1:8780/v1", type="string", minLength=1,
+                          description="embeddings service base URL ending in /v1"),
+        "max_spend_rub": Param(50.0, type=["null", "number"], minimum=0,
+                               description="never spend more than this in one run (null: balance)"),
+        "allow_partial": Param(False, type="boolean",
+                               description="when the estimate exceeds the budget, embed what fits "
+                                           "and leave the rest pending for the next run"),
+        "runner": Param("DirectRunner", enum=["DirectRunner", "DataflowRunner"]),
+        "profile": Param(None, type=["null", "string"],
+                         description="configs/profiles/NAME.yaml of run settings"),
+        "dataflow_project": Param("my-gcp-project", type="string"),
+        "dataflow_region": Param("europe-west1", type="string"),
+        "dataflow_temp_location": Param("gs://my-bucket/embedpipe/tmp", type="string"),
+        "api_key_secret": Param(None, type=["null", "string"],
+                                description="secret manager version NAME the Dataflow workers "
+                                            "read the key from (a reference, never the key)"),
+    },
+) as dag:
+    plan_gate() >> embed()
