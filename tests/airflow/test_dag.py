@@ -1,0 +1,197 @@
+"""The Airflow DAG (configs/airflow/embed_corpus_dag.py), loaded and run by real Airflow 3.3.
+
+Airflow lives in its own venv (.venv-airflow/, built on first use: a few minutes; see
+airflow_venv.py) with a throwaway AIRFLOW_HOME and SQLite. The tasks call the project's
+own `python -m pipeline` against a sandbox, as a worker with embedpipe installed would.
+`make airflow-test` runs these; `make test` leaves them out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from tests.airflow.airflow_venv import REPO, ensure_venv, venv_python
+
+pytestmark = pytest.mark.airflow
+
+DAG_FOLDER = REPO / "configs" / "airflow"
+DAG_ID = "embed_corpus"
+LOGICAL_DATE = "2025-06-01"
+KEY = "sk-airflow-test-key-7f3a9c"  # distinctive, so any leak is easy to grep
+AIRFLOW_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory) -> dict[str, str]:
+    """Env for the airflow CLI: a fresh home and database, the DAG folder, the interpreter
+    Variable and the API key Connection as AIRFLOW_VAR_/AIRFLOW_CONN_."""
+    ensure_venv()
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("AIRFLOW") and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FOLDER),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW_VAR_EMBEDPIPE_PYTHON": sys.executable,  # the project venv: embedpipe installed
+        "AIRFLOW_CONN_EMBEDDINGS_API": json.dumps({"conn_type": "generic", "password": KEY}),
+    })
+    airflow(env, "db", "migrate")
+    return env
+
+
+def airflow(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(venv_python().with_name("airflow")), *args], env=env,
+                          cwd=env["AIRFLOW_HOME"], text=True, capture_output=True,
+                          timeout=AIRFLOW_TIMEOUT_S)
+    if check and done.returncode:
+        pytest.fail(f"airflow {' '.join(args)} exited {done.returncode}:\n"
+                    f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def assert_no_key(env: dict[str, str], *outputs: str) -> None:
+    for text in outputs:
+        assert KEY not in text
+    for log in Path(env["AIRFLOW_HOME"], "logs").rglob("*"):
+        if log.is_file():
+            assert KEY not in log.read_text(errors="replace"), log
+
+
+@pytest.fixture
+def corpus(tmp_path) -> str:
+    texts = [f"Document {i} about embeddings, budgets and daily schedules. " * (3 + i % 5)
+             for i in range(40)]
+    pq.write_table(pa.table({"id": [f"d{i}" for i in range(40)], "text": texts}),
+                   tmp_path / "corpus.parquet")
+    return str(tmp_path / "*.parquet")
+
+
+def test_dag_loads_with_schedule_tasks_and_params(airflow_env, tmp_path):
+    out = tmp_path / "facts.json"
+    subprocess.run([str(venv_python()), str(Path(__file__).with_name("inspect_dag.py")),
+                    str(DAG_FOLDER), str(out)],
+                   env=airflow_env, check=True, capture_output=True, timeout=AIRFLOW_TIMEOUT_S)
+    facts = json.loads(out.read_text())
+    assert facts["import_errors"] == {}
+    assert list(facts["dags"]) == [DAG_ID]
+    dag = facts["dags"][DAG_ID]
+    assert dag["schedule"] == "@daily"
+    assert dag["catchup"] is False and dag["max_active_runs"] == 1
+    assert set(dag["tasks"]) == {"plan_gate", "embed"}
+    assert dag["tasks"]["plan_gate"]["downstream"] == ["embed"]
+    assert dag["tasks"]["embed"]["upstream"] == ["plan_gate"]
+    for t in dag["tasks"].values():
+        assert 0 < t["retries"] <= 3 and t["has_timeout"]
+    assert set(dag["params"]) >= {
+        "input", "output", "model", "base_url", "max_spend_rub", "runner", "allow_partial",
+        "dataflow_project", "dataflow_region", "dataflow_temp_location"}
+    assert dag["params"]["runner"] == "DirectRunner"
+    # The key is read at run time inside the task: no templated field may carry it.
+    for t in dag["tasks"].values():
+        for value in t["template_fields"].values():
+            assert "conn" not in value.lower() and "password" not in value.lower(), value
+
+
+def test_rendered_fields_never_hold_the_key(airflow_env):
+    for task_id in ("plan_gate", "embed"):
+        done = airflow(airflow_env, "tasks", "render", DAG_ID, task_id, LOGICAL_DATE)
+        assert_no_key(airflow_env, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def planned(sandbox_factory, corpus) -> tuple:
+    """(sandbox whose balance covers the corpus, the plan's JSON), once `pipeline plan`
+    itself works; skips the test until then."""
+    sb = sandbox_factory(key=KEY, balance=1000.0)
+    done = subprocess.run([sys.executable, "-m", "pipeline", "plan", "--input", corpus, "--model",
+                           "text-embedding-3-small", "--base-url", sb.base_url, "--json"],
+                          env={**os.environ, "EMBEDDINGS_API_KEY": KEY}, capture_output=True,
+                          text=True, timeout=AIRFLOW_TIMEOUT_S)
+    if done.returncode != 0:
+        pytest.skip(f"`python -m pipeline plan` is not usable yet (exit {done.returncode}): "
+                    f"{done.stderr.strip().splitlines()[-1:]}")
+    return sb, json.loads(done.stdout)
+
+
+def run_task(airflow_env, task_id: str, params: dict) -> tuple[str, str]:
+    """Run one task with PARAMS; return (its final state, all output). `airflow tasks test`
+    exits 0 whatever the task does, so the state comes from its log."""
+    done = airflow(airflow_env, "tasks", "test", DAG_ID, task_id, LOGICAL_DATE,
+                   "-t", json.dumps(params))
+    output = done.stdout + done.stderr
+    states = re.findall(r"new_state=(\w+)", output)
+    assert states, output[-4000:]
+    assert_no_key(airflow_env, output)
+    return states[-1], output
+
+
+def test_plan_gate_passes_when_the_estimate_fits(airflow_env, planned, corpus):
+    sb, _ = planned
+    state, output = run_task(airflow_env, "plan_gate",
+                             {"input": corpus, "base_url": sb.base_url, "max_spend_rub": 10.0})
+    assert state == "success", output[-4000:]
+    assert "'fits': True" in output
+    assert sb.ledger() == []  # plan sends no embeddings request
+
+
+def test_plan_gate_fails_without_retry_naming_estimate_and_spendable(airflow_env, planned, corpus):
+    sb, _ = planned
+    state, output = run_task(airflow_env, "plan_gate",
+                             {"input": corpus, "base_url": sb.base_url, "max_spend_rub": 0.000001})
+    assert state == "failed", output[-4000:]  # not up_for_retry: retrying cannot make it fit
+    assert re.search(r"estimate [0-9.]+ RUB exceeds spendable 0.000001 RUB", output), output[-4000:]
+    assert sb.ledger() == []
+
+
+def test_plan_gate_lets_a_partial_run_through_when_allowed(airflow_env, planned, corpus):
+    sb, _ = planned
+    state, output = run_task(airflow_env, "plan_gate",
+                             {"input": corpus, "base_url": sb.base_url, "max_spend_rub": 0.000001,
+                              "allow_partial": True})
+    assert state == "success", output[-4000:]
+    assert "allow_partial is set" in output
+
+
+@pytest.fixture
+def small_requests_profile(tmp_path) -> str:
+    """A --profile whose model catalogue caps requests at 8 inputs, so that the corpus takes
+    several requests and a budget can run out between them."""
+    models = yaml.safe_load((REPO / "configs" / "models.yaml").read_text())
+    models["models"]["text-embedding-3-small"]["max_inputs_per_request"] = 8
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
+    profile = tmp_path / "small-requests.yaml"
+    profile.write_text(yaml.safe_dump({"models_config": str(tmp_path / "models.yaml")}))
+    return str(profile)
+
+
+def test_embed_partial_then_resumed_by_the_next_run(airflow_env, planned, corpus, tmp_path,
+                                                    small_requests_profile):
+    """Day 1: half the estimate -> exit 4 -> success with outcome "partial", no retry.
+    Day 2: enough budget -> the same command resumes -> outcome "done", nothing paid twice."""
+    sb, plan = planned
+    params = {"input": corpus, "output": str(tmp_path / "out"), "base_url": sb.base_url,
+              "allow_partial": True, "profile": small_requests_profile}
+    state, output = run_task(airflow_env, "embed",
+                             {**params, "max_spend_rub": plan["estimated_cost_rub"] / 2})
+    assert state == "success", output[-4000:]
+    assert "'outcome': 'partial'" in output, output[-4000:]
+    paid_day1 = sb.ledger()
+    assert paid_day1
+
+    state, output = run_task(airflow_env, "embed", {**params, "max_spend_rub": 10.0})
+    assert state == "success", output[-4000:]
+    assert "'outcome': 'done'" in output, output[-4000:]
+    sent = [h for charge in sb.ledger() for h in charge["input_sha256"]]
+    assert len(sb.ledger()) > len(paid_day1)
+    assert len(sent) == len(set(sent))  # --resume: no text paid for twice
