@@ -227,6 +227,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(err.status, err.body(), err.headers)
         except _Reset:
             pass
+        except ConnectionError:   # the client left (e.g. timed out during a slow answer)
+            log.info("%s %s -> client disconnected", method, path)
+            self.close_connection = True
         except Exception:
             log.exception("internal error on %s %s", method, path)
             self._drain()

@@ -1,15 +1,14 @@
 """The sandbox's vectors: deterministic across processes, unit length, lexically meaningful,
-the same one by one or in batches, and what the HTTP answer carries."""
+the same one by one or in batches. (That the HTTP answer carries exactly these vectors is
+checked in test_sandbox_contract.py.)"""
 from __future__ import annotations
 
-import base64
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-import requests
 
 from service.sandbox.embedder import embed_batch, embed_text
 
@@ -75,14 +74,6 @@ def test_batches_equal_single_texts_across_group_boundaries():
     batch = embed_batch(SMALL, texts, 1536)
     for i in (0, 255, 256, 257, 511, 599, *range(600, 600 + len(EDGE_TEXTS))):
         np.testing.assert_array_equal(batch[i], embed_text(SMALL, texts[i], 1536))
-
-
-def test_http_vectors_equal_the_function(sandbox):
-    texts = ["compare me", "and me too", "😀"]
-    r = requests.post(sandbox.base_url + "/embeddings", headers={"Authorization": "Bearer sk-test-key"},
-                      json={"model": SMALL, "input": texts, "encoding_format": "base64"}, timeout=10)
-    got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in r.json()["data"]])
-    np.testing.assert_array_equal(got, embed_batch(SMALL, texts, 1536))
 
 
 def test_embedding_speed_is_measured():
