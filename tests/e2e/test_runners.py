@@ -15,8 +15,11 @@ does not depend on packing is checked instead: each text's share of its request 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,9 +32,9 @@ import pytest
 from pipeline import profiles
 from pipeline.options import EmbedPipeOptions
 from service.catalog import load_models
+from service.sandbox.launcher import SandboxProcess
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows, ledger, read_kind, run, summary, write_corpus
-from service.sandbox.launcher import SandboxProcess
 
 MODEL = "text-embedding-3-small"
 START_TIMEOUT_S = 60.0
@@ -127,8 +130,9 @@ def run_job(env, name: str, *extra: str) -> Outcome:
             for r in emb.to_pylist()}
     ids = set(req.column("request_id").to_pylist())
     charges = [c for c in ledger(env["sandbox"].db) if c["request_id"] in ids]
-    return Outcome(code, rows, sorted((r["doc_id"] or "", r["chunk_index"] or -1, r["reason"])
-                                      for r in failed.to_pylist()),
+    failures = sorted((r["doc_id"] or "", -1 if r["chunk_index"] is None else r["chunk_index"], r["reason"])
+                      for r in failed.to_pylist())
+    return Outcome(code, rows, failures,
                    req.to_pylist(), charges, summary(out))
 
 
@@ -235,44 +239,62 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def services(tmp_path):
-    """Starts Beam services as subprocesses; every one is killed at teardown."""
-    procs: list[subprocess.Popen] = []
+class _Services:
+    """Beam services as subprocesses, each in its own process group so that teardown also ends
+    the SDK workers a worker pool started."""
 
-    def start(args: list[str], name: str, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
-        log = tmp_path / f"{name}.log"
+    def __init__(self, tmp: Path):
+        self.tmp, self.procs = tmp, []
+
+    def _start(self, args: list[str], name: str, env: dict) -> tuple[subprocess.Popen, Path]:
+        log = self.tmp / f"{name}.log"
         with open(log, "wb") as fh:
             proc = subprocess.Popen([sys.executable, "-m", *args], stdout=fh, stderr=subprocess.STDOUT,
-                                    cwd=tmp_path, env=env if env is not None else dict(os.environ))
-        procs.append(proc)
+                                    cwd=self.tmp, env=env, start_new_session=True)
+        self.procs.append(proc)
         return proc, log
 
-    def job_service() -> str:
-        port_file = tmp_path / "job_service.port"
-        proc, log = start(["apache_beam.runners.portability.local_job_service_main", "--port", "0",
-                           "--port_file", str(port_file)], "job_service")
+    def job_service(self) -> str:
+        port_file = self.tmp / "job_service.port"
+        proc, log = self._start(["apache_beam.runners.portability.local_job_service_main", "--port", "0",
+                                 "--port_file", str(port_file)], "job_service", dict(os.environ))
         _wait_for(port_file.exists, "the job service", proc, log)
         return f"localhost:{port_file.read_text().strip()}"
 
-    def worker_pool(env: dict) -> str:
+    def worker_pool(self, env: dict) -> str:
         port = _free_port()
-        proc, log = start(["apache_beam.runners.worker.worker_pool_main", "--service_port", str(port)],
-                          "worker_pool", env)
+        proc, log = self._start(["apache_beam.runners.worker.worker_pool_main", "--service_port", str(port)],
+                                "worker_pool", env)
         _wait_for(lambda: _listening(port), "the worker pool", proc, log)
         return f"localhost:{port}"
 
-    yield job_service, worker_pool
-    for proc in procs:
-        proc.kill()
-        proc.wait(timeout=30)
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
-def test_portable_runner_loopback_agrees(env, reference, services):
-    job_service, _ = services
-    endpoint = job_service()
+@pytest.fixture(scope="module")
+def job_endpoint(tmp_path_factory):
+    """One job service for the module's portable runs: it keeps no state between jobs."""
+    services = _Services(tmp_path_factory.mktemp("job_service"))
+    try:
+        yield services.job_service()
+    finally:
+        services.stop()
+
+
+@pytest.fixture
+def worker_pool(tmp_path):
+    services = _Services(tmp_path)
+    yield services.worker_pool
+    services.stop()
+
+
+def test_portable_runner_loopback_agrees(env, reference, job_endpoint):
     assert_same_outputs(reference, run_job(env, "portable-loopback", "--runner", "PortableRunner",
-                                           "--job_endpoint", endpoint, "--environment_type", "LOOPBACK"))
+                                           "--job_endpoint", job_endpoint, "--environment_type", "LOOPBACK"))
 
 
 def _worker_env(with_key: bool) -> dict:
@@ -285,11 +307,10 @@ def _worker_env(with_key: bool) -> dict:
     return worker
 
 
-def test_portable_runner_external_worker_pool_agrees(env, reference, services):
-    job_service, worker_pool = services
-    endpoint, pool = job_service(), worker_pool(_worker_env(with_key=True))
+def test_portable_runner_external_worker_pool_agrees(env, reference, job_endpoint, worker_pool):
+    pool = worker_pool(_worker_env(with_key=True))
     assert_same_outputs(reference, run_job(env, "portable-external", "--runner", "PortableRunner",
-                                           "--job_endpoint", endpoint, "--environment_type", "EXTERNAL",
+                                           "--job_endpoint", job_endpoint, "--environment_type", "EXTERNAL",
                                            "--environment_config", pool))
 
 
@@ -297,16 +318,38 @@ def test_portable_runner_external_worker_pool_agrees(env, reference, services):
 @pytest.mark.xfail(raises=RuntimeError, strict=True,
                    reason="pipeline/run.py: a failure on the workers escapes `run` as a RuntimeError "
                           "traceback instead of a message and exit code 1")
-def test_external_workers_without_the_key_spend_nothing_and_exit_1(env, services, tmp_path):
+def test_external_workers_without_the_key_spend_nothing_and_exit_1(env, job_endpoint, worker_pool, tmp_path):
     """The key is read on the worker (service/credentials.py KeySource), never shipped in the job:
     workers whose environment lacks it fail in setup, before any request."""
-    job_service, worker_pool = services
-    endpoint, pool = job_service(), worker_pool(_worker_env(with_key=False))
+    pool = worker_pool(_worker_env(with_key=False))
     before = len(ledger(env["sandbox"].db))
     try:
         code = run("--input", str(env["corpus"]), "--output", str(tmp_path / "no-key"), "--model", MODEL,
                    "--base-url", env["sandbox"].base_url, "--runner", "PortableRunner", "--job_endpoint",
-                   endpoint, "--environment_type", "EXTERNAL", "--environment_config", pool)
+                   job_endpoint, "--environment_type", "EXTERNAL", "--environment_config", pool)
     finally:
         assert len(ledger(env["sandbox"].db)) == before
     assert code == 1
+
+
+def _prestaged_flink_jar() -> str | None:
+    """$EMBEDPIPE_FLINK_JOB_SERVER_JAR, or the jar the flink profile names in Beam's jar cache."""
+    from apache_beam.runners.portability.flink_runner import FlinkJarJobServer
+    from apache_beam.utils.subprocess_server import JavaJarServer
+    if os.environ.get("EMBEDPIPE_FLINK_JOB_SERVER_JAR"):
+        return os.environ["EMBEDPIPE_FLINK_JOB_SERVER_JAR"]
+    cached = Path(JavaJarServer.JAR_CACHE) / Path(FlinkJarJobServer(_options("--profile", "flink")).path_to_jar()).name
+    return str(cached) if cached.is_file() else None
+
+
+@pytest.mark.soak
+@pytest.mark.skipif(_prestaged_flink_jar() is None or shutil.which("java") is None,
+                    reason="needs java and a pre-staged Flink job-server jar (docs/RUNNERS.md); "
+                           "nothing is downloaded by the tests")
+def test_flink_runner_on_an_embedded_cluster_agrees(env, reference):
+    """FlinkRunner with flink_master [local]: the job server starts an in-JVM Flink cluster."""
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions
+    version = _options("--profile", "flink").view_as(FlinkRunnerOptions).flink_version
+    assert_same_outputs(reference, run_job(env, "flink-local", "--runner", "FlinkRunner", "--flink_master", "[local]",
+                                           "--flink_version", version, "--flink_job_server_jar", _prestaged_flink_jar(),
+                                           "--environment_type", "LOOPBACK", "--parallelism", "2"))
