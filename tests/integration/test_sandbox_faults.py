@@ -125,3 +125,40 @@ def test_soak_profile_has_the_documented_mix():
     assert f.rate_500 + f.rate_502 + f.rate_503 == pytest.approx(0.10)
     assert f.rate_429 == 0.05 and f.retry_after_s >= 1
     assert f.rate_reset + f.rate_reset_after_charge == pytest.approx(0.02) and f.rate_slow == 0.01
+
+
+@pytest.mark.soak
+def test_soak_profile_under_concurrency_bills_exactly_what_it_says(sandbox_factory):
+    """The soak profile with 16 clients: every 200 is in the ledger, and every ledger row the
+    clients did not see is explained by a reset after the charge or a slow answer they left."""
+    import threading
+    sb = sandbox_factory(key=KEY, balance=1000.0,
+                         args=["--faults", str(CONFIGS / "faults-soak.yaml"), "--slow-s", "3"])
+    seen, lost, lock = set(), set(), threading.Lock()
+
+    def worker(t: int) -> None:
+        with requests.Session() as s:
+            for i in range(150):
+                rid = f"soak-{t}-{i}"
+                try:
+                    r = _embed(sb, s, rid, timeout=(5, 1.5))
+                except (requests.ConnectionError, requests.Timeout):
+                    with lock:
+                        lost.add(rid)
+                    continue
+                if r.status_code == 200:
+                    with lock:
+                        seen.add(rid)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(600)
+    ledger_ids = {row["request_id"] for row in sb.ledger()}
+    injected = _injected(sb)
+    assert seen <= ledger_ids
+    billed_unseen = ledger_ids - seen
+    assert billed_unseen <= lost
+    assert len(billed_unseen) == injected["reset_after_charge"] + injected["slow"]
+    print(f"\nsoak: {len(seen)} answered, {len(lost)} lost, {len(billed_unseen)} billed unseen, {injected}")
