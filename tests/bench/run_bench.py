@@ -1,0 +1,263 @@
+"""`make bench`: the pipeline against a sequential script, on one corpus, in one run.
+
+    python -m tests.bench.run_bench [--docs 20000] [--in-flight 4,8,16] [--workers 1,2]
+                                    [--profile] [--no-aimd] [--no-write]
+
+1. A corpus of --docs documents (tests/bench/corpus.py: mostly short, 1% multi-chunk).
+2. A sandbox answering after 50 ms + 5 us per token (waits, not CPU): the baseline script
+   (tests/bench/baseline.py: tiktoken slices of 8191 tokens, 100 texts per request, one
+   request at a time), then `python -m pipeline run` for each --in-flight x --workers.
+   Each one is a child process: wall time, its CPU and peak RSS (os.wait4), the sandbox's
+   CPU over the same span (it shares the machine), and from the sandbox ledger the time to
+   the first request and the span over which requests were answered.
+3. A sandbox without latency: the pipeline's client CPU per 1M tokens against the
+   irreducible work on the same data (tests/bench/irreducible.py).
+4. A sandbox with an embeddings rate limit: 429s and throughput with a fixed concurrency,
+   with AimdLimiter and with TokenBucketLimiter (tests/bench/aimd.py).
+5. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
+
+Figures go to the terminal and to the generated section of docs/BENCH.md. Nothing here
+asserts speed: the machine is shared and noisy; the load average is printed beside the runs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from service.catalog import get_model, load_models
+from service.sandbox.launcher import SandboxProcess
+from service.sandbox.store import read_ledger
+from tests.bench import aimd, irreducible
+from tests.bench.corpus import write_corpus
+from tests.bench.measure import Measured, load_average, run_measured
+from tests.bench.report import table, write_section
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "sk-bench-not-a-secret"
+MODEL = "text-embedding-3-small"
+LATENCY = ["--latency-ms", "50", "--latency-per-token-us", "5"]
+RATE_LIMIT = ["--faults", str(REPO / "configs/sandbox/faults-ratelimit.yaml"), "--latency-ms", "200"]
+RATE_LIMIT_RPS, RATE_LIMIT_BURST = 20.0, 5.0   # as in configs/sandbox/faults-ratelimit.yaml
+
+
+def _env() -> dict:
+    return dict(os.environ, EMBEDDINGS_API_KEY=KEY,
+                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+
+
+def _ts(iso: str) -> float:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.workdir).resolve()
+        self.logs = self.work / "logs"
+        self.model = get_model(load_models(), MODEL)
+        self.sections: list[str] = []
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def emit(self, text: str) -> None:
+        self.say("\n" + text)
+        self.sections.append(text)
+
+    def sandbox(self, name: str, args) -> SandboxProcess:
+        db = self.work / f"{name}.db"
+        for suffix in ("", "-wal", "-shm", ".log"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        return SandboxProcess(db, key=KEY, balance=1e7, args=args)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def measured(self, label: str, argv: list[str], sb: SandboxProcess) -> Measured:
+        self.say(f"  running {label} ...")
+        started = time.time()
+        m = run_measured(argv, env=_env(), sandbox_pid=sb.pid, log_path=str(self.logs / f"{label}.log"))
+        if m.returncode != 0:
+            raise SystemExit(f"{label} exited with {m.returncode}:\n{m.log}")
+        charges = [r for r in read_ledger(sb.db) if started <= _ts(r["created_at"]) <= started + m.wall_s]
+        times = sorted(_ts(r["created_at"]) for r in charges)
+        m.first_request_s = times[0] - started if times else float("nan")
+        m.answer_span_s = times[-1] - times[0] if times else float("nan")
+        self.say(f"    {m.wall_s:.1f} s wall, {m.cpu_s:.1f} s CPU, sandbox {m.sandbox_cpu_s:.1f} s CPU, "
+                 f"load {m.load_before:.1f}->{m.load_after:.1f}")
+        return m
+
+    def baseline(self, corpus: Path, sb: SandboxProcess) -> tuple[Measured, dict]:
+        result = self.work / "baseline.json"
+        m = self.measured("baseline", ["-m", "tests.bench.baseline", "--input", str(corpus),
+                                       "--base-url", sb.base_url, "--model", MODEL,
+                                       "--output", str(self.work / "baseline.parquet"),
+                                       "--result", str(result)], sb)
+        return m, json.loads(result.read_text())
+
+    def pipeline(self, label: str, corpus: Path, sb: SandboxProcess, in_flight: int, workers: int,
+                 keep: bool = False, prefix: tuple[str, ...] = ()) -> tuple[Measured, dict, Path]:
+        out = self.work / f"out-{label}"
+        shutil.rmtree(out, ignore_errors=True)
+        argv = [*prefix, "-m", "pipeline", "run", "--input", str(corpus), "--output", str(out),
+                "--model", MODEL, "--base-url", sb.base_url, "--max-in-flight", str(in_flight)]
+        if workers > 1:
+            argv += ["--direct_num_workers", str(workers), "--direct_running_mode", "multi_processing"]
+        m = self.measured(label, argv, sb)
+        summary = json.loads((out / "summary.json").read_text())
+        if not keep:
+            shutil.rmtree(out, ignore_errors=True)
+        return m, summary, out
+
+    def lower_bound(self, tokens: int, chunks: int) -> int:
+        return max(math.ceil(tokens / self.model.max_tokens_per_request),
+                   math.ceil(chunks / self.model.max_inputs_per_request))
+
+    # -- sections --------------------------------------------------------------------------
+
+    def latency_runs(self, corpus: Path) -> None:
+        a = self.args
+        with self.sandbox("sandbox-latency", LATENCY) as sb:
+            base_m, base = self.baseline(corpus, sb)
+            runs = [(f"pipeline-f{f}-w{w}", f, w, *self.pipeline(f"pipeline-f{f}-w{w}", corpus, sb, f, w)[:2])
+                    for w in a.workers for f in a.in_flight]
+        nproc = os.cpu_count() or 1
+        base_tps = base["prompt_tokens"] / base_m.wall_s
+        rows = [self._row("baseline (sequential, 100/request)", base_m, base["chunks"], base["prompt_tokens"],
+                          base["requests"], nproc, base_tps)]
+        for label, f, w, m, s in runs:
+            rows.append(self._row(f"pipeline max-in-flight {f}, workers {w}", m, s["chunks"], s["prompt_tokens"],
+                                  s["requests"], nproc, base_tps))
+        self.emit(table(
+            ["run", "wall s", "chunks/s", "tokens/s", "x baseline", "requests (lower bound)", "client CPU s",
+             "sandbox CPU s", "CPU floor s", "1st request s", "answers span s", "peak RSS MB", "load"],
+            rows, f"Sandbox latency 50 ms + 5 us/token; {a.docs:,} documents, {base['chunks']:,} chunks "
+                  f"(baseline's 8191-token slices), {base['prompt_tokens']:,} tokens"))
+        self.emit("CPU floor = (client CPU + sandbox CPU) / nproc: no run on this machine can be faster. "
+                  "1st request = start to the first answer the sandbox billed (read, split, dedupe, pack); "
+                  "answers span = first to last billed answer.")
+        self.base_cpu_per_m = base_m.cpu_s / base["prompt_tokens"] * 1e6
+
+    def _row(self, label, m: Measured, chunks, tokens, requests, nproc, base_tps):
+        return [label, m.wall_s, chunks / m.wall_s, tokens / m.wall_s, f"{tokens / m.wall_s / base_tps:.2f}",
+                f"{requests} ({self.lower_bound(tokens, chunks)})", m.cpu_s, m.sandbox_cpu_s,
+                (m.cpu_s + m.sandbox_cpu_s) / nproc, m.first_request_s, m.answer_span_s, m.peak_rss_mb,
+                f"{m.load_before:.1f}-{m.load_after:.1f}"]
+
+    def zero_latency(self, corpus: Path) -> None:
+        with self.sandbox("sandbox-zero", []) as sb:
+            m, s, out = self.pipeline("pipeline-zero-latency", corpus, sb, 8, 1, keep=True)
+        self.say("  timing the irreducible work ...")
+        parts = irreducible.measure(corpus, sorted(out.glob("embeddings-*.parquet")))
+        shutil.rmtree(out, ignore_errors=True)
+        tokens = s["prompt_tokens"]
+        per_m = lambda cpu: cpu / tokens * 1e6   # noqa: E731
+        irr = sum(v for k, v in parts.items() if not k.startswith("_"))
+        rows = [["pipeline (max-in-flight 8, workers 1), whole process", m.cpu_s, per_m(m.cpu_s)],
+                ["baseline script (from the latency run)", "", self.base_cpu_per_m],
+                *[[f"  irreducible: {k}", v, per_m(v)] for k, v in parts.items() if not k.startswith("_")],
+                ["irreducible, total", irr, per_m(irr)],
+                ["pipeline / irreducible", f"{m.cpu_s / irr:.2f}x", ""],
+                ["sandbox (same machine, not client work)", m.sandbox_cpu_s, per_m(m.sandbox_cpu_s)]]
+        self.emit(table(["zero latency: client CPU", "CPU s", "CPU s per 1M tokens"], rows,
+                        f"Zero-latency sandbox: {tokens:,} tokens, {s['chunks']:,} chunks, "
+                        f"wall {m.wall_s:.1f} s, load {m.load_before:.1f}-{m.load_after:.1f}"))
+
+    def rate_limited(self, corpus: Path) -> None:
+        texts = [t[:400] for t in pq.read_table(corpus, columns=["text"]).column("text").to_pylist()[:4000]]
+        per, n = 20, self.args.aimd_requests
+        batches = [[texts[(i * per + j) % len(texts)] for j in range(per)] for i in range(n)]
+        rows = []
+        for mode in aimd.MODES:
+            with self.sandbox(f"sandbox-ratelimit-{mode}", RATE_LIMIT) as sb:
+                self.say(f"  rate-limited: {mode} ...")
+                r = aimd.run_mode(mode, sb.base_url, KEY, MODEL, batches, self.args.aimd_threads,
+                                  RATE_LIMIT_RPS * 0.9, RATE_LIMIT_BURST)
+            rows.append([mode, r.requests, r.failed, r.rate_limited, r.wall_s, r.rps,
+                         "" if r.final_limit is None else f"{r.final_limit:.1f}",
+                         "" if r.decreases is None else r.decreases])
+        self.emit(table(["mode", "requests ok", "failed", "429s", "wall s", "requests/s", "final limit",
+                         "decreases"], rows,
+                        f"Embeddings rate limit {RATE_LIMIT_RPS:.0f} rps (burst {RATE_LIMIT_BURST:.0f}, Retry-After "
+                        f"1 s), 200 ms latency; {n} requests of {per} short texts from "
+                        f"{self.args.aimd_threads} threads (bucket set to 90% of the quota)"))
+
+    def profile(self, corpus: Path) -> None:
+        out = {name: self.work / f"profile-{name}.json" for name in ("pipeline", "sandbox")}
+        prefix = ("-m", "tests.bench.sampler")
+
+        class Profiled(SandboxProcess):   # the launcher's command, run under the sampler
+            def _argv(self, port):
+                argv = super()._argv(port)
+                return [argv[0], *prefix, str(out["sandbox"]), *argv[1:]]
+
+        db = self.work / "sandbox-profile.db"
+        db.unlink(missing_ok=True)
+        with Profiled(db, key=KEY, balance=1e7) as sb:
+            self.pipeline("pipeline-profiled", corpus, sb, 8, 1, prefix=(*prefix, str(out["pipeline"])))
+        for name, path in out.items():
+            data = json.loads(path.read_text())
+            total = data["process_cpu_s"]
+            rows = [[k, v, f"{100 * v / total:.0f}%"] for k, v in data["categories"].items() if v >= 0.005 * total]
+            self.emit(table([f"{name}: where the CPU goes", "CPU s", "share"], rows,
+                            f"Profile ({name}, zero latency, sampled): {total:.1f} s CPU"))
+            self.emit(table([f"{name}: inclusive CPU of selected functions", "CPU s"],
+                            [[k, v] for k, v in data["inclusive"].items()][:25]))
+
+    def run(self) -> None:
+        a = self.args
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        started = time.time()
+        cpu_model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if
+                          line.startswith("model name")), platform.processor())
+        self.emit(f"Run {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} on {platform.node()}: "
+                  f"nproc {os.cpu_count()}, {cpu_model}, Python {platform.python_version()}, "
+                  f"load average {load_average():.1f} at start. Command: "
+                  f"`python -m tests.bench.run_bench {' '.join(sys.argv[1:])}`".rstrip())
+        corpus = self.work / "corpus.parquet"
+        docs = write_corpus(corpus, a.docs)
+        self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
+        self.latency_runs(corpus)
+        self.zero_latency(corpus)
+        if a.aimd:
+            self.rate_limited(corpus)
+        if a.profile:
+            self.profile(corpus)
+        self.emit(f"Whole bench: {time.time() - started:.0f} s; load average {load_average():.1f} at the end.")
+        if a.write:
+            write_section(REPO / "docs" / "BENCH.md", "\n".join(self.sections))
+            self.say(f"\nwritten: {REPO / 'docs' / 'BENCH.md'}")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.run_bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=20000, help="documents in the corpus")
+    ap.add_argument("--in-flight", type=_ints, default=[4, 8, 16], help="--max-in-flight values, e.g. 4,8,16")
+    ap.add_argument("--workers", type=_ints, default=[1, 2], help="--direct_num_workers values, e.g. 1,2")
+    ap.add_argument("--workdir", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "embedpipe-bench"))
+    ap.add_argument("--aimd-requests", type=int, default=200)
+    ap.add_argument("--aimd-threads", type=int, default=16)
+    ap.add_argument("--no-aimd", dest="aimd", action="store_false", help="skip the rate-limit section")
+    ap.add_argument("--profile", action="store_true", help="also profile the zero-latency run (slower)")
+    ap.add_argument("--no-write", dest="write", action="store_false", help="do not update docs/BENCH.md")
+    Bench(ap.parse_args(argv)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
