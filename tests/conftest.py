@@ -1,11 +1,16 @@
 """Shared fixtures: sandboxes as real subprocesses on free loopback ports, stopped at teardown."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from service.sandbox.launcher import SandboxProcess
 
 SANDBOX_KEY = "sk-test-key"
+
+# Loopback only: a proxy configured in the environment must never see sandbox traffic (or keys).
+os.environ["NO_PROXY"] = ",".join(p for p in (os.environ.get("NO_PROXY"), "127.0.0.1", "localhost") if p)
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ class FaultConfig:
     # design's own flags.
     FLAG_HELP = (
         ("rate_429", float, "share of embeddings requests answered 429 with Retry-After"),
-        ("retry_after_s", int, "Retry-After seconds of injected and rate-limit 429s"),
+        ("retry_after_s", int, "Retry-After seconds of the injected 429s"),
         ("rate_500", float, "share answered 500"),
         ("rate_502", float, "share answered 502"),
         ("rate_503", float, "share answered 503"),

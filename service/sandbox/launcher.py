@@ -23,6 +23,8 @@ from typing import Sequence
 from .store import read_ledger
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
+# Loopback health checks must never go through an HTTP(S)_PROXY from the environment.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class SandboxError(RuntimeError):
@@ -101,7 +103,7 @@ class SandboxProcess:
 
     def _healthy(self, port: int) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{port}/healthz", timeout=2) as resp:
+            with _DIRECT.open(f"http://{self.host}:{port}/healthz", timeout=2) as resp:
                 return resp.status == 200
         except (urllib.error.URLError, OSError):
             return False
