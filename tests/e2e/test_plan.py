@@ -10,22 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.sample_corpus import write_sample_corpus
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (MODEL, corpus_rows, ledger, micro, run, start_sandbox, write_corpus,
-                                     write_models)
+from tests.e2e.money_helpers import MODEL, ledger, micro, run, start_sandbox, summary, write_models
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ("chunks", "requests", "prompt_tokens", "estimated_cost_rub", "spendable_rub", "fits")
-
-
-def sample_corpus(path: Path) -> Path:
-    """The project's sample corpus when the logic helper's generator exists, else ours."""
-    try:
-        from pipeline.sample_corpus import write_sample_corpus
-    except ImportError:
-        return write_corpus(path, corpus_rows())
-    write_sample_corpus(str(path), n_docs=300, seed=7)
-    return path
 
 
 def plan(corpus: Path, sandbox, models: Path, *extra: str) -> tuple[int, dict]:
@@ -39,7 +29,10 @@ def plan(corpus: Path, sandbox, models: Path, *extra: str) -> tuple[int, dict]:
 
 @pytest.fixture
 def corpus(tmp_path):
-    return sample_corpus(tmp_path / "corpus.parquet")
+    """The project's sample corpus: prose, code, long documents, repeated texts, bad rows."""
+    path = tmp_path / "corpus.parquet"
+    write_sample_corpus(str(path), n_docs=80, seed=7)
+    return path
 
 
 def test_plan_prints_one_object_exits_by_fit_and_sends_nothing(tmp_path, sandbox_factory, corpus):
@@ -73,6 +66,7 @@ def test_estimate_matches_the_run_and_a_price_is_learned(tmp_path, sandbox_facto
           f"{spent:.6f} RUB / {len(charges)} requests: {off:.4%} apart")
     assert off <= 0.02
     assert estimate["prompt_tokens"] == sum(c["prompt_tokens"] for c in charges)
+    assert estimate["chunks"] == summary(out)["embedded"]
 
     # a stale catalogue price: plan takes the price the service really billed in OUT instead
     stale = write_models(tmp_path / "stale.yaml", price_per_1m=50.0)
