@@ -1,6 +1,7 @@
 """Splitter guarantees, each checked on every chunk: exact counts within the limit, whole
 characters, lossless concatenation, consistent token positions."""
 import hashlib
+import pickle
 import sys
 import tracemalloc
 
@@ -180,3 +181,9 @@ def test_memory_does_not_grow_with_the_document():
     output = sum(sys.getsizeof(c) + sys.getsizeof(c.text) + sys.getsizeof(c.text_sha256) for c in chunks)
     # the document's ~500k tokens as one list of Python ints alone would take ~18 MB
     assert peak - output < 4_000_000
+
+
+def test_chunks_and_config_survive_pickling():   # Beam ships both between workers
+    config = SplitConfig(max_tokens=64, overlap_tokens=8)
+    chunks = Splitter(ENC, config).split("d", natural_text(3))
+    assert pickle.loads(pickle.dumps((config, chunks))) == (config, chunks)
