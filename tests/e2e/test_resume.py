@@ -2,7 +2,6 @@
 reuses another directory's vectors, and a directory of another model is refused."""
 from __future__ import annotations
 
-import collections
 import hashlib
 import io
 import json
