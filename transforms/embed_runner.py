@@ -24,7 +24,7 @@ from transforms.apportion import apportion_micro, from_micro, to_micro
 from transforms.budget import BudgetGuard
 from transforms.ratelimit import AimdLimiter, TokenBucketLimiter
 from transforms.records import Rejected, TextItem
-from transforms.splitting import Splitter
+from transforms.splitting import MIN_MAX_TOKENS, Splitter
 
 # Pending reasons: resumable, and each one maps to the job's exit code in the summary.
 BUDGET = "budget_exhausted"
@@ -208,7 +208,9 @@ class RequestRunner:
 def resplit(item: TextItem, splitter_for: Callable[[int], Splitter]) -> list[TextItem]:
     """Cut an input the service found too long into halves (by client tokens). The pieces keep
     the parent's chunk_index; their token spans tell them apart and give their order."""
-    pieces = splitter_for(max(1, item.n_tokens // 2)).split("", item.text)
+    if item.n_tokens // 2 < MIN_MAX_TOKENS:
+        return [item]  # too short to halve: the caller dead-letters it as too_long
+    pieces = splitter_for(item.n_tokens // 2).split("", item.text)
     return [TextItem(p.text_sha256, p.text, p.n_tokens, tuple(
                 r._replace(token_start=r.token_start + p.token_start,
                            token_end=r.token_start + p.token_end, n_tokens=p.n_tokens)
