@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current, ledger,
-                                     micro, run, start_sandbox, write_corpus, write_models)
+                                     micro, run, start_sandbox, summary, write_corpus, write_models)
 
 REPO = Path(__file__).resolve().parents[2]
 # A request waits this long in the sandbox before it is charged: killing the job (and the
@@ -112,6 +112,10 @@ def test_killed_run_resumes_without_paying_twice(tmp_path, sandbox_factory, env_
     requests = current(out, "requests")
     assert sorted(requests.column("request_id").to_pylist()) == sorted(cost_by_request)
     assert micro(requests.column("cost_rub").to_pylist()) == micro(cost_by_request.values())
+    # what the killed run paid is carried over, not counted against this run's balance delta
+    recon = summary(out)["reconciliation"]
+    assert round(recon["carried_over_from_journal_rub"] * 1e6) == micro(r["cost_rub"] for r, _ in journal.values())
+    assert recon["balance_minus_requests_rub"] == 0 and recon["rows_minus_requests_rub"] == 0
 
 
 
