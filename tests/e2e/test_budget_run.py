@@ -3,11 +3,14 @@
 and nothing is ever billed twice."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from pipeline.cli import main
 from pipeline.config import default_settings_text, parse_settings
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (assert_every_row_once, billed_twice, corpus_rows, current, ledger, micro,
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current, ledger, micro,
                                      run, start_sandbox, summary, write_corpus, write_models)
 
 CAP_RUB = 1.0   # about half of what the corpus costs (~2.1 RUB)
@@ -113,3 +116,28 @@ def test_a_402_stops_spending_and_leaves_the_rest_pending(tmp_path, sandbox_fact
     assert "insufficient_balance" in set(current(out, "pending").column("reason").to_pylist())
     assert_every_row_once(out, rows)
     assert billed_twice(charges) == {}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "pipeline/graph.build's Preflight compares tokens x price with the spendable amount, but "
+    "transforms/budget.BudgetGuard reserves tokens x price x price_margin (1.25/safety_factor) per "
+    "request: a cap within the estimate's last ~20% passes the preflight, then the guard stops "
+    "partway (budget_exhausted, exit 4) although --allow-partial was not given"))
+def test_a_cap_the_preflight_accepts_is_not_stopped_partway(tmp_path, sandbox_factory, setup, capsys):
+    """Without --allow-partial the outcome is all or nothing: a cap equal to the estimate either
+    fits (everything is delivered, exit 0) or does not (exit 3, nothing sent)."""
+    rows, corpus, models = setup
+    sb = start_sandbox(sandbox_factory, models)
+    assert main(["plan", "--input", str(corpus), "--model", MODEL, "--base-url", sb.base_url,
+                 "--models-config", str(models), "--json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["estimated_cost_rub"]
+    out = tmp_path / "out"
+    code = run(corpus, out, sb, models, "--max-spend-rub", repr(estimate))
+    pending = current(out, "pending")
+    print(f"\ncap = estimate = {estimate} RUB: exit {code}, spent {micro(c['cost_rub'] for c in ledger(sb))} µRUB, "
+          f"pending {summary(out)['pending_reasons']}")
+    assert code in (0, 3)
+    if code == 3:
+        assert ledger(sb) == []
+    else:
+        assert pending is None or pending.num_rows == 0
