@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["service", "service.*", "transforms", "transforms.*",
                                     "pipeline", "pipeline.*", "configs", "configs.*"]),
-    package_data={"configs": ["*.yaml", "profiles/*.yaml", "faults/*.yaml"]},
+    package_data={"configs": ["*.yaml", "profiles/*.yaml", "sandbox/*.yaml"]},
     include_package_data=True,
     install_requires=[
         "apache-beam>=2.60,<3",
@@ -27,7 +27,9 @@ setup(
     extras_require={
         "test": ["pytest>=8,<10", "hypothesis>=6.100,<7"],
         "report": ["matplotlib>=3.7,<4"],
-        "gcp": ["google-cloud-secret-manager>=2.16,<3"],
+        # Dataflow and gs:// paths; the secret manager client for --api-key-secret
+        "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-secret-manager>=2.16,<3"],
+        "aws": ["apache-beam[aws]>=2.60,<3"],
     },
     entry_points={"console_scripts": ["embedpipe=pipeline.cli:main"]},
 )

@@ -15,6 +15,7 @@ from pipeline import profiles
 from pipeline.inputs import UsageError
 from pipeline.job import resolve
 from pipeline.options import EmbedPipeOptions
+from pipeline.run import JobFailed
 from pipeline.summary import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from service import errors
 from service.catalog import ConfigError
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError, MissingApiKeyError, TokenizerError) as exc:
         log.error("%s", exc)
         return EXIT_USAGE
+    except JobFailed as exc:
+        log.error("%s", exc)
+        return EXIT_FAILED
     except errors.AuthenticationError as exc:
         log.error("the service refused the API key (%s): check EMBEDDINGS_API_KEY or --api-key-file",
                   exc.message)

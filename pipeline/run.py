@@ -18,6 +18,10 @@ from transforms import journal
 log = logging.getLogger("embedpipe")
 
 
+class JobFailed(Exception):
+    """The Beam job itself failed (exit 1); the message says what to do."""
+
+
 def make_runner(opts):
     """The DirectRunner would first try to download Prism; FnApiRunner runs the same pipeline
     locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched."""
@@ -56,8 +60,14 @@ def execute(job: Job) -> tuple[int, dict]:
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     graph.build(pipeline, job, info, known_sources(job), balance_before=before.balance, spendable_rub=spendable,
                 price_per_token_rub=price)
-    result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    except Exception as exc:  # a worker's error arrives wrapped by the runner
+        last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
+                        f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
+                        "again with --resume.") from None
     with client_for(job) as client:
         after = acct.read_account(client)
     metrics = counters(result)

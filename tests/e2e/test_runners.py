@@ -315,9 +315,6 @@ def test_portable_runner_external_worker_pool_agrees(env, reference, job_endpoin
 
 
 
-@pytest.mark.xfail(raises=RuntimeError, strict=True,
-                   reason="pipeline/run.py: a failure on the workers escapes `run` as a RuntimeError "
-                          "traceback instead of a message and exit code 1")
 def test_external_workers_without_the_key_spend_nothing_and_exit_1(env, job_endpoint, worker_pool, tmp_path):
     """The key is read on the worker (service/credentials.py KeySource), never shipped in the job:
     workers whose environment lacks it fail in setup, before any request."""
