@@ -105,7 +105,9 @@ class _EmbedDoFn(beam.DoFn):
             guard=self._guard, breaker=self._breaker, run_id=cfg.run_id,
             resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
                 max_tokens=n, boundary_window=cfg.boundary_window))),
-            journal=self._journal, concurrency=aimd, quota=quota if quota.enabled else None)
+            journal=self._journal,
+            recall=lambda request_id: journal.read_entry(cfg.output_dir, cfg.run_id, request_id),
+            concurrency=aimd, quota=quota if quota.enabled else None)
         self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight, thread_name_prefix="embed")
 
     def start_bundle(self):

@@ -50,13 +50,23 @@ def write_entry(output_dir: str, run_id: str, request_row: dict, shas: list[str]
     return final
 
 
+def _read(path: str) -> tuple[dict, pa.Table]:
+    with FileSystems.open(path) as fh:
+        table = pq.read_table(io.BytesIO(fh.read()))
+    return json.loads(table.schema.metadata[b"request"]), table
+
+
+def read_entry(output_dir: str, run_id: str, request_id: str) -> tuple[dict, pa.Table] | None:
+    """This run's entry for REQUEST_ID, if an earlier attempt of the bundle already paid for it."""
+    path = FileSystems.join(journal_dir(output_dir, run_id), f"{request_id}.parquet")
+    return _read(path) if FileSystems.exists(path) else None
+
+
 def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
     """(request row, table of sha/n_tokens/share_micro/embedding) for every whole entry."""
     pattern = FileSystems.join(journal_dir(output_dir), "*", "*.parquet")
     for match in FileSystems.match([pattern])[0].metadata_list:
-        with FileSystems.open(match.path) as fh:
-            table = pq.read_table(io.BytesIO(fh.read()))
-        yield json.loads(table.schema.metadata[b"request"]), table
+        yield _read(match.path)
 
 
 def discard(output_dir: str, run_id: str) -> None:

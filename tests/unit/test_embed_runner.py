@@ -36,3 +36,39 @@ def test_resplit_halves_keep_the_chunk_index_and_tile_the_token_span():
 def test_an_input_too_short_to_halve_comes_back_whole():
     item = _item("hi there")
     assert resplit(item, _splitter) == [item]
+
+
+def test_a_request_already_in_this_runs_journal_is_not_paid_again(tmp_path):
+    """A retried bundle packs the same texts: the id is the same, the journal answers."""
+    import datetime as dt
+
+    import numpy as np
+
+    from service.client import EmbeddingsClient, RetryPolicy
+    from service.credentials import ApiKey
+    from transforms import journal
+    from transforms.budget import BudgetGuard
+    from transforms.embed_runner import Breaker, RequestRunner, request_key
+
+    batch = [_item("first text"), _item("second text")._replace(text_sha256="sha2")]
+    rid = request_key("m", None, batch)
+    assert rid == request_key("m", None, batch[::-1])
+    vectors = np.eye(2, 4, dtype=np.float32)
+    row = {"request_id": rid, "model": "m", "n_inputs": 2, "prompt_tokens": 5, "total_tokens": 5,
+           "cost_rub": 0.00001, "balance_after": 9.0, "attempts": 1, "latency_ms": 3.0, "status": 200,
+           "started_at": dt.datetime.now(dt.timezone.utc), "run_id": "r1"}
+    journal.write_entry(str(tmp_path), "r1", row, [i.text_sha256 for i in batch], [3, 2], vectors, [6, 4])
+    # nothing listens on port 9: a request actually sent would fail
+    client = EmbeddingsClient("http://127.0.0.1:9/v1", ApiKey("k"), retry=RetryPolicy(max_attempts=1))
+    runner = RequestRunner(client, model="m", dimensions=None, expected_dims=4,
+                           guard=BudgetGuard(balance_before=None, spendable_rub=None,
+                                             price_per_token_rub=1e-6, margin=1.0),
+                           breaker=Breaker(), run_id="r1", resplit=lambda i: [i],
+                           recall=lambda r: journal.read_entry(str(tmp_path), "r1", r))
+    out = runner.run(batch[::-1])
+    assert not out.pending and not out.failed
+    (delivery,) = out.deliveries
+    assert delivery.request_id == rid and [i.text_sha256 for i in delivery.items] == ["sha2", "sha"]
+    np.testing.assert_array_equal(delivery.vectors, vectors[::-1])
+    assert delivery.shares_micro == [4, 6]
+    assert out.requests[0]["cost_rub"] == 0.00001
