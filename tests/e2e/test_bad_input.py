@@ -150,7 +150,8 @@ def assert_accounted(out: Path, ids: list, chunks: dict[str, int] | None = None)
 
 def usage_case(tmp_path, sb, caplog, capsys, *args, words=(), one_line=True, model=MODEL):
     out = tmp_path / "out"
-    code = run(*args, "--output", str(out), "--model", model, "--base-url", sb.base_url)
+    url = [] if "--base-url" in args else ["--base-url", sb.base_url]
+    code = run(*args, "--output", str(out), "--model", model, *url)
     assert code == 2
     message = one_error(caplog, capsys, *words, one_line=one_line)
     assert api_calls(sb) == [] and ledger(sb.db) == []
@@ -273,6 +274,22 @@ def test_resume_into_another_models_output(tmp_path, sb, caplog, capsys):
     assert sum('"POST ' in line for line in api_calls(sb)) == posts_before
     assert ledger(sb.db) == charges
     assert len(list(out.glob("embeddings-*.parquet"))) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="pipeline/cli.py: EmbeddingsClient's ValueError for a base URL that "
+                   "is not http(s) or carries credentials is not caught: a traceback instead of exit 2")
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/v1", "http://user:secret@127.0.0.1:9/v1", "127.0.0.1:9/v1"])
+def test_base_url_that_is_not_an_http_url(tmp_path, sb, caplog, capsys, url):
+    usage_case(tmp_path, sb, caplog, capsys, "--input", str(good_corpus(tmp_path)), "--base-url", url,
+               words=("base", "URL"))
+
+
+@pytest.mark.xfail(strict=True, reason="pipeline/cli.py _options(): Beam only warns 'Unparseable argument' "
+                   "for an unknown flag, so a misspelled --max-spend-rub (or --allow-partial, --resume) is "
+                   "dropped and the run spends without the cap the user asked for")
+@pytest.mark.parametrize("flag", [["--max-spend-rubs", "0.000001"], ["--max-spend", "0.000001"], ["--resum"]])
+def test_misspelled_flag_is_refused_before_spending(tmp_path, sb, caplog, capsys, flag):
+    usage_case(tmp_path, sb, caplog, capsys, "--input", str(good_corpus(tmp_path)), *flag, words=(flag[0],))
 
 
 @pytest.mark.xfail(strict=True, reason="pipeline/job.py resolve(): --keep-columns is checked against an "
