@@ -11,11 +11,13 @@ import collections
 import hashlib
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from service.catalog import load_models
 from service.sandbox.embedder import embed_text
@@ -27,6 +29,7 @@ from transforms.splitting import SplitConfig, Splitter
 MODEL = "text-embedding-v4"
 SKEW = 1.3
 SPEC = load_models()[MODEL]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def service_tokens(n_client_tokens: int) -> int:
@@ -110,3 +113,30 @@ def piece_texts_of(chunk_text: str, pieces: list[dict], enc) -> list[str]:
     tokens = enc.encode_ordinary(chunk_text)
     first = pieces[0]["token_start"]
     return [enc.decode(tokens[p["token_start"] - first:p["token_end"] - first]) for p in pieces]
+
+
+def test_requests_over_the_services_caps_are_bisected(tmp_path, sandbox_factory, monkeypatch, corpus):
+    """A catalogue that promises more than the service takes (40 inputs where it allows 10):
+    400 too_many_inputs, the batch is halved until it passes; nothing fails, nothing is paid twice."""
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+    doc = yaml.safe_load((REPO / "configs" / "models.yaml").read_text())
+    doc["models"][MODEL]["max_inputs_per_request"] = 40
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump(doc))
+    rng = random.Random(5)
+    ids = [f"s{i}" for i in range(60)]
+    path, out = tmp_path / "corpus.parquet", tmp_path / "out"
+    pq.write_table(pa.table({"id": ids, "text": [f"{i} " + paragraph(rng, WORDS_EN, 10) for i in range(60)]}), path)
+    sb = sandbox_factory(key=SANDBOX_KEY, balance=1000.0)
+    code = run("--input", str(path), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url,
+               "--models-config", str(models))
+    assert code == 0
+    assert all(read_kind(out, k) is None or read_kind(out, k).num_rows == 0 for k in ("failed", "pending"))
+    rows = read_kind(out, "embeddings").to_pylist()
+    assert sorted(r["doc_id"] for r in rows) == sorted(ids)
+    requests = read_kind(out, "requests").to_pylist()
+    refused = [r for r in requests if r["status"] == 400]
+    assert refused and all(r["n_inputs"] > SPEC.max_inputs_per_request for r in refused)
+    assert all(r["n_inputs"] <= SPEC.max_inputs_per_request for r in requests if r["status"] == 200)
+    sent = collections.Counter(h for c in ledger(sb.db) for h in c["input_sha256"])
+    assert len(sent) == len(ids) and set(sent.values()) == {1}
