@@ -180,11 +180,13 @@ def test_revoked_key_leaves_the_rest_pending_and_sends_nothing_more(revoked):
     assert_outputs_whole(out)
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/run.py execute(): the balance read after the pipeline "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="pipeline/run.py execute(): the balance read after the pipeline "
                    "raises AuthenticationError once the key is revoked, so summary.json is never written "
                    "and _journal/ is left behind")
 def test_revoked_key_run_still_writes_its_summary(revoked):
     code, out, ids, _, _ = revoked
+    assert (out / "summary.json").exists()
     s = summary(out)
     assert s["exit_code"] == 1 and s["pending_reasons"] == {"unauthorized": len(ids) - REVOKE_AFTER * PER_REQUEST}
     assert s["embedded"] == REVOKE_AFTER * PER_REQUEST
@@ -228,7 +230,8 @@ def test_balance_running_out_mid_run_exits_4_with_the_rest_pending(broke):
     assert set(sent.values()) == {1}
 
 
-@pytest.mark.xfail(strict=True, reason="transforms/embed_runner.py: after a 402, _on_error calls guard.stop() "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="transforms/embed_runner.py: after a 402, _on_error calls guard.stop() "
                    "and every later batch is marked pending 'budget_exhausted' by _fit_budget/_send, as if "
                    "the run's own cap had been reached")
 def test_balance_running_out_marks_the_rest_insufficient_balance(broke):
