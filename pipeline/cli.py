@@ -14,7 +14,7 @@ import sys
 from pipeline import profiles
 from pipeline.inputs import UsageError
 from pipeline.job import resolve
-from pipeline.options import EmbedPipeOptions
+from pipeline.options import EmbedPipeOptions, unknown_flags
 from pipeline.run import JobFailed
 from pipeline.summary import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from service import errors
@@ -35,7 +35,10 @@ def _logging(verbose: bool) -> None:
 
 
 def _options(argv: list[str]) -> EmbedPipeOptions:
-    return EmbedPipeOptions(profiles.expand(argv))
+    flags = profiles.expand(argv)
+    if unknown := unknown_flags(flags):
+        raise UsageError(f"unknown option(s): {', '.join(unknown)}")
+    return EmbedPipeOptions(flags)
 
 
 def cmd_run(argv: list[str]) -> int:

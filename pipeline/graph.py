@@ -13,8 +13,10 @@ from transforms import schemas
 from transforms.dedupe import GroupDistinctTexts
 from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
-from transforms.known import REUSED, AntiJoinKnown, Known, reused_tables
+from transforms.known import REUSED, AntiJoinKnown, Known, SkipDelivered, reused_tables
+from transforms import preflight
 from transforms.pack import PackRequests, request_totals
+from transforms.preflight import WorstCaseMicro
 from transforms.read import REJECTED, ReadDocuments
 from transforms.splitting import SplitConfig
 from transforms.write import WriteRows, WriteTables
@@ -43,7 +45,10 @@ def packed_requests(p: beam.Pipeline, job: Job, known: KnownSources = KnownSourc
                                        SplitConfig(max_tokens=model.chunk_tokens,
                                                    overlap_tokens=s.split.overlap_tokens,
                                                    boundary_window=s.split.boundary_window))
-    items = read["docs"] | "Dedupe" >> GroupDistinctTexts()
+    docs = read["docs"]
+    if known.resume_glob:
+        docs = docs | "SkipDelivered" >> SkipDelivered(known.resume_glob)
+    items = docs | "Dedupe" >> GroupDistinctTexts()
     reused = None
     if known.any:
         joined = items | "AntiJoinKnown" >> AntiJoinKnown(model.name, job.dimensions, known.resume_glob,
@@ -67,8 +72,8 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
     pending_schema = schemas.pending(kept, meta)
     read, reused, requests = packed_requests(p, job, known)
     totals = request_totals(requests)
-    fits = totals | "Preflight" >> beam.Map(
-        lambda t: spendable_rub is None or t[3] * price_per_token_rub <= spendable_rub)
+    fits = (requests | "Preflight" >> WorstCaseMicro(price_per_token_rub, 1 / model.safety_factor)
+            | "Fits" >> beam.Map(preflight.fits, spendable_rub))
     embed_cfg = EmbedConfig(
         base_url=opts.base_url, account_segment=opts.account_segment, key_source=job.key_source,
         model=model.name, dimensions=opts.dimensions, expected_dims=job.dimensions, run_id=job.run_id,
@@ -76,7 +81,8 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
         encoding_format=s.client.encoding_format, max_in_flight=s.embed.max_in_flight,
         balance_before=balance_before, spendable_rub=spendable_rub,
         price_per_token_rub=price_per_token_rub,
-        price_margin=s.budget.price_margin / model.safety_factor, balance_poll_s=s.budget.balance_poll_s,
+        price_margin=s.budget.price_margin / model.safety_factor, learned_margin=1 / model.safety_factor,
+        balance_poll_s=s.budget.balance_poll_s,
         allow_partial=opts.allow_partial, boundary_window=s.split.boundary_window,
         progress_interval_s=s.embed.progress_interval_s,
         requests_per_minute=s.rate_limits.requests_per_minute,

@@ -33,6 +33,11 @@ def _read_schema(path: str) -> tuple[pa.Schema, int]:
     return meta.schema.to_arrow_schema(), meta.num_rows
 
 
+def _value_type(t: pa.DataType) -> pa.DataType:
+    """Dictionary-encoded columns (pandas 'category') hold values of their value type."""
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
 def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence[str]) -> InputInfo:
     try:
         matches = FileSystems.match([pattern])[0].metadata_list
@@ -48,10 +53,10 @@ def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence
         for column in (id_column, text_column, *keep):
             if schema.get_field_index(column) < 0:
                 raise UsageError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)})")
-        text_type = schema.field(text_column).type
+        text_type = _value_type(schema.field(text_column).type)
         if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
             raise UsageError(f"{path}: text column {text_column!r} is {text_type}, expected a string column")
-        id_type = schema.field(id_column).type
+        id_type = _value_type(schema.field(id_column).type)
         if not (pa.types.is_string(id_type) or pa.types.is_large_string(id_type) or pa.types.is_integer(id_type)):
             raise UsageError(f"{path}: id column {id_column!r} is {id_type}, expected string or integer")
         fields = tuple(schema.field(c) for c in keep)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import secrets
+from urllib.parse import urlsplit
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -13,6 +14,7 @@ from pipeline.options import EmbedPipeOptions
 from service.catalog import ConfigError, ModelSpec, get_model, load_models, parse_models
 from service.client import RetryPolicy
 from service.credentials import KeySource
+from transforms import schemas
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +49,14 @@ def _read_text(path: str) -> str:
         raise ConfigError(f"{path}: cannot read ({exc})") from None
 
 
+def _check_base_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--base-url must be an http(s) URL such as https://host/v1, got {url!r}")
+    if parts.username or parts.password:
+        raise UsageError("--base-url: the URL must not carry credentials; the key goes in EMBEDDINGS_API_KEY")
+
+
 def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
@@ -76,8 +86,10 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool) -> Job:
                          else "--dimensions must be positive")
     if opts.max_spend_rub is not None and opts.max_spend_rub < 0:
         raise UsageError("--max-spend-rub must be >= 0")
+    _check_base_url(opts.base_url)
     keep = tuple(c.strip() for c in opts.keep_columns.split(",") if c.strip())
-    reserved = {"doc_id", "chunk_index", "embedding", "cost_rub", "run_id", "text", "reason"}
-    if clash := reserved.intersection(keep):
-        raise UsageError(f"--keep-columns {sorted(clash)} would clash with output columns")
+    if clash := schemas.OUTPUT_COLUMNS.intersection(keep):
+        raise UsageError(f"--keep-columns {sorted(clash)} would clash with output columns of the same name")
+    if len(set(keep)) != len(keep):
+        raise UsageError("--keep-columns names a column twice")
     return Job(opts, model, settings, new_run_id(), keep)

@@ -1,7 +1,31 @@
 """Command-line options of `run` and `plan`, as a Beam PipelineOptions subclass."""
 from __future__ import annotations
 
-from apache_beam.options.pipeline_options import PipelineOptions
+import difflib
+
+# Registers the Flink and Spark runners' options, so their flags count as known.
+import apache_beam.runners.portability.flink_runner  # noqa: F401
+import apache_beam.runners.portability.spark_runner  # noqa: F401
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+
+def unknown_flags(flags: list[str]) -> list[str]:
+    """Flags no options class knows, each with a suggestion. Beam only warns about them, and a
+    misspelt --max-spend-rub would then run without the cap the user asked for."""
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # the parser Beam itself builds in get_all_options
+    _, unknown = parser.parse_known_args(flags)
+    known = [opt for action in parser._actions for opt in action.option_strings]
+    found = []
+    for arg in unknown:
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name, known, n=1)
+            found.append(name + (f" (did you mean {close[0]}?)" if close else ""))
+        else:
+            found.append(repr(arg))
+    return found
 
 
 class EmbedPipeOptions(PipelineOptions):

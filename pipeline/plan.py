@@ -8,10 +8,11 @@ from pipeline import account as acct
 from pipeline.graph import packed_requests
 from pipeline.inputs import inspect_input
 from pipeline.job import Job
-from pipeline.resume import known_sources
+from pipeline.resume import known_sources, learned_price
 from pipeline.run import client_for, counters, make_runner
-from pipeline.summary import read_columns, run_files
+from transforms import preflight
 from transforms.pack import request_totals
+from transforms.preflight import WorstCaseMicro
 
 _TOTALS = ("plan_requests", "plan_inputs", "plan_chunks", "plan_tokens")
 
@@ -21,31 +22,20 @@ def _count_totals(totals):
         Metrics.counter("embedpipe", name).inc(value)
 
 
-def learned_price(output_dir: str | None) -> float | None:
-    """RUB per token actually billed in the requests of earlier runs in OUTPUT_DIR."""
-    if not output_dir:
-        return None
-    try:
-        tables = read_columns(run_files(output_dir, "requests"), ["cost_rub", "total_tokens"])
-    except Exception:  # no such directory yet
-        return None
-    cost = sum(sum(v or 0 for v in t.column("cost_rub").to_pylist()) for t in tables)
-    tokens = sum(sum(v or 0 for v in t.column("total_tokens").to_pylist()) for t in tables)
-    return cost / tokens if tokens else None
-
-
 def plan(job: Job) -> dict:
     opts, model, s = job.opts, job.model, job.settings
     info = inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
     with client_for(job) as client:
         account = acct.read_account(client)
+    learned = learned_price(opts.output)
+    price = learned if learned is not None else model.price_per_token
     p = beam.Pipeline(runner=make_runner(opts), options=opts)
     _, _, requests = packed_requests(p, job, known_sources(job))
     request_totals(requests) | "Count" >> beam.Map(_count_totals)
+    (requests | "WorstCase" >> WorstCaseMicro(price, 1 / model.safety_factor)
+     | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))
     result = p.run()
     result.wait_until_finish()
-    learned = learned_price(opts.output)
-    price = learned if learned is not None else model.price_per_token
     metrics = counters(result)
     requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in _TOTALS)
     spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub)
@@ -57,7 +47,8 @@ def plan(job: Job) -> dict:
         "price_source": "learned from earlier requests" if learned is not None else "configs/models.yaml estimate",
         "estimated_cost_rub": estimate, "balance_rub": account.balance, "key_budget_rub": account.budget,
         "max_spend_rub": opts.max_spend_rub, "reserve_rub": s.budget.reserve_rub,
-        "stats": account.stats, "spendable_rub": round(spendable, 6), "fits": estimate <= spendable,
+        "stats": account.stats, "spendable_rub": round(spendable, 6),
+        "fits": preflight.fits(metrics.get("plan_worst_case_micro", 0), spendable),
     }
 
 

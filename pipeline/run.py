@@ -11,7 +11,7 @@ from pipeline import account as acct
 from pipeline import graph, summary
 from pipeline.inputs import check_output_writable, inspect_input
 from pipeline.job import Job
-from pipeline.resume import known_sources
+from pipeline.resume import check_fresh_output, known_sources, learned_price
 from service.client import EmbeddingsClient
 from transforms import journal
 
@@ -51,10 +51,12 @@ def execute(job: Job) -> tuple[int, dict]:
     opts = job.opts
     info = inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
     check_output_writable(opts.output)
+    check_fresh_output(job)
     with client_for(job) as client:
         before = acct.read_account(client)
     spendable = acct.spendable(before, job.settings.budget.reserve_rub, opts.max_spend_rub)
-    price = job.model.price_per_token
+    learned = learned_price(opts.output)
+    price = learned if learned is not None else job.model.price_per_token
     log.info("run %s: %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB",
              job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)

@@ -6,23 +6,39 @@ Workers share no coordinator. The account balance that every embeddings response
 cannot see the other workers' in-flight requests, so the run can overshoot its cap by at
 most (in-flight requests per worker x workers x the largest request's cost). All money is
 held in integer micro-roubles (1e-6 RUB), the service's billing precision.
+
+The worst case of a request is tokens x price x margin. Until a response has shown the real
+price, the margin covers a wrong price estimate too (`margin`); afterwards only the client's
+token count can be off (`learned_margin`, 1 / the model's safety factor). The preflight uses
+the same arithmetic (`worst_case_micro`), so a cap it accepts is not refused partway.
 """
 from __future__ import annotations
 
 import math
 import threading
+from typing import Sequence
 
 from transforms.apportion import to_micro
 
 
+# A learned price this close to the estimate is the estimate, rounded per request.
+PRICE_NOISE = 1e-3
+
+
+def worst_case_micro(n_tokens: int, price_per_token_rub: float, margin: float) -> int:
+    return math.ceil(n_tokens * price_per_token_rub * 1e6 * margin)
+
+
 class BudgetGuard:
     def __init__(self, *, balance_before: float | None, spendable_rub: float | None,
-                 price_per_token_rub: float, margin: float):
-        self._lock = threading.Lock()
+                 price_per_token_rub: float, margin: float, learned_margin: float | None = None):
+        self._cond = threading.Condition()
         self._before = None if balance_before is None else to_micro(balance_before)
         self._cap = None if spendable_rub is None else max(0, to_micro(spendable_rub))
-        self._price = price_per_token_rub * 1e6  # micro-roubles per token
+        self._price = self._estimate = price_per_token_rub
+        self._billed_micro = self._billed_tokens = 0
         self._margin = margin
+        self._learned_margin = margin if learned_margin is None else learned_margin
         self._lowest_balance = self._before
         self._key_budget = None
         self._settled = 0
@@ -34,7 +50,7 @@ class BudgetGuard:
         return self._cap is not None
 
     def worst_case(self, n_tokens: int) -> int:
-        return math.ceil(n_tokens * self._price * self._margin)
+        return worst_case_micro(n_tokens, self._price, self._margin)
 
     def _spent(self) -> int:
         seen = 0 if self._before is None or self._lowest_balance is None else self._before - self._lowest_balance
@@ -46,44 +62,56 @@ class BudgetGuard:
             room = min(room, self._key_budget - self._in_flight)
         return room
 
-    def affordable_tokens(self) -> int | float:
-        """How many tokens the next request may carry now (inf when unlimited)."""
-        with self._lock:
-            room = self._room()
-            if room == math.inf:
-                return math.inf
-            return 0 if self.exhausted or room <= 0 else math.floor(room / (self._price * self._margin or 1))
-
-    def reserve(self, n_tokens: int) -> int | None:
-        """Reserve the worst case of N tokens; None (and the guard latches exhausted) if it
-        does not fit. The caller then sends a smaller request or marks the rest pending."""
-        with self._lock:
-            need = self.worst_case(n_tokens)
-            if self.exhausted or need > self._room():
+    def reserve_prefix(self, token_counts: Sequence[int]) -> tuple[int, int]:
+        """Reserve the worst case of the longest prefix of TOKEN_COUNTS that fits: (items,
+        reservation). While requests are in flight whose settling may make room for all of
+        them, wait; when even then not all fit, the guard latches exhausted (the caller sends
+        the prefix, a smaller request, and marks the rest pending)."""
+        with self._cond:
+            total = self.worst_case(sum(token_counts))
+            while not self.exhausted and self._in_flight and total > self._room():
+                self._cond.wait()
+                total = self.worst_case(sum(token_counts))
+            if self.exhausted:
+                return 0, 0
+            room, n, tokens, need = self._room(), 0, 0, 0
+            while n < len(token_counts) and self.worst_case(tokens + token_counts[n]) <= room:
+                tokens += token_counts[n]
+                n += 1
+            need = self.worst_case(tokens) if n else 0
+            if n < len(token_counts):
                 self.exhausted = True
-                return None
+                self._cond.notify_all()
             self._in_flight += need
-            return need
+            return n, need
 
     def settle(self, reservation: int, cost_rub: float | None, balance_after: float | None) -> None:
         """A response came back (cost known) or the request failed (cost None: nothing billed)."""
-        with self._lock:
+        with self._cond:
             self._in_flight -= reservation
             if cost_rub is not None:
                 self._settled += to_micro(cost_rub)
-                if cost_rub and self._key_budget is not None:
+                if self._key_budget is not None:
                     self._key_budget -= to_micro(cost_rub)
             self._observe_balance(balance_after)
+            self._cond.notify_all()
 
     def learn_price(self, cost_rub: float, total_tokens: int) -> None:
-        """Take the effective price from a response when it is above the estimate."""
+        """Responses show the effective price (averaged: each request's cost is rounded to the
+        micro-rouble). The worst case follows a price above the estimate, never one below it,
+        and the price margin is no longer needed."""
         if total_tokens > 0:
-            with self._lock:
-                self._price = max(self._price, to_micro(cost_rub) / total_tokens)
+            with self._cond:
+                self._billed_micro += to_micro(cost_rub)
+                self._billed_tokens += total_tokens
+                learned = self._billed_micro / 1e6 / self._billed_tokens
+                if learned > self._estimate * (1 + PRICE_NOISE):
+                    self._price = learned
+                self._margin = self._learned_margin
 
     def observe_account(self, balance: float | None, key_budget: float | None) -> None:
         """Fresh numbers from the (rate-limited) balance endpoint."""
-        with self._lock:
+        with self._cond:
             self._observe_balance(balance)
             if key_budget is not None:
                 self._key_budget = to_micro(key_budget)
@@ -95,5 +123,6 @@ class BudgetGuard:
 
     def stop(self) -> None:
         """Stop spending (a 402, or a request that did not fit)."""
-        with self._lock:
+        with self._cond:
             self.exhausted = True
+            self._cond.notify_all()

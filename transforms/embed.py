@@ -56,7 +56,8 @@ class EmbedConfig:
     balance_before: float | None
     spendable_rub: float | None
     price_per_token_rub: float
-    price_margin: float
+    price_margin: float             # until responses show the price
+    learned_margin: float           # after: only the token count can be off
     balance_poll_s: float
     allow_partial: bool
     boundary_window: float
@@ -79,7 +80,8 @@ class _WorkerState:
         with cls._lock:
             if cfg.run_id not in cls._by_run:
                 guard = BudgetGuard(balance_before=cfg.balance_before, spendable_rub=cfg.spendable_rub,
-                                    price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin)
+                                    price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
+                                    learned_margin=cfg.learned_margin)
                 limits = (AimdLimiter(cfg.max_in_flight, maximum=cfg.max_in_flight),
                           TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
                 cls._by_run[cfg.run_id] = (guard, Breaker(), Progress(cfg.progress_interval_s), [0.0], limits)

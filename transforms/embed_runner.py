@@ -114,34 +114,25 @@ class RequestRunner:
             if self._breaker.reason:
                 out.pending += [(i, self._breaker.reason) for i in batch]
                 continue
-            batch = self._fit_budget(batch, out)
-            if batch:
-                queue += self._send(batch, out)
+            queue += self._send(batch, out)
         return out
 
-    def _fit_budget(self, batch: list[TextItem], out: Outcome) -> list[TextItem]:
-        """The longest prefix whose worst-case cost fits; the rest is pending for good."""
-        affordable, tokens, n = self._guard.affordable_tokens(), 0, 0
-        while n < len(batch) and tokens + batch[n].n_tokens <= affordable:
-            tokens += batch[n].n_tokens
-            n += 1
-        if n < len(batch):
-            self._guard.stop()
-            out.pending += [(i, BUDGET) for i in batch[n:]]
-        return batch[:n]
-
     def _send(self, batch: list[TextItem], out: Outcome) -> list[list[TextItem]]:
-        """Send BATCH; return the sub-batches still to be sent (bisection, re-split)."""
-        tokens = sum(i.n_tokens for i in batch)
+        """Send BATCH (or the part of it the budget allows; the rest is pending for good);
+        return the sub-batches still to be sent (bisection, re-split)."""
         request_id = request_key(self._model, self._dimensions, batch)
         if self._recall is not None and (entry := self._recall(request_id)) is not None:
             out.deliveries.append(_delivery_from_journal(request_id, batch, *entry))
             out.requests.append(entry[0])
             return []
-        reservation = self._guard.reserve(tokens)
-        if reservation is None:
-            out.pending += [(i, BUDGET) for i in batch]
+        n, reservation = self._guard.reserve_prefix([i.n_tokens for i in batch])
+        out.pending += [(i, BUDGET) for i in batch[n:]]
+        if n == 0:
             return []
+        if n < len(batch):
+            batch = batch[:n]
+            request_id = request_key(self._model, self._dimensions, batch)
+        tokens = sum(i.n_tokens for i in batch)
         started = dt.datetime.now(dt.timezone.utc)
         try:
             result = self._embed([i.text for i in batch], tokens, request_id)

@@ -2,8 +2,9 @@
 
 Sources, keyed by text_sha256 and anti-joined with this run's texts (CoGroupByKey, so it
 scales like any shuffle instead of holding a set in memory):
-- `--resume`: the embeddings files already in DIR. Rows delivered there are skipped; other
-  rows with the same text get that vector at no cost.
+- `--resume`: the embeddings files already in DIR. Rows delivered there are skipped
+  (SkipDelivered, by doc_id and chunk_index); other rows with the same text get that vector
+  at no cost.
 - the journal of a run that was killed: paid for but never written out. Its rows are written
   now, with the original request id and cost share.
 - `--known GLOB`: embeddings files of other runs, reused at no cost.
@@ -28,31 +29,59 @@ class Known(NamedTuple):
     vector: bytes            # float32 little-endian
     request_id: str | None
     share_micro: int         # > 0 only for journaled, never-written rows
-    delivered: tuple         # (doc_id, chunk_index) pairs already written in DIR
 
 
 class _KnownRows(beam.DoFn):
     """Embeddings tables of earlier outputs -> (sha, Known), only for this model and length."""
 
-    def __init__(self, model: str, dims: int, delivered_here: bool):
-        self._model, self._dims, self._delivered_here = model, dims, delivered_here
+    def __init__(self, model: str, dims: int):
+        self._model, self._dims = model, dims
 
     def process(self, table: pa.Table):
         emb = table.column("embedding").combine_chunks()
         if emb.type.list_size != self._dims:
             return
         vectors = emb.flatten().to_numpy(zero_copy_only=False).astype("<f4").reshape(-1, self._dims)
-        cols = [table.column(c).to_pylist() for c in ("text_sha256", "model", "request_id", "doc_id", "chunk_index")]
-        for i, (sha, model, request_id, doc_id, chunk_index) in enumerate(zip(*cols)):
+        cols = [table.column(c).to_pylist() for c in ("text_sha256", "model", "request_id")]
+        for i, (sha, model, request_id) in enumerate(zip(*cols)):
             if model == self._model:
-                delivered = ((doc_id, chunk_index),) if self._delivered_here else ()
-                yield sha, Known(vectors[i].tobytes(), request_id, 0, delivered)
+                yield sha, Known(vectors[i].tobytes(), request_id, 0)
+
+
+def _delivered_pairs(table: pa.Table):
+    yield from zip(table.column("doc_id").to_pylist(), table.column("chunk_index").to_pylist())
+
+
+def _undelivered(joined):
+    doc_id, groups = joined
+    done = set(groups["done"])
+    for chunks, kept in groups["docs"]:
+        # a re-split piece carries its parent's chunk_index: delivered pieces cover the chunk
+        left = tuple(c for c in chunks if c.chunk_index not in done)
+        if left:
+            yield doc_id, (left, kept)
+
+
+class SkipDelivered(beam.PTransform):
+    """(doc_id, (chunks, kept)) minus the chunks DIR's embeddings already hold, by
+    (doc_id, chunk_index): what was delivered is known by row, whatever text it was sent as."""
+
+    def __init__(self, embeddings_glob: str):
+        super().__init__()
+        self._glob = embeddings_glob
+
+    def expand(self, docs):
+        done = (docs.pipeline
+                | "ReadDelivered" >> ReadFromParquetBatched(self._glob, columns=["doc_id", "chunk_index"])
+                | "DeliveredPairs" >> beam.FlatMap(_delivered_pairs))
+        return ({"docs": docs, "done": done}
+                | "CoGroupByDoc" >> beam.CoGroupByKey()
+                | "Undelivered" >> beam.FlatMap(_undelivered))
 
 
 class _AntiJoin(beam.DoFn):
     def __init__(self):
         self._reused = Metrics.counter("embedpipe", "chunks_reused")
-        self._skipped = Metrics.counter("embedpipe", "chunks_already_delivered")
 
     def process(self, joined):
         sha, groups = joined
@@ -63,13 +92,11 @@ class _AntiJoin(beam.DoFn):
         if not known:
             yield item
             return
-        delivered = {pair for k in known for pair in k.delivered}
-        refs = tuple(r for r in item.refs if (r.doc_id, r.chunk_index) not in delivered)
-        self._skipped.inc(len(item.refs) - len(refs))
-        if refs:
-            self._reused.inc(len(refs))
-            best = max(known, key=lambda k: k.share_micro)  # a journaled entry carries its cost
-            yield beam.pvalue.TaggedOutput(REUSED, (item._replace(refs=refs), best))
+        self._reused.inc(len(item.refs))
+        best = max(known, key=lambda k: k.share_micro)  # a journaled entry carries its cost share
+        if best.share_micro and any(k.request_id == best.request_id and not k.share_micro for k in known):
+            best = best._replace(share_micro=0)  # DIR holds this text under that request: share written
+        yield beam.pvalue.TaggedOutput(REUSED, (item, best))
 
 
 class AntiJoinKnown(beam.PTransform):
@@ -79,16 +106,16 @@ class AntiJoinKnown(beam.PTransform):
                  journal_entries: Sequence[tuple[str, Known]]):
         super().__init__()
         self._model, self._dims = model, dims
-        self._sources = ([(resume_glob, True)] if resume_glob else []) + [(g, False) for g in known_globs]
+        self._sources = ([resume_glob] if resume_glob else []) + list(known_globs)
         self._journal = list(journal_entries)
 
     def expand(self, items):
         p = items.pipeline
         known = [p | "Journal" >> beam.Create(self._journal)]
-        for i, (glob, here) in enumerate(self._sources):
+        for i, glob in enumerate(self._sources):
             known.append(p | f"ReadKnown{i}" >> ReadFromParquetBatched(
-                glob, columns=["text_sha256", "model", "request_id", "doc_id", "chunk_index", "embedding"])
-                | f"KnownRows{i}" >> beam.ParDo(_KnownRows(self._model, self._dims, here)))
+                glob, columns=["text_sha256", "model", "request_id", "embedding"])
+                | f"KnownRows{i}" >> beam.ParDo(_KnownRows(self._model, self._dims)))
         all_known = known | "AllKnown" >> beam.Flatten()
         keyed = items | "KeyItems" >> beam.Map(lambda item: (item.text_sha256, item))
         return ({"items": keyed, "known": all_known}

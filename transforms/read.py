@@ -20,6 +20,8 @@ REJECTED = "rejected"
 
 
 def _id_strings(column: pa.ChunkedArray) -> list:
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
     if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
         column = column.cast(pa.string())
     return column.to_pylist()
@@ -28,6 +30,8 @@ def _id_strings(column: pa.ChunkedArray) -> list:
 def _texts(column: pa.ChunkedArray) -> tuple[list, dict[int, str]]:
     """The column as Python strings; rows whose bytes are not valid UTF-8 (Arrow does not
     check what writers put in a string column) come back as None, with the reason by row."""
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
     try:
         return column.to_pylist(), {}
     except UnicodeDecodeError:

@@ -64,3 +64,9 @@ def embeddings(dimensions: int, kept: Sequence[pa.Field], meta: dict[bytes, byte
 def pending(kept: Sequence[pa.Field], meta: dict[bytes, bytes]) -> pa.Schema:
     return pa.schema([*CHUNK_FIELDS, pa.field("text", pa.string()), pa.field("reason", pa.string()),
                       pa.field("run_id", pa.string()), *kept], metadata=meta)
+
+
+# Every column name the outputs use: a kept input column may not take one of them.
+OUTPUT_COLUMNS = frozenset(
+    [f.name for f in CHUNK_FIELDS] + REQUESTS.names + FAILED.names
+    + ["embedding", "request_id", "cost_rub", "run_id", "embedded_at", "text", "reason"])

@@ -118,11 +118,6 @@ def test_a_402_stops_spending_and_leaves_the_rest_pending(tmp_path, sandbox_fact
     assert billed_twice(charges) == {}
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "pipeline/graph.build's Preflight compares tokens x price with the spendable amount, but "
-    "transforms/budget.BudgetGuard reserves tokens x price x price_margin (1.25/safety_factor) per "
-    "request: a cap within the estimate's last ~20% passes the preflight, then the guard stops "
-    "partway (budget_exhausted, exit 4) although --allow-partial was not given"))
 def test_a_cap_the_preflight_accepts_is_not_stopped_partway(tmp_path, sandbox_factory, setup, capsys):
     """Without --allow-partial the outcome is all or nothing: a cap equal to the estimate either
     fits (everything is delivered, exit 0) or does not (exit 3, nothing sent)."""

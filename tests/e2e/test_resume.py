@@ -154,10 +154,6 @@ def test_known_vectors_are_reused_at_no_cost_and_another_model_is_refused(tmp_pa
     assert ledger(sb) == charges
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "transforms/journal.load_unwritten re-reads a killed run's journal on every later --resume "
-    "(its run id never names an embeddings file) and graph.build writes its request rows again: "
-    "the requests files count those requests once per resume"))
 def test_later_resumes_count_each_journaled_request_once(tmp_path, sandbox_factory, env_key):
     """Resume first with part of the input (say one shard), then with all of it: the journaled
     texts left out of the first part are not paid again, and every request is in the current
@@ -179,9 +175,6 @@ def test_later_resumes_count_each_journaled_request_once(tmp_path, sandbox_facto
         == micro(requests.column("cost_rub").to_pylist()) == micro(c["cost_rub"] for c in charges)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "pipeline/run.execute accepts an --output that already holds a finished run without --resume: "
-    "every text is billed again and summary.json lists both runs' embeddings as current"))
 def test_running_again_into_a_finished_directory_does_not_pay_twice(tmp_path, sandbox_factory, env_key):
     """The same command run twice (a retry after success, a scheduler re-run): either refused
     before spending (exit 2) or nothing billed again; never two copies in the current files."""
@@ -200,10 +193,6 @@ def test_running_again_into_a_finished_directory_does_not_pay_twice(tmp_path, sa
     assert_every_row_once(out, rows)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "transforms/known._KnownRows keys delivered rows by their text_sha256, which for a re-split "
-    "chunk (embed_runner.resplit) is each piece's hash; --resume looks the whole chunk's hash up, "
-    "finds nothing, and sends it again: the pieces are billed twice and written twice"))
 def test_resume_knows_chunks_the_service_made_us_split(tmp_path, sandbox_factory, env_key):
     """The service counts 30% more tokens than the client: long chunks come back over-length and
     are re-split and paid as pieces. A later --resume must know them as delivered."""

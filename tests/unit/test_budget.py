@@ -1,53 +1,79 @@
-"""The budget guard's arithmetic, without HTTP or Beam."""
+"""The budget guard's arithmetic and waiting, without HTTP or Beam."""
 from __future__ import annotations
 
-import math
+import threading
 
-from transforms.budget import BudgetGuard
+from transforms.budget import BudgetGuard, worst_case_micro
 
 PRICE = 2e-6  # RUB per token
 
 
+def _guard(spendable=1.0, margin=1.0, **kw):
+    return BudgetGuard(balance_before=100.0, spendable_rub=spendable, price_per_token_rub=PRICE,
+                       margin=margin, **kw)
+
+
 def test_unlimited_guard_never_refuses():
     g = BudgetGuard(balance_before=None, spendable_rub=None, price_per_token_rub=PRICE, margin=1.0)
-    assert g.affordable_tokens() == math.inf
-    assert g.reserve(10**9) is not None
+    assert g.reserve_prefix([10**9, 10**9]) == (2, worst_case_micro(2 * 10**9, PRICE, 1.0))
 
 
-def test_reservations_count_against_the_cap_until_settled():
-    g = BudgetGuard(balance_before=100.0, spendable_rub=1.0, price_per_token_rub=PRICE, margin=1.0)
-    assert g.affordable_tokens() == 500_000
-    r1 = g.reserve(300_000)
-    assert r1 == 600_000  # micro-roubles
-    assert g.reserve(300_000) is None and g.exhausted
+def test_the_longest_fitting_prefix_is_reserved_and_the_guard_latches():
+    g = _guard()
+    assert g.reserve_prefix([200_000, 200_000, 200_000]) == (2, 800_000)
+    assert g.exhausted
+    assert g.reserve_prefix([1]) == (0, 0)
 
 
 def test_service_balance_is_the_shared_counter():
     # another worker spent 0.9 RUB: only this worker's response tells us, through usage.balance
-    g = BudgetGuard(balance_before=100.0, spendable_rub=1.0, price_per_token_rub=PRICE, margin=1.0)
-    r = g.reserve(1000)
+    g = _guard()
+    n, r = g.reserve_prefix([1000])
     g.settle(r, cost_rub=0.002, balance_after=99.098)
-    assert g.affordable_tokens() == 49_000  # 1.0 - 0.902 = 0.098 RUB left
+    assert g.reserve_prefix([49_000, 1]) == (1, 98_000)  # 0.098 RUB were left
 
 
 def test_key_budget_from_the_balance_endpoint_limits_too():
-    g = BudgetGuard(balance_before=100.0, spendable_rub=50.0, price_per_token_rub=PRICE, margin=1.0)
+    g = _guard(spendable=50.0)
     g.observe_account(balance=100.0, key_budget=0.01)
-    assert g.affordable_tokens() == 5_000
+    assert g.reserve_prefix([5_000, 1])[0] == 1
 
 
-def test_margin_and_learned_price_make_reservations_conservative():
-    g = BudgetGuard(balance_before=10.0, spendable_rub=1.0, price_per_token_rub=PRICE, margin=1.25)
+def test_price_margin_applies_until_a_response_shows_the_price():
+    g = _guard(margin=1.25, learned_margin=1.0)
     assert g.worst_case(1000) == 2500
-    g.learn_price(cost_rub=0.004, total_tokens=1000)  # the service bills 4e-6 per token
-    assert g.worst_case(1000) == 5000
-    g.learn_price(cost_rub=0.001, total_tokens=1000)  # a cheaper answer never lowers it
-    assert g.worst_case(1000) == 5000
+    g.learn_price(cost_rub=0.002, total_tokens=1000)  # the estimate was right
+    assert g.worst_case(1000) == 2000
+    g.learn_price(cost_rub=0.006, total_tokens=1000)  # the service bills more: 4e-6 on average
+    assert g.worst_case(1000) == 4000
 
 
-def test_failed_request_releases_its_reservation():
-    g = BudgetGuard(balance_before=10.0, spendable_rub=0.001, price_per_token_rub=PRICE, margin=1.0)
-    r = g.reserve(500)
-    assert g.affordable_tokens() == 0
+def test_a_cheaper_bill_never_lowers_the_worst_case():
+    g = _guard(margin=1.0)
+    g.learn_price(cost_rub=0.001, total_tokens=1000)
+    assert g.worst_case(1000) == 2000
+
+
+def test_a_failed_request_releases_its_reservation():
+    g = _guard(spendable=0.001)
+    n, r = g.reserve_prefix([500])
+    assert n == 1
     g.settle(r, cost_rub=None, balance_after=None)
-    assert g.affordable_tokens() == 500
+    assert g.reserve_prefix([500]) == (1, 1000)
+
+
+def test_a_request_waits_for_reservations_in_flight_before_giving_up():
+    """With 1.25x reservations in flight the last request would not fit; once they settle at
+    their real cost it does. Waiting, not latching, is what keeps a cap the preflight accepted."""
+    g = _guard(spendable=0.004, margin=1.25, learned_margin=1.0)  # room for exactly 2000 tokens
+    n, first = g.reserve_prefix([1000])
+    assert (n, first) == (1, 2500)
+    result = {}
+    waiter = threading.Thread(target=lambda: result.setdefault("r", g.reserve_prefix([1000])))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # 2500 + 2500 > 4000: it waits for the first to settle
+    g.learn_price(cost_rub=0.002, total_tokens=1000)
+    g.settle(first, cost_rub=0.002, balance_after=99.998)
+    waiter.join(5)
+    assert result["r"] == (1, 2000) and not g.exhausted
