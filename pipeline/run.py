@@ -12,6 +12,7 @@ from pipeline import graph, summary
 from pipeline.inputs import check_output_writable, inspect_input
 from pipeline.job import Job
 from pipeline.resume import check_fresh_output, known_sources, learned_price
+from service import errors
 from service.client import EmbeddingsClient
 from transforms import journal
 
@@ -47,6 +48,17 @@ def counters(result) -> dict[str, int]:
     return totals
 
 
+def _account_after(job: Job) -> acct.Account:
+    """Best effort: a key revoked mid-run must not cost the run its summary."""
+    try:
+        with client_for(job) as client:
+            return acct.read_account(client)
+    except errors.EmbeddingsError as exc:
+        log.warning("could not read the account after the run (%s); summary.json has no balance_after",
+                    exc.message)
+        return acct.Account(None, None, None)
+
+
 def execute(job: Job) -> tuple[int, dict]:
     opts = job.opts
     info = inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
@@ -70,8 +82,7 @@ def execute(job: Job) -> tuple[int, dict]:
         raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
                         f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
                         "again with --resume.") from None
-    with client_for(job) as client:
-        after = acct.read_account(client)
+    after = _account_after(job)
     metrics = counters(result)
     report = summary.build_summary(
         output_dir=opts.output, run_id=job.run_id, model=job.model.name,

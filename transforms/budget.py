@@ -44,6 +44,7 @@ class BudgetGuard:
         self._settled = 0
         self._in_flight = 0
         self.exhausted = False
+        self.stop_reason: str | None = None  # why stop() was called; None when the cap was reached
 
     @property
     def limited(self) -> bool:
@@ -121,8 +122,9 @@ class BudgetGuard:
             micro = to_micro(balance)
             self._lowest_balance = micro if self._lowest_balance is None else min(self._lowest_balance, micro)
 
-    def stop(self) -> None:
-        """Stop spending (a 402, or a request that did not fit)."""
+    def stop(self, reason: str) -> None:
+        """Stop spending for REASON (a 402, say): what is not sent yet is pending for it."""
         with self._cond:
-            self.exhausted = True
+            if not self.exhausted:
+                self.exhausted, self.stop_reason = True, reason
             self._cond.notify_all()

@@ -126,7 +126,7 @@ class RequestRunner:
             out.requests.append(entry[0])
             return []
         n, reservation = self._guard.reserve_prefix([i.n_tokens for i in batch])
-        out.pending += [(i, BUDGET) for i in batch[n:]]
+        out.pending += [(i, self._guard.stop_reason or BUDGET) for i in batch[n:]]
         if n == 0:
             return []
         if n < len(batch):
@@ -192,7 +192,7 @@ class RequestRunner:
             self._breaker.trip(reason, exc.message)
             out.pending += [(i, reason) for i in batch]
         elif isinstance(exc, errors.InsufficientBalanceError):
-            self._guard.stop()
+            self._guard.stop(BALANCE)
             out.pending += [(i, BALANCE) for i in batch]
         elif isinstance(exc, errors.InvalidResponseError):
             for item in batch:

@@ -4,7 +4,8 @@
 (b) the balance runs out mid-run (402): exit 4, the rest pending, and a resume pays no text twice;
 (c) a seeded mix of 5xx, 429, resets and slow answers: exit 0, the same vectors as a clean run,
     rows summing to requests, and what the service billed for abandoned attempts named;
-(d) the service restarts mid-run on the same database: the job rides it out, or stops cleanly.
+(d) the service restarts mid-run on the same database: the job rides it out, or stops cleanly;
+(e) the service dies for good mid-run: exit 1, the rest pending, a clear message.
 """
 from __future__ import annotations
 
@@ -180,10 +181,6 @@ def test_revoked_key_leaves_the_rest_pending_and_sends_nothing_more(revoked):
     assert_outputs_whole(out)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="pipeline/run.py execute(): the balance read after the pipeline "
-                   "raises AuthenticationError once the key is revoked, so summary.json is never written "
-                   "and _journal/ is left behind")
 def test_revoked_key_run_still_writes_its_summary(revoked):
     code, out, ids, _, _ = revoked
     assert (out / "summary.json").exists()
@@ -230,10 +227,6 @@ def test_balance_running_out_mid_run_exits_4_with_the_rest_pending(broke):
     assert set(sent.values()) == {1}
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="transforms/embed_runner.py: after a 402, _on_error calls guard.stop() "
-                   "and every later batch is marked pending 'budget_exhausted' by _fit_budget/_send, as if "
-                   "the run's own cap had been reached")
 def test_balance_running_out_marks_the_rest_insufficient_balance(broke):
     _, _, (found, s, _), _, _, _ = broke
     assert {r["reason"] for r in found["pending"]} == {"insufficient_balance"}
@@ -352,3 +345,58 @@ def test_service_restart_mid_run(tmp_path, sandbox_factory, monkeypatch, clean):
         assert code == 1
         assert {r["reason"] for r in found["pending"]} == {"service_unavailable"}
         assert any("--resume" in m for m in logs.errors())
+
+
+# -- (e) the service dies for good mid-run ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dead(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dead")
+    ids = write_docs(d / "corpus.parquet", 30 * PER_REQUEST, seed=4)
+    sb = SandboxProcess(d / "sandbox.db", key=SANDBOX_KEY, balance=1000.0, args=["--latency-ms", "60"]).start()
+
+    def kill_after_a_few_charges():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(ledger(d / "sandbox.db")) < 5:
+            time.sleep(0.02)
+        sb.kill()
+
+    killer = threading.Thread(target=kill_after_a_few_charges, daemon=True)
+    try:
+        with pytest.MonkeyPatch.context() as mp, captured_logs() as logs:
+            mp.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+            killer.start()
+            started = time.monotonic()
+            code = job(d, sb, d / "corpus.parquet", d / "out", "--run-config",
+                       str(run_config(d, max_attempts=3, max_total_s=3.0, connect_timeout_s=1.0)))
+            elapsed = time.monotonic() - started
+            killer.join(60)
+    finally:
+        sb.kill()
+    print(f"\ndead service: exit {code} after {elapsed:.1f} s")
+    return code, d / "out", ids, ledger(d / "sandbox.db"), logs
+
+
+def test_dead_service_stops_the_run_with_the_rest_pending(dead):
+    code, out, ids, charges, logs = dead
+    assert code == 1
+    found = kinds(out)
+    assert_each_once(found, ids)
+    assert found["failed"] == [] and found["pending"]
+    assert {r["reason"] for r in found["pending"]} == {"service_unavailable"}
+    delivered = {r["request_id"] for r in found["requests"] if r["status"] == 200}
+    assert delivered <= {c["request_id"] for c in charges}  # nothing delivered that was not billed
+    assert micro(r["cost_rub"] for r in found["embeddings"]) == micro(
+        r["cost_rub"] for r in found["requests"] if r["status"] == 200)
+    assert_outputs_whole(out)
+    assert not any(r.exc_info for r in logs.records if r.name.startswith(("embedpipe", "pipeline")))
+    assert logs.errors() and any("ConnectionRefused" in m or "Connection refused" in m for m in logs.errors())
+
+
+def test_dead_service_run_still_writes_its_summary(dead):
+    code, out, ids, _, logs = dead
+    assert [m for m in logs.errors() if "--resume" in m], logs.errors()
+    assert (out / "summary.json").exists()
+    s = summary(out)
+    assert s["exit_code"] == 1 and set(s["pending_reasons"]) == {"service_unavailable"}
+    assert s["balance_after"] is None  # unknown, and said so rather than invented
