@@ -165,19 +165,22 @@ def test_revoked_key_leaves_the_rest_pending_and_sends_nothing_more(revoked):
     code, out, ids, sb, _ = revoked
     found = kinds(out)
     assert_each_once(found, ids)
-    assert len(found["embeddings"]) == REVOKE_AFTER * PER_REQUEST
     assert found["failed"] == []
     assert {r["reason"] for r in found["pending"]} == {"unauthorized"}
-    posts = [status for path, status in sandbox_requests(sb) if path == "/v1/embeddings"]
-    first_401 = posts.index(401)
-    after = posts[first_401 + 1:]
-    print(f"embeddings requests answered after the first 401: {len(after)} (max in flight {MAX_IN_FLIGHT})")
-    assert len(after) <= MAX_IN_FLIGHT - 1 + 1  # those already in flight, and one racing the breaker
-    assert set(after) <= {401}
     statuses = collections.Counter(r["status"] for r in found["requests"])
-    assert statuses[200] == REVOKE_AFTER and statuses[401] == len(after) + 1
+    assert set(statuses) == {200, 401}
+    # The sandbox counts a request after letting it in, so one racing the revocation may pass.
+    assert REVOKE_AFTER <= statuses[200] <= REVOKE_AFTER + MAX_IN_FLIGHT - 1
+    assert len(found["embeddings"]) == statuses[200] * PER_REQUEST
     assert sorted(r["request_id"] for r in found["requests"] if r["status"] == 200) == \
         sorted(c["request_id"] for c in ledger(sb.db))
+    # Nothing is sent once a 401 is seen: the 401s are the requests that were in flight.
+    posts = [status for path, status in sandbox_requests(sb) if path == "/v1/embeddings"]
+    assert len(posts) == len(found["requests"])
+    after = posts[posts.index(401) + 1:]
+    print(f"embeddings requests answered after the first 401: {len(after)} {after} "
+          f"(max in flight {MAX_IN_FLIGHT})")
+    assert statuses[401] <= MAX_IN_FLIGHT and len(after) <= MAX_IN_FLIGHT
     assert_outputs_whole(out)
 
 
@@ -185,8 +188,9 @@ def test_revoked_key_run_still_writes_its_summary(revoked):
     code, out, ids, _, _ = revoked
     assert (out / "summary.json").exists()
     s = summary(out)
-    assert s["exit_code"] == 1 and s["pending_reasons"] == {"unauthorized": len(ids) - REVOKE_AFTER * PER_REQUEST}
-    assert s["embedded"] == REVOKE_AFTER * PER_REQUEST
+    embedded = len(kinds(out)["embeddings"])
+    assert s["exit_code"] == 1 and s["pending_reasons"] == {"unauthorized": len(ids) - embedded}
+    assert s["embedded"] == embedded
     assert not (out / "_journal").exists()
 
 
