@@ -70,10 +70,11 @@ class Outcome:
     retries: int = 0
 
 
-def request_key(model: str, dimensions: int | None, batch: Sequence[TextItem]) -> str:
-    """The request id, derived from what is sent: a retried bundle that packs the same texts
-    finds the answer its earlier attempt paid for in the journal instead of paying again."""
-    h = hashlib.sha256(f"{model}|{dimensions}".encode())
+def request_key(run_id: str, model: str, dimensions: int | None, batch: Sequence[TextItem]) -> str:
+    """The request id, derived from the run and what is sent: a retried bundle that packs the
+    same texts finds the answer its earlier attempt paid for in the journal instead of paying
+    again, while ids stay unique across runs."""
+    h = hashlib.sha256(f"{run_id}|{model}|{dimensions}".encode())
     for sha in sorted(i.text_sha256 for i in batch):
         h.update(sha.encode())
     return h.hexdigest()[:32]
@@ -120,7 +121,7 @@ class RequestRunner:
     def _send(self, batch: list[TextItem], out: Outcome) -> list[list[TextItem]]:
         """Send BATCH (or the part of it the budget allows; the rest is pending for good);
         return the sub-batches still to be sent (bisection, re-split)."""
-        request_id = request_key(self._model, self._dimensions, batch)
+        request_id = request_key(self._run_id, self._model, self._dimensions, batch)
         if self._recall is not None and (entry := self._recall(request_id)) is not None:
             out.deliveries.append(_delivery_from_journal(request_id, batch, *entry))
             out.requests.append(entry[0])
@@ -131,7 +132,7 @@ class RequestRunner:
             return []
         if n < len(batch):
             batch = batch[:n]
-            request_id = request_key(self._model, self._dimensions, batch)
+            request_id = request_key(self._run_id, self._model, self._dimensions, batch)
         tokens = sum(i.n_tokens for i in batch)
         started = dt.datetime.now(dt.timezone.utc)
         try:

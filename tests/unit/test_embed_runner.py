@@ -51,8 +51,8 @@ def test_a_request_already_in_this_runs_journal_is_not_paid_again(tmp_path):
     from transforms.embed_runner import Breaker, RequestRunner, request_key
 
     batch = [_item("first text"), _item("second text")._replace(text_sha256="sha2")]
-    rid = request_key("m", None, batch)
-    assert rid == request_key("m", None, batch[::-1])
+    rid = request_key("r1", "m", None, batch)
+    assert rid == request_key("r1", "m", None, batch[::-1]) != request_key("r2", "m", None, batch)
     vectors = np.eye(2, 4, dtype=np.float32)
     row = {"request_id": rid, "model": "m", "n_inputs": 2, "prompt_tokens": 5, "total_tokens": 5,
            "cost_rub": 0.00001, "balance_after": 9.0, "attempts": 1, "latency_ms": 3.0, "status": 200,
