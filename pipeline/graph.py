@@ -10,14 +10,14 @@ import apache_beam as beam
 from pipeline.inputs import InputInfo
 from pipeline.job import Job
 from transforms import schemas
-from transforms.dedupe import GroupDistinctTexts
+from transforms.dedupe import ChunkEntries, GroupDistinctTexts
 from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
 from transforms.known import REUSED, AntiJoinKnown, Known, SkipDelivered, reused_tables
 from transforms import preflight
 from transforms.pack import PackRequests, request_totals
 from transforms.preflight import WorstCaseMicro
-from transforms.read import REJECTED, ReadDocuments
+from transforms.read import REJECTED, ReadDocuments, ReadPending
 from transforms.splitting import SplitConfig
 from transforms.write import WriteRows, WriteTables
 
@@ -31,24 +31,31 @@ class KnownSources:
     known_globs: tuple[str, ...] = ()
     journal: tuple[tuple[str, Known], ...] = ()
     journal_requests: tuple[dict, ...] = ()
+    pending_glob: str | None = None         # --resume without --input: the last run's pending rows
+    carried_files: tuple[str, ...] = ()     # failed files of earlier runs that stay current then
 
     @property
     def any(self) -> bool:
         return bool(self.resume_glob or self.known_globs or self.journal)
 
 
-def packed_requests(p: beam.Pipeline, job: Job, known: KnownSources = KnownSources()):
+def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources = KnownSources()):
     """Read -> Split -> Dedupe -> anti-join -> Pack, shared by `run` and `plan`:
-    (read outputs, reused (TextItem, Known) pairs or None, requests)."""
+    (rejected rows or None, reused (TextItem, Known) pairs or None, requests)."""
     opts, model, s = job.opts, job.model, job.settings
-    read = p | "Read" >> ReadDocuments(opts.input, opts.id_column, opts.text_column, job.keep_columns,
-                                       SplitConfig(max_tokens=model.chunk_tokens,
-                                                   overlap_tokens=s.split.overlap_tokens,
-                                                   boundary_window=s.split.boundary_window))
-    docs = read["docs"]
-    if known.resume_glob:
-        docs = docs | "SkipDelivered" >> SkipDelivered(known.resume_glob)
-    items = docs | "Dedupe" >> GroupDistinctTexts()
+    rejected = None
+    if known.pending_glob:
+        entries = p | "ReadPending" >> ReadPending(known.pending_glob, [f.name for f in info.kept_fields])
+    else:
+        read = p | "Read" >> ReadDocuments(opts.input, opts.id_column, opts.text_column, job.keep_columns,
+                                           SplitConfig(max_tokens=model.chunk_tokens,
+                                                       overlap_tokens=s.split.overlap_tokens,
+                                                       boundary_window=s.split.boundary_window))
+        docs, rejected = read["docs"], read[REJECTED]
+        if known.resume_glob:
+            docs = docs | "SkipDelivered" >> SkipDelivered(known.resume_glob)
+        entries = docs | "Chunks" >> ChunkEntries()
+    items = entries | "Dedupe" >> GroupDistinctTexts()
     reused = None
     if known.any:
         joined = items | "AntiJoinKnown" >> AntiJoinKnown(model.name, job.dimensions, known.resume_glob,
@@ -56,7 +63,7 @@ def packed_requests(p: beam.Pipeline, job: Job, known: KnownSources = KnownSourc
         items, reused = joined.items, joined[REUSED]
     requests = items | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
                                                       s.pack.fill_target, s.pack.max_open_requests)
-    return read, reused, requests
+    return rejected, reused, requests
 
 
 def _journal_request_rows(rows: Sequence[dict]) -> list[dict]:
@@ -70,7 +77,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
     kept = info.kept_fields
     emb_schema = schemas.embeddings(job.dimensions, kept, meta)
     pending_schema = schemas.pending(kept, meta)
-    read, reused, requests = packed_requests(p, job, known)
+    rejected, reused, requests = packed_requests(p, job, info, known)
     totals = request_totals(requests)
     fits = (requests | "Preflight" >> WorstCaseMicro(price_per_token_rub, 1 / model.safety_factor)
             | "Fits" >> beam.Map(preflight.fits, spendable_rub))
@@ -104,7 +111,8 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
     codec = s.write.codec
     embeddings | "WriteEmbeddings" >> WriteTables(opts.output, "embeddings", job.run_id, emb_schema, codec)
     request_rows | "WriteRequests" >> WriteRows(opts.output, "requests", job.run_id, schemas.REQUESTS, codec)
-    ((read[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten()
+    failed = out[FAILED] if rejected is None else (rejected, out[FAILED]) | "AllFailed" >> beam.Flatten()
+    (failed
      | "WriteFailed" >> WriteRows(opts.output, "failed", job.run_id, schemas.FAILED, codec,
                                   extra={"run_id": job.run_id}))
     out[PENDING] | "WritePending" >> WriteTables(opts.output, "pending", job.run_id, pending_schema, codec)

@@ -62,8 +62,9 @@ def new_run_id() -> str:
 
 
 def resolve(opts: EmbedPipeOptions, *, need_output: bool) -> Job:
-    missing = [flag for flag, value in (("--input", opts.input), ("--model", opts.model),
-                                        ("--base-url", opts.base_url)) if not value]
+    missing = [flag for flag, value in (("--model", opts.model), ("--base-url", opts.base_url)) if not value]
+    if not opts.input and not (need_output and opts.resume):  # run --resume can take DIR's pending rows
+        missing.insert(0, "--input")
     if need_output and not opts.output:
         missing.append("--output")
     if missing:

@@ -30,7 +30,7 @@ def plan(job: Job) -> dict:
     learned = learned_price(opts.output)
     price = learned if learned is not None else model.price_per_token
     p = beam.Pipeline(runner=make_runner(opts), options=opts)
-    _, _, requests = packed_requests(p, job, known_sources(job))
+    _, _, requests = packed_requests(p, job, info, known_sources(job))
     request_totals(requests) | "Count" >> beam.Map(_count_totals)
     (requests | "WorstCase" >> WorstCaseMicro(price, 1 / model.safety_factor)
      | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))

@@ -1,11 +1,13 @@
 """What `--resume` and `--known` find on disk, checked before anything runs."""
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.graph import KnownSources
-from pipeline.inputs import UsageError
+from pipeline.inputs import InputInfo, UsageError
 from pipeline.job import Job
 from pipeline.summary import read_columns, run_files
 from transforms.journal import load_unwritten
@@ -31,6 +33,38 @@ def check_fresh_output(job: Job) -> None:
                          "--resume to continue it (nothing is paid twice), or choose another directory")
 
 
+def _last_summary(output_dir: str) -> dict:
+    path = FileSystems.join(output_dir, "summary.json")
+    try:
+        with FileSystems.open(path) as fh:
+            return json.loads(fh.read())
+    except Exception:  # missing (a killed run) or unreadable
+        raise UsageError(f"--resume without --input needs {path} from a finished run; "
+                         "pass --input to read the corpus again") from None
+
+
+def pending_input(job: Job) -> tuple[InputInfo, str, tuple[str, ...]]:
+    """--resume without --input sends the pending rows of DIR's last run: (their InputInfo,
+    their glob, the failed files that stay current since the corpus is not read again)."""
+    out = job.opts.output
+    last = _last_summary(out)
+    pattern = FileSystems.join(out, f"pending-{last['run_id']}-*.parquet")
+    files = sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    if not files:
+        raise UsageError(f"--resume: {out} has no pending files of run {last['run_id']}")
+    rows, schema = 0, None
+    for path in files:
+        with FileSystems.open(path) as fh:
+            meta = pq.ParquetFile(fh).metadata
+        rows, schema = rows + meta.num_rows, meta.schema.to_arrow_schema()
+    model = (schema.metadata or {}).get(b"model", b"").decode()
+    if model != job.model.name:
+        raise UsageError(f"--resume: the pending rows in {out} are for {model}, not {job.model.name}")
+    kept = tuple(schema.field(i) for i in range(schema.get_field_index("run_id") + 1, len(schema)))
+    carried = tuple(f for f in last["files"] if f.startswith("failed-"))
+    return InputInfo(tuple(files), rows, kept), pattern, carried
+
+
 def known_sources(job: Job) -> KnownSources:
     opts = job.opts
     resume_glob, journal, journal_requests = None, (), ()
@@ -46,7 +80,11 @@ def known_sources(job: Job) -> KnownSources:
     for glob in opts.known:
         if not FileSystems.match([glob])[0].metadata_list:
             raise UsageError(f"--known {glob}: no file matches")
-    return KnownSources(resume_glob, tuple(opts.known), tuple(journal), tuple(journal_requests))
+    pending_glob, carried = None, ()
+    if opts.resume and not opts.input:
+        _, pending_glob, carried = pending_input(job)
+    return KnownSources(resume_glob, tuple(opts.known), tuple(journal), tuple(journal_requests),
+                        pending_glob, carried)
 
 
 def learned_price(output_dir: str | None) -> float | None:

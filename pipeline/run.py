@@ -11,7 +11,7 @@ from pipeline import account as acct
 from pipeline import graph, summary
 from pipeline.inputs import check_output_writable, inspect_input
 from pipeline.job import Job
-from pipeline.resume import check_fresh_output, known_sources, learned_price
+from pipeline.resume import check_fresh_output, known_sources, learned_price, pending_input
 from service import errors
 from service.client import EmbeddingsClient
 from transforms import journal
@@ -61,9 +61,11 @@ def _account_after(job: Job) -> acct.Account:
 
 def execute(job: Job) -> tuple[int, dict]:
     opts = job.opts
-    info = inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
     check_output_writable(opts.output)
     check_fresh_output(job)
+    info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
+            else pending_input(job)[0])
+    known = known_sources(job)
     with client_for(job) as client:
         before = acct.read_account(client)
     spendable = acct.spendable(before, job.settings.budget.reserve_rub, opts.max_spend_rub)
@@ -72,7 +74,7 @@ def execute(job: Job) -> tuple[int, dict]:
     log.info("run %s: %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB",
              job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    graph.build(pipeline, job, info, known_sources(job), balance_before=before.balance, spendable_rub=spendable,
+    graph.build(pipeline, job, info, known, balance_before=before.balance, spendable_rub=spendable,
                 price_per_token_rub=price)
     try:
         result = pipeline.run()
@@ -88,7 +90,8 @@ def execute(job: Job) -> tuple[int, dict]:
         output_dir=opts.output, run_id=job.run_id, model=job.model.name,
         documents=metrics.get("documents", 0), account_before=before.as_dict(),
         account_after=after.as_dict(),
-        estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable}, metrics=metrics)
+        estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable}, metrics=metrics,
+        carried_files=known.carried_files)
     summary.write_summary(opts.output, report)
     journal.discard(opts.output, job.run_id)
     return report["exit_code"], report

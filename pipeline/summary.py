@@ -53,7 +53,8 @@ def exit_code(pending_reasons: dict[str, int]) -> int:
 
 
 def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
-                  account_before: dict, account_after: dict, estimate: dict, metrics: dict) -> dict:
+                  account_before: dict, account_after: dict, estimate: dict, metrics: dict,
+                  carried_files: tuple[str, ...] = ()) -> dict:
     emb = read_columns(run_files(output_dir, "embeddings", run_id), ["cost_rub", "request_id"])
     req = read_columns(run_files(output_dir, "requests", run_id),
                        ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id"])
@@ -104,7 +105,7 @@ def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
         "balance_before": before, "balance_after": after,
         "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),
         "reconciliation": recon, "metrics": metrics, "exit_code": exit_code(pending_reasons),
-        "files": [FileSystems.split(f)[1] for f in current],
+        "files": list(carried_files) + [FileSystems.split(f)[1] for f in current],
     }
 
 

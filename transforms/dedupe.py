@@ -32,11 +32,17 @@ class _ToTextItem(beam.DoFn):
         yield TextItem(sha, text, n_tokens, tuple(sorted(ref for _, _, ref in entries)))
 
 
-class GroupDistinctTexts(beam.PTransform):
-    """(doc_id, (chunks, kept)) -> TextItem per distinct text_sha256."""
+class ChunkEntries(beam.PTransform):
+    """(doc_id, (chunks, kept)) -> (text_sha256, (text, n_tokens, ChunkRef)) per chunk."""
 
     def expand(self, docs):
-        return (docs
-                | "ChunkEntries" >> beam.FlatMap(_chunk_entries)
+        return docs | "ChunkEntries" >> beam.FlatMap(_chunk_entries)
+
+
+class GroupDistinctTexts(beam.PTransform):
+    """(text_sha256, (text, n_tokens, ChunkRef)) -> TextItem per distinct text_sha256."""
+
+    def expand(self, entries):
+        return (entries
                 | "GroupByText" >> beam.GroupByKey()
                 | "ToTextItem" >> beam.ParDo(_ToTextItem()))

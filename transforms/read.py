@@ -13,7 +13,7 @@ from apache_beam.io.parquetio import ReadFromParquetBatched
 from apache_beam.metrics import Metrics
 
 from service.tokenizer import get_encoding
-from transforms.records import Rejected
+from transforms.records import ChunkRef, Rejected
 from transforms.splitting import SplitConfig, Splitter
 
 REJECTED = "rejected"
@@ -127,3 +127,26 @@ class ReadDocuments(beam.PTransform):
             _ResolveDuplicateIds(), duplicates=beam.pvalue.AsDict(duplicates)).with_outputs(REJECTED, main="docs")
         rejected = (keyed[REJECTED], resolved[REJECTED]) | "AllRejected" >> beam.Flatten()
         return {"docs": resolved.docs, REJECTED: rejected}
+
+
+def _pending_entries(table: pa.Table, kept_names: tuple):
+    cols = {name: table.column(name).to_pylist() for name in table.schema.names}
+    kept = list(zip(*(cols[name] for name in kept_names))) or [()] * table.num_rows
+    for i in range(table.num_rows):
+        ref = ChunkRef(cols["doc_id"][i], cols["chunk_index"][i], cols["chunk_count"][i],
+                       cols["token_start"][i], cols["token_end"][i], cols["n_tokens"][i], tuple(kept[i]))
+        yield cols["text_sha256"][i], (cols["text"][i], cols["n_tokens"][i], ref)
+
+
+class ReadPending(beam.PTransform):
+    """pending-*.parquet of an earlier run -> (text_sha256, (text, n_tokens, ChunkRef)): what
+    `--resume` without `--input` sends, without reading the corpus again."""
+
+    def __init__(self, file_pattern: str, kept_names: Sequence[str]):
+        super().__init__()
+        self._pattern, self._kept = file_pattern, tuple(kept_names)
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "ReadPendingParquet" >> ReadFromParquetBatched(self._pattern)
+                | "PendingEntries" >> beam.FlatMap(_pending_entries, self._kept))
