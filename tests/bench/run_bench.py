@@ -6,7 +6,8 @@
 1. A corpus of --docs documents (tests/bench/corpus.py: mostly short, 1% multi-chunk).
 2. A sandbox answering after 50 ms + 5 us per token (waits, not CPU): the baseline script
    (tests/bench/baseline.py: tiktoken slices of 8191 tokens, 100 texts per request, one
-   request at a time), then `python -m pipeline run` for each --in-flight x --workers.
+   request at a time), then `python -m pipeline run` for each --in-flight x --workers, then
+   the floor: the same chunks pre-packed and sent with no client work (tests/bench/floor.py).
    Each one is a child process: wall time, its CPU and peak RSS (os.wait4), the sandbox's
    CPU over the same span (it shares the machine), and from the sandbox ledger the time to
    the first request and the span over which requests were answered.
@@ -38,9 +39,9 @@ import pyarrow.parquet as pq
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, irreducible
+from tests.bench import aimd, beam_overhead, floor, irreducible
 from tests.bench.corpus import write_corpus
-from tests.bench.measure import Measured, load_average, run_measured
+from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,23 +132,41 @@ class Bench:
             base_m, base = self.baseline(corpus, sb)
             runs = [(f"pipeline-f{f}-w{w}", f, w, *self.pipeline(f"pipeline-f{f}-w{w}", corpus, sb, f, w)[:2])
                     for w in a.workers for f in a.in_flight]
+            floor_row = self.floor(corpus, sb, max(a.in_flight), base_m.wall_s)
         nproc = os.cpu_count() or 1
         rows = [self._row("baseline (sequential, 100/request)", base_m, base["chunks"], base["prompt_tokens"],
                           base["requests"], nproc, base_m.wall_s)]
         for label, f, w, m, s in runs:
             rows.append(self._row(f"pipeline max-in-flight {f}, workers {w}", m, s["chunks"], s["prompt_tokens"],
                                   s["requests"], nproc, base_m.wall_s))
+        rows.append(floor_row)
         self.emit(table(
             ["run", "wall s", "chunks/s", "tokens/s", "x baseline", "requests (lower bound)", "client CPU s",
              "sandbox CPU s", "CPU floor s", "1st request s", "answers span s", "peak RSS MB", "load"],
             rows, f"Sandbox latency 50 ms + 5 us/token; {a.docs:,} documents, {base['chunks']:,} chunks "
                   f"(baseline's 8191-token slices), {base['prompt_tokens']:,} tokens"))
         self.emit("x baseline = documents per second over the baseline's (the same corpus; token counts "
-                  "differ slightly because the chunks are cut differently). "
+                  "differ slightly because the chunks are cut differently). The floor row is no client "
+                  "at all (tests/bench/floor.py): the best any client could do on this machine. "
                   "CPU floor = (client CPU + sandbox CPU) / nproc: no run on this machine can be faster. "
                   "1st request = start to the first answer the sandbox billed (read, split, dedupe, pack); "
                   "answers span = first to last billed answer.")
         self.base_cpu_per_m = base_m.cpu_s / base["prompt_tokens"] * 1e6
+
+    def floor(self, corpus: Path, sb: SandboxProcess, in_flight: int, base_wall_s: float) -> list:
+        self.say("  floor: the sandbox alone ...")
+        bodies = floor.packed_bodies(corpus, MODEL, self.model.max_inputs_per_request,
+                                     self.model.max_tokens_per_request)
+        load0, cpu0 = load_average(), process_cpu_s(sb.pid)
+        wall = floor.send_all(sb.base_url, KEY, bodies, in_flight)
+        m = Measured(0, wall, 0.0, float("nan"), process_cpu_s(sb.pid) - cpu0, load0, load_average(), "")
+        charges = list(read_ledger(sb.db))[-len(bodies):]
+        tokens = sum(r["prompt_tokens"] for r in charges)
+        chunks = sum(len(r["input_sha256"]) for r in charges)
+        row = self._row(f"floor: sandbox alone, pre-packed, {in_flight} in flight", m, chunks, tokens,
+                        len(bodies), os.cpu_count() or 1, base_wall_s)
+        row[6], row[9], row[10], row[11] = "~0", "", "", ""
+        return row
 
     def _row(self, label, m: Measured, chunks, tokens, requests, nproc, base_wall_s):
         return [label, m.wall_s, chunks / m.wall_s, tokens / m.wall_s, f"{base_wall_s / m.wall_s:.2f}",
@@ -248,7 +267,7 @@ class Bench:
             self.profile(corpus)
         self.emit(f"Whole bench: {time.time() - started:.0f} s; load average {load_average():.1f} at the end.")
         if a.write:
-            write_section(REPO / "docs" / "BENCH.md", "\n".join(self.sections))
+            write_section(REPO / "docs" / "BENCH.md", "\n\n".join(self.sections))
             self.say(f"\nwritten: {REPO / 'docs' / 'BENCH.md'}")
 
 
