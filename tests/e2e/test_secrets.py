@@ -24,17 +24,11 @@ import apache_beam as beam
 import pytest
 import requests
 
-from pipeline import graph, profiles
-from pipeline.inputs import inspect_input
-from pipeline.job import resolve
-from pipeline.options import EmbedPipeOptions
-from pipeline.resume import known_sources
-from pipeline.run import make_runner
+from pipeline.cli import main
 from service import errors
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import ApiKey
 from tests.e2e.helpers import corpus_rows, ledger, read_kind, run, write_corpus
-from pipeline.cli import main
 
 MODEL = "text-embedding-3-small"
 
@@ -112,15 +106,19 @@ def test_a_run_with_a_key_file_never_shows_the_key(tmp_path, leak_sandbox, monke
     assert hits(key, blobs) == []
 
 
-def job_graph(argv: list[str]):
-    """The options and the job graph exactly as `run` builds them, without running it."""
-    opts = EmbedPipeOptions(profiles.expand(argv))
-    job = resolve(opts, need_output=True)
-    info = inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
-    p = beam.Pipeline(runner=make_runner(opts), options=opts)
-    graph.build(p, job, info, known_sources(job), balance_before=1000.0, spendable_rub=1000.0,
-                price_per_token_rub=job.model.price_per_token)
-    return opts, job, p
+@pytest.fixture
+def built_pipelines(monkeypatch):
+    """What every Beam pipeline the CLI runs holds when it is handed to the runner: its
+    serialized proto and its options. A spy: the pipeline still runs as built."""
+    seen = []
+    original = beam.Pipeline.run
+
+    def run_and_keep(self, *args, **kwargs):
+        seen.append({"proto": self.to_runner_api().SerializeToString(), "options": self.options})
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(beam.Pipeline, "run", run_and_keep)
+    return seen
 
 
 def unpacked_pickles(blob: bytes) -> list[bytes]:
@@ -142,31 +140,34 @@ def unpacked_pickles(blob: bytes) -> list[bytes]:
 
 
 @pytest.mark.parametrize("where", ["env", "file"])
-def test_options_and_pickled_graph_hold_no_key(tmp_path, monkeypatch, where):
-    key = leak_key()
-    argv = ["--input", str(write_corpus(tmp_path / "corpus.parquet")), "--output", str(tmp_path / "out"),
-            "--model", MODEL, "--base-url", "http://127.0.0.1:9/v1", "--keep-columns", "lang"]
+def test_options_and_pickled_graph_hold_no_key(tmp_path, leak_sandbox, monkeypatch, built_pipelines, where):
+    key, sb = leak_sandbox
+    argv = ["--input", str(write_corpus(tmp_path / "corpus.parquet")), "--model", MODEL,
+            "--base-url", sb.base_url, "--keep-columns", "lang"]
     if where == "env":
         monkeypatch.setenv("EMBEDDINGS_API_KEY", key)
     else:
         monkeypatch.delenv("EMBEDDINGS_API_KEY", raising=False)
         (tmp_path / "key.txt").write_text(key)
         argv += ["--api-key-file", str(tmp_path / "key.txt")]
-    opts, job, p = job_graph(argv)
-    assert job.key_source.load().reveal() == key  # the workers can still find it
-    proto = p.to_runner_api().SerializeToString()
-    pickles = unpacked_pickles(proto)
-    embed_fns = [pk for pk in pickles if b"_EmbedDoFn" in pk]
-    # The Embed DoFn is in there, with its config (the base URL, where the key comes from).
-    assert len(embed_fns) == 1 and b"127.0.0.1:9" in embed_fns[0] and b"KeySource" in embed_fns[0]
-    blobs = {**{f"pickle {i}": pk for i, pk in enumerate(pickles)}, "all options": repr(opts.get_all_options()).encode(),
-             "options json": json.dumps(opts.get_all_options(), default=str).encode(),
-             "display data": repr(opts.display_data()).encode(),
-             "pipeline proto": proto,
-             "job repr": repr(job).encode(), "pickled key source": pickle.dumps(job.key_source)}
+    assert main(["plan", *argv]) == 0
+    assert main(["run", *argv, "--output", str(tmp_path / "out")]) == 0
+    assert len(built_pipelines) >= 2  # the plan's and the run's
+    blobs = {}
+    embed_fns = []
+    for i, built in enumerate(built_pipelines):
+        pickles = unpacked_pickles(built["proto"])
+        embed_fns += [pk for pk in pickles if b"_EmbedDoFn" in pk]
+        opts = built["options"]
+        blobs.update({f"{i} proto": built["proto"], **{f"{i} pickle {j}": pk for j, pk in enumerate(pickles)},
+                      f"{i} options": repr(opts.get_all_options()).encode(),
+                      f"{i} options json": json.dumps(opts.get_all_options(), default=str).encode(),
+                      f"{i} display data": repr(opts.display_data()).encode()})
+    # The run's Embed DoFn is in there, with its config (the base URL, where the key comes from).
+    assert embed_fns and all(sb.base_url.encode() in fn and b"KeySource" in fn for fn in embed_fns)
     assert hits(key, blobs) == []
     with pytest.raises(TypeError, match="cannot be pickled"):
-        pickle.dumps(job.key_source.load())
+        pickle.dumps(ApiKey(key))
 
 
 def error_texts(exc: BaseException) -> dict[str, bytes]:
