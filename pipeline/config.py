@@ -114,8 +114,16 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
         raise ConfigError(f"{where}:client.encoding_format must be base64 or float")
     if not 0 < settings.pack.fill_target <= 1:
         raise ConfigError(f"{where}:pack.fill_target must be in (0, 1]")
-    if settings.embed.max_in_flight < 1 or settings.client.max_attempts < 1:
-        raise ConfigError(f"{where}: embed.max_in_flight and client.max_attempts must be >= 1")
+    positive = {"embed.max_in_flight": settings.embed.max_in_flight, "client.max_attempts": settings.client.max_attempts,
+                "client.pool_size": settings.client.pool_size, "pack.max_open_requests": settings.pack.max_open_requests,
+                "client.connect_timeout_s": settings.client.connect_timeout_s,
+                "client.read_timeout_s": settings.client.read_timeout_s, "client.max_total_s": settings.client.max_total_s}
+    if bad := [name for name, value in positive.items() if value <= 0]:
+        raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
+    if settings.budget.price_margin < 1:
+        raise ConfigError(f"{where}:budget.price_margin must be >= 1 (it is a safety margin on the price)")
+    if not 0 <= settings.split.boundary_window <= 0.5:
+        raise ConfigError(f"{where}:split.boundary_window must be between 0 and 0.5")
     return settings
 
 

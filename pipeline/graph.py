@@ -71,15 +71,16 @@ def _journal_request_rows(rows: Sequence[dict]) -> list[dict]:
 
 
 def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
-          balance_before: float | None, spendable_rub: float | None, price_per_token_rub: float) -> None:
+          balance_before: float | None, spendable_rub: float | None, price_per_token_rub: float,
+          margin: float) -> None:
     opts, model, s = job.opts, job.model, job.settings
-    meta = schemas.metadata(model.name, opts.dimensions, job.run_id)
+    meta = schemas.metadata(model.name, job.dimensions, job.run_id)
     kept = info.kept_fields
     emb_schema = schemas.embeddings(job.dimensions, kept, meta)
     pending_schema = schemas.pending(kept, meta)
     rejected, reused, requests = packed_requests(p, job, info, known)
     totals = request_totals(requests)
-    fits = (requests | "Preflight" >> WorstCaseMicro(price_per_token_rub, 1 / model.safety_factor)
+    fits = (requests | "Preflight" >> WorstCaseMicro(price_per_token_rub, margin)
             | "Fits" >> beam.Map(preflight.fits, spendable_rub))
     embed_cfg = EmbedConfig(
         base_url=opts.base_url, account_segment=opts.account_segment, key_source=job.key_source,
@@ -88,7 +89,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
         encoding_format=s.client.encoding_format, max_in_flight=s.embed.max_in_flight,
         balance_before=balance_before, spendable_rub=spendable_rub,
         price_per_token_rub=price_per_token_rub,
-        price_margin=s.budget.price_margin / model.safety_factor, learned_margin=1 / model.safety_factor,
+        price_margin=margin, learned_margin=1 / model.safety_factor,
         balance_poll_s=s.budget.balance_poll_s,
         allow_partial=opts.allow_partial, boundary_window=s.split.boundary_window,
         progress_interval_s=s.embed.progress_interval_s,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import secrets
 from urllib.parse import urlsplit
 
@@ -15,6 +16,7 @@ from service.catalog import ConfigError, ModelSpec, get_model, load_models, pars
 from service.client import RetryPolicy
 from service.credentials import KeySource
 from transforms import schemas
+from transforms.splitting import SplitConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +30,12 @@ class Job:
     @property
     def dimensions(self) -> int:
         return self.opts.dimensions or self.model.dimensions
+
+    def initial_margin(self, price_learned: bool) -> float:
+        """Worst case per token over the price: before responses show the price, a wrong
+        estimate and the client's token count may both be off; a learned price leaves only
+        the token count (1 / safety factor). Preflight, plan and guard all use this."""
+        return (1.0 if price_learned else self.settings.budget.price_margin) / self.model.safety_factor
 
     @property
     def key_source(self) -> KeySource:
@@ -79,14 +87,18 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool) -> Job:
         settings = settings.replace("embed", max_in_flight=opts.max_in_flight)
     if opts.overlap_tokens is not None:
         settings = settings.replace("split", overlap_tokens=opts.overlap_tokens)
-    if settings.split.overlap_tokens >= model.chunk_tokens:
-        raise UsageError(f"overlap of {settings.split.overlap_tokens} tokens leaves no room in "
-                         f"{model.chunk_tokens}-token chunks")
-    if opts.dimensions is not None and (opts.dimensions < 1 or not model.supports_dimensions):
-        raise UsageError(f"--dimensions is not supported by {model.name}" if not model.supports_dimensions
-                         else "--dimensions must be positive")
-    if opts.max_spend_rub is not None and opts.max_spend_rub < 0:
-        raise UsageError("--max-spend-rub must be >= 0")
+    if opts.dimensions is not None:
+        if not model.supports_dimensions:
+            raise UsageError(f"--dimensions is not supported by {model.name}")
+        if not 1 <= opts.dimensions <= model.dimensions:
+            raise UsageError(f"--dimensions must be between 1 and {model.dimensions} for {model.name}")
+    if opts.max_spend_rub is not None and not (math.isfinite(opts.max_spend_rub) and opts.max_spend_rub >= 0):
+        raise UsageError("--max-spend-rub must be a finite amount >= 0")
+    try:  # the steps' own checks, made here so that a bad number is a usage error, not a crash
+        SplitConfig(max_tokens=model.chunk_tokens, overlap_tokens=settings.split.overlap_tokens,
+                    boundary_window=settings.split.boundary_window)
+    except ValueError as exc:
+        raise UsageError(f"split settings: {exc}") from None
     _check_base_url(opts.base_url)
     keep = tuple(c.strip() for c in opts.keep_columns.split(",") if c.strip())
     if clash := schemas.OUTPUT_COLUMNS.intersection(keep):

@@ -11,6 +11,7 @@ from pipeline.job import Job
 from pipeline.resume import known_sources, learned_price
 from pipeline.run import client_for, counters, make_runner
 from transforms import preflight
+from transforms.apportion import from_micro
 from transforms.pack import request_totals
 from transforms.preflight import WorstCaseMicro
 
@@ -32,7 +33,7 @@ def plan(job: Job) -> dict:
     p = beam.Pipeline(runner=make_runner(opts), options=opts)
     _, _, requests = packed_requests(p, job, info, known_sources(job))
     request_totals(requests) | "Count" >> beam.Map(_count_totals)
-    (requests | "WorstCase" >> WorstCaseMicro(price, 1 / model.safety_factor)
+    (requests | "WorstCase" >> WorstCaseMicro(price, job.initial_margin(learned is not None))
      | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))
     result = p.run()
     result.wait_until_finish()
@@ -48,6 +49,7 @@ def plan(job: Job) -> dict:
         "estimated_cost_rub": estimate, "balance_rub": account.balance, "key_budget_rub": account.budget,
         "max_spend_rub": opts.max_spend_rub, "reserve_rub": s.budget.reserve_rub,
         "stats": account.stats, "spendable_rub": round(spendable, 6),
+        "worst_case_rub": from_micro(metrics.get("plan_worst_case_micro", 0)),
         "fits": preflight.fits(metrics.get("plan_worst_case_micro", 0), spendable),
     }
 
@@ -58,11 +60,12 @@ def render(p: dict) -> str:
             ("requests", p["requests"]), ("prompt tokens", p["prompt_tokens"]),
             ("price RUB per 1M tokens", f"{p['price_rub_per_1m_tokens']} ({p['price_source']})"),
             ("estimated cost RUB", f"{p['estimated_cost_rub']:.6f}"),
+            ("worst case RUB (guard's margin)", f"{p['worst_case_rub']:.6f}"),
             ("balance RUB", p["balance_rub"]), ("key budget RUB", p["key_budget_rub"]),
             ("--max-spend-rub", p["max_spend_rub"]), ("reserve RUB", p["reserve_rub"]),
             ("spent today / 31 days RUB", "n/a" if not p["stats"] else
              f"{p['stats']['daily_usage']} / {p['stats']['monthly_usage']}"),
             ("spendable RUB", f"{p['spendable_rub']:.6f}"),
-            ("fits", "yes" if p["fits"] else "NO: the estimate exceeds the spendable amount")]
+            ("fits", "yes" if p["fits"] else "NO: the worst case exceeds the spendable amount")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in rows)

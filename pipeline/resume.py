@@ -10,7 +10,7 @@ from pipeline.graph import KnownSources
 from pipeline.inputs import InputInfo, UsageError
 from pipeline.job import Job
 from pipeline.summary import read_columns, run_files
-from transforms.journal import load_unwritten
+from transforms.journal import journal_dir, load_unwritten
 
 
 def _check_same_model(path: str, job: Job) -> None:
@@ -28,8 +28,10 @@ def _check_same_model(path: str, job: Job) -> None:
 def check_fresh_output(job: Job) -> None:
     """Without --resume, DIR must not hold an earlier run's vectors: a second run would pay for
     every text again and summary.json could not tell which files are current."""
-    if not job.opts.resume and run_files(job.opts.output, "embeddings"):
-        raise UsageError(f"--output {job.opts.output} already holds embeddings of an earlier run: pass "
+    out = job.opts.output
+    journaled = FileSystems.match([FileSystems.join(journal_dir(out), "*", "*.parquet")])[0].metadata_list
+    if not job.opts.resume and (run_files(out, "embeddings") or run_files(out, "requests") or journaled):
+        raise UsageError(f"--output {out} already holds an earlier run's results or journal: pass "
                          "--resume to continue it (nothing is paid twice), or choose another directory")
 
 
@@ -76,7 +78,7 @@ def known_sources(job: Job) -> KnownSources:
             resume_glob = FileSystems.join(opts.output, "embeddings-*.parquet")
         written = {r for t in read_columns(run_files(opts.output, "requests"), ["request_id"])
                    for r in t.column("request_id").to_pylist()}
-        journal, journal_requests = load_unwritten(opts.output, written)
+        journal, journal_requests = load_unwritten(opts.output, written, job.model.name, job.dimensions)
     for glob in opts.known:
         if not FileSystems.match([glob])[0].metadata_list:
             raise UsageError(f"--known {glob}: no file matches")

@@ -75,7 +75,7 @@ def execute(job: Job) -> tuple[int, dict]:
              job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     graph.build(pipeline, job, info, known, balance_before=before.balance, spendable_rub=spendable,
-                price_per_token_rub=price)
+                price_per_token_rub=price, margin=job.initial_margin(learned is not None))
     try:
         result = pipeline.run()
         result.wait_until_finish()

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.apportion import from_micro, to_micro
-from transforms.embed_runner import BALANCE, BUDGET, FORBIDDEN, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
+from transforms.embed_runner import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_PARTIAL = 0, 1, 2, 3, 4
 
@@ -43,7 +43,7 @@ def _reasons(tables) -> dict[str, int]:
 
 
 def exit_code(pending_reasons: dict[str, int]) -> int:
-    if any(r in pending_reasons for r in (UNAUTHORIZED, FORBIDDEN, UNAVAILABLE)):
+    if any(r in pending_reasons for r in (UNAUTHORIZED, FORBIDDEN, UNAVAILABLE, INVALID)):
         return EXIT_FAILED
     if PREFLIGHT in pending_reasons:
         return EXIT_DOES_NOT_FIT

@@ -16,6 +16,7 @@ import dataclasses
 import email.utils
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -148,8 +149,8 @@ class _Invalid(ValueError):
 
 
 def _number(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid(f"{what} is {value!r}, expected a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _Invalid(f"{what} is {value!r}, expected a finite number")
     return float(value)
 
 
@@ -167,6 +168,8 @@ def parse_usage(doc: Mapping[str, Any]) -> Usage:
     prompt = _count(usage.get("prompt_tokens"), "usage.prompt_tokens")
     total = _count(usage.get("total_tokens", prompt), "usage.total_tokens")
     cost, balance = usage.get("cost_rub"), usage.get("balance")
+    if cost is not None and _number(cost, "usage.cost_rub") < 0:
+        raise _Invalid(f"usage.cost_rub is {cost!r}, a negative cost")
     return Usage(prompt, total,
                  None if cost is None else _number(cost, "usage.cost_rub"),
                  None if balance is None else _number(balance, "usage.balance"))

@@ -27,6 +27,9 @@ class ApiKey:
         value = value.strip()
         if not value:
             raise MissingApiKeyError("the API key is empty")
+        if not all(" " < ch < "\x7f" for ch in value):  # never quote the value: it is the secret
+            raise MissingApiKeyError("the API key holds spaces, line breaks or non-ASCII characters "
+                                     "(a key file must hold the key alone, on one line)")
         self._value = value
 
     def reveal(self) -> str:

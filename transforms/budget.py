@@ -116,6 +116,7 @@ class BudgetGuard:
             self._observe_balance(balance)
             if key_budget is not None:
                 self._key_budget = to_micro(key_budget)
+            self._cond.notify_all()  # a larger budget may let a waiting request go
 
     def _observe_balance(self, balance: float | None) -> None:
         if balance is not None and self._before is not None:

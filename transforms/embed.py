@@ -113,6 +113,9 @@ class _EmbedDoFn(beam.DoFn):
         self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight, thread_name_prefix="embed")
 
     def start_bundle(self):
+        # Requests of a bundle that failed may still be running: let them finish (their answers
+        # are journaled, so a retry finds them) before anything is sent again.
+        cf.wait(getattr(self, "_futures", ()))
         self._futures: set[cf.Future] = set()
 
     def process(self, request: Sequence, totals, fits):

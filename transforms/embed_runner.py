@@ -34,6 +34,11 @@ UNAUTHORIZED = "unauthorized"
 FORBIDDEN = "forbidden"
 UNAVAILABLE = "service_unavailable"
 PREFLIGHT = "estimate_exceeds_budget"
+INVALID = "invalid_answers"
+
+
+class _Stopped(Exception):
+    """Raised inside the runner when a request's turn comes after the run stopped sending."""
 
 
 class Breaker:
@@ -135,18 +140,28 @@ class RequestRunner:
             request_id = request_key(self._run_id, self._model, self._dimensions, batch)
         tokens = sum(i.n_tokens for i in batch)
         started = dt.datetime.now(dt.timezone.utc)
+        encoding = self._client.encoding_format
         try:
             result = self._embed([i.text for i in batch], tokens, request_id)
+        except _Stopped:  # the breaker tripped or spending stopped while this one waited its turn
+            self._guard.settle(reservation, None, None)
+            out.pending += [(i, self._breaker.reason or self._guard.stop_reason or BUDGET) for i in batch]
+            return []
         except errors.EmbeddingsError as exc:
             billed = getattr(exc, "usage", None)  # a malformed 200 was still billed
             self._guard.settle(reservation, billed.cost_rub if billed else None,
                                billed.balance if billed else None)
             out.requests.append(self._request_row(request_id, batch, started, error=exc))
             out.retries += max(0, exc.attempts - 1)
+            if isinstance(exc, errors.InvalidResponseError) and self._client.encoding_format != encoding:
+                return [batch]  # the server ignored base64: the client now asks for floats
             return self._on_error(exc, batch, out)
+        except BaseException:
+            self._guard.settle(reservation, None, None)  # never leave a reservation behind
+            raise
+        self._guard.settle(reservation, result.usage.cost_rub, result.usage.balance)
         if result.usage.cost_rub is not None:
             self._guard.learn_price(result.usage.cost_rub, result.usage.total_tokens)
-        self._guard.settle(reservation, result.usage.cost_rub, result.usage.balance)
         row = self._request_row(request_id, batch, started, result=result)
         out.requests.append(row)
         out.retries += result.attempts - 1
@@ -155,6 +170,7 @@ class RequestRunner:
                       f"expected {self._expected_dims} (request {request_id}, billed)")
             for item in batch:
                 out.failed += rejections(item, "wrong_dimensions", detail)
+            self._breaker.trip(INVALID, detail)  # every later answer would be paid for and thrown away
             return []
         total = to_micro(result.usage.cost_rub or 0.0)  # a server that reports no cost: lineage is 0
         delivery = Delivery(request_id, batch, result.vectors,
@@ -170,10 +186,16 @@ class RequestRunner:
         if self._quota is not None:
             self._quota.acquire(tokens)
         if self._concurrency is None:
+            self._check_running()
             return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id)
         with self._concurrency.slot() as permit:
+            self._check_running()
             return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
                                       on_retry=lambda status: permit.rate_limited() if status == 429 else None)
+
+    def _check_running(self) -> None:
+        if self._breaker.reason or self._guard.stop_reason:
+            raise _Stopped()
 
     def _on_error(self, exc: errors.EmbeddingsError, batch: list[TextItem], out: Outcome):
         half = len(batch) // 2

@@ -80,15 +80,16 @@ def discard(output_dir: str, run_id: str) -> None:
             os.rmdir(folder)
 
 
-def load_unwritten(output_dir: str, written_requests: set[str]):
-    """What journals in OUTPUT_DIR hold: ((sha, Known) pairs, the request rows that no
-    requests file has yet). Whether a text's share is still to be written is decided per
-    text, when it meets what DIR already holds (transforms/known.py)."""
+def load_unwritten(output_dir: str, written_requests: set[str], model: str, dims: int):
+    """What journals in OUTPUT_DIR hold for MODEL at DIMS: ((sha, Known) pairs, the request
+    rows that no requests file has yet). Whether a text's share is still to be written is
+    decided per text, when it meets what DIR already holds (transforms/known.py)."""
     known, request_rows = [], []
     for request, table in read_entries(output_dir):
+        if request["model"] != model or table.schema.field("embedding").type.list_size != dims:
+            continue  # another model's vectors are never another model's answer
         if request["request_id"] not in written_requests:
             request_rows.append(request)
-        dims = table.schema.field("embedding").type.list_size
         vectors = table.column("embedding").combine_chunks().flatten().to_numpy().astype("<f4").reshape(-1, dims)
         for i, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
                                              table.column("share_micro").to_pylist())):
