@@ -13,7 +13,7 @@ from transforms import schemas
 from transforms.dedupe import ChunkEntries, GroupDistinctTexts
 from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
-from transforms.known import REUSED, AntiJoinKnown, Known, SkipDelivered, reused_tables
+from transforms.known import CARRIED, PIECES, REUSED, AntiJoinKnown, Known, SkipDelivered, reused_tables
 from transforms import preflight
 from transforms.pack import PackRequests, request_totals
 from transforms.preflight import WorstCaseMicro
@@ -33,6 +33,8 @@ class KnownSources:
     journal_requests: tuple[dict, ...] = ()
     pending_glob: str | None = None         # --resume without --input: the last run's pending rows
     carried_files: tuple[str, ...] = ()     # failed files of earlier runs that stay current then
+    last_pending: tuple[str, ...] = ()      # --resume with --input: the last run's pending and
+    last_failed: tuple[str, ...] = ()       # failed files, for chunks that are partly delivered
 
     @property
     def any(self) -> bool:
@@ -53,8 +55,13 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
                                                        boundary_window=s.split.boundary_window))
         docs, rejected = read["docs"], read[REJECTED]
         if known.resume_glob:
-            docs = docs | "SkipDelivered" >> SkipDelivered(known.resume_glob)
+            skipped = docs | "SkipDelivered" >> SkipDelivered(
+                known.resume_glob, known.last_pending, known.last_failed, [f.name for f in info.kept_fields])
+            docs = skipped.docs
+            rejected = (rejected, skipped[CARRIED]) | "WithCarried" >> beam.Flatten()
         entries = docs | "Chunks" >> ChunkEntries()
+        if known.resume_glob:
+            entries = (entries, skipped[PIECES]) | "WithPieces" >> beam.Flatten()
     items = entries | "Dedupe" >> GroupDistinctTexts()
     reused = None
     if known.any:

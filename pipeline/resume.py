@@ -82,11 +82,15 @@ def known_sources(job: Job) -> KnownSources:
     for glob in opts.known:
         if not FileSystems.match([glob])[0].metadata_list:
             raise UsageError(f"--known {glob}: no file matches")
-    pending_glob, carried = None, ()
+    pending_glob, carried, last_pending, last_failed = None, (), (), ()
     if opts.resume and not opts.input:
         _, pending_glob, carried = pending_input(job)
+    elif resume_glob and FileSystems.exists(FileSystems.join(opts.output, "summary.json")):
+        files = [FileSystems.join(opts.output, f) for f in _last_summary(opts.output)["files"]]
+        last_pending = tuple(f for f in files if FileSystems.split(f)[1].startswith("pending-"))
+        last_failed = tuple(f for f in files if FileSystems.split(f)[1].startswith("failed-"))
     return KnownSources(resume_glob, tuple(opts.known), tuple(journal), tuple(journal_requests),
-                        pending_glob, carried)
+                        pending_glob, carried, last_pending, last_failed)
 
 
 def learned_price(output_dir: str | None) -> float | None:

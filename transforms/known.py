@@ -16,11 +16,12 @@ from typing import NamedTuple, Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.parquetio import ReadFromParquetBatched
+from apache_beam.io.parquetio import ReadAllFromParquetBatched, ReadFromParquetBatched
 from apache_beam.metrics import Metrics
 
 from transforms.lineage import embeddings_table
-from transforms.records import TextItem
+from transforms.read import pending_entries
+from transforms.records import Rejected, TextItem
 
 REUSED = "reused"
 
@@ -48,35 +49,64 @@ class _KnownRows(beam.DoFn):
                 yield sha, Known(vectors[i].tobytes(), request_id, 0)
 
 
+PIECES, CARRIED = "pieces", "carried"
+
+
 def _delivered_pairs(table: pa.Table):
     yield from zip(table.column("doc_id").to_pylist(), table.column("chunk_index").to_pylist())
+
+
+def _pending_by_doc(table: pa.Table, kept_names: tuple):
+    for sha, (text, n_tokens, ref) in pending_entries(table, kept_names):
+        yield ref.doc_id, (ref.chunk_index, (sha, (text, n_tokens, ref)))
+
+
+def _failed_chunks(table: pa.Table):
+    for row in table.to_pylist():
+        if row["doc_id"] is not None and row["chunk_index"] is not None:
+            yield row["doc_id"], Rejected(row["doc_id"], row["chunk_index"], row["reason"], row["detail"])
 
 
 def _undelivered(joined):
     doc_id, groups = joined
     done = set(groups["done"])
+    pending = [(i, entry) for i, entry in groups["pending"] if i in done]
+    failed = [r for r in groups["failed"] if r.chunk_index in done]
     for chunks, kept in groups["docs"]:
-        # a re-split piece carries its parent's chunk_index: delivered pieces cover the chunk
         left = tuple(c for c in chunks if c.chunk_index not in done)
         if left:
             yield doc_id, (left, kept)
+    # A chunk re-split after an over-length answer may be partly delivered: its other pieces
+    # are in the last run's pending rows (sent now) or failed rows (which stay current).
+    for _, entry in pending:
+        yield beam.pvalue.TaggedOutput(PIECES, entry)
+    for rejected in failed:
+        yield beam.pvalue.TaggedOutput(CARRIED, rejected)
 
 
 class SkipDelivered(beam.PTransform):
     """(doc_id, (chunks, kept)) minus the chunks DIR's embeddings already hold, by
-    (doc_id, chunk_index): what was delivered is known by row, whatever text it was sent as."""
+    (doc_id, chunk_index): what was delivered is known by row, whatever text it was sent as.
+    Tagged `pieces`: the last run's pending pieces of partly delivered chunks, as chunk
+    entries; tagged `carried`: their failed pieces."""
 
-    def __init__(self, embeddings_glob: str):
+    def __init__(self, embeddings_glob: str, last_pending: Sequence[str], last_failed: Sequence[str],
+                 kept_names: Sequence[str]):
         super().__init__()
-        self._glob = embeddings_glob
+        self._glob, self._kept = embeddings_glob, tuple(kept_names)
+        self._pending, self._failed = list(last_pending), list(last_failed)
 
     def expand(self, docs):
-        done = (docs.pipeline
-                | "ReadDelivered" >> ReadFromParquetBatched(self._glob, columns=["doc_id", "chunk_index"])
+        p = docs.pipeline
+        done = (p | "ReadDelivered" >> ReadFromParquetBatched(self._glob, columns=["doc_id", "chunk_index"])
                 | "DeliveredPairs" >> beam.FlatMap(_delivered_pairs))
-        return ({"docs": docs, "done": done}
+        pending = (p | "LastPending" >> beam.Create(self._pending) | "ReadPending" >> ReadAllFromParquetBatched()
+                   | "PendingByDoc" >> beam.FlatMap(_pending_by_doc, self._kept))
+        failed = (p | "LastFailed" >> beam.Create(self._failed) | "ReadFailed" >> ReadAllFromParquetBatched()
+                  | "FailedChunks" >> beam.FlatMap(_failed_chunks))
+        return ({"docs": docs, "done": done, "pending": pending, "failed": failed}
                 | "CoGroupByDoc" >> beam.CoGroupByKey()
-                | "Undelivered" >> beam.FlatMap(_undelivered))
+                | "Undelivered" >> beam.FlatMap(_undelivered).with_outputs(PIECES, CARRIED, main="docs"))
 
 
 class _AntiJoin(beam.DoFn):

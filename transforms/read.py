@@ -129,7 +129,7 @@ class ReadDocuments(beam.PTransform):
         return {"docs": resolved.docs, REJECTED: rejected}
 
 
-def _pending_entries(table: pa.Table, kept_names: tuple):
+def pending_entries(table: pa.Table, kept_names: tuple):
     cols = {name: table.column(name).to_pylist() for name in table.schema.names}
     kept = list(zip(*(cols[name] for name in kept_names))) or [()] * table.num_rows
     for i in range(table.num_rows):
@@ -149,4 +149,4 @@ class ReadPending(beam.PTransform):
     def expand(self, pbegin):
         return (pbegin
                 | "ReadPendingParquet" >> ReadFromParquetBatched(self._pattern)
-                | "PendingEntries" >> beam.FlatMap(_pending_entries, self._kept))
+                | "PendingEntries" >> beam.FlatMap(pending_entries, self._kept))
