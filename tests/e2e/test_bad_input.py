@@ -609,3 +609,27 @@ def test_wrong_vectors_are_dead_lettered_and_the_bill_named(tmp_path, env_key, m
     assert recon["rows_minus_requests_rub"] == -recon["requests_cost_rub"]
     assert recon["balance_minus_requests_rub"] == 0
     assert any("billed" in note for note in recon["notes"])
+
+
+UNUSABLE = ("the answer is the service's fault, not the input's: after the first such answer "
+            "transforms/embed_runner.py _on_error dead-letters the batch and goes on sending (and, for "
+            "billed ones, paying) instead of tripping the breaker as it does for a wrong vector length")
+
+
+@pytest.mark.parametrize("mode, reason", [
+    ("short", "wrong_dimensions"),
+    pytest.param("count", "invalid_response", marks=pytest.mark.xfail(strict=True, raises=AssertionError,
+                                                                       reason="wrong vector count: " + UNUSABLE)),
+    pytest.param("html", "invalid_response", marks=pytest.mark.xfail(strict=True, raises=AssertionError,
+                                                                      reason="HTML 200: " + UNUSABLE)),
+])
+def test_unusable_answers_stop_the_run_after_the_first(tmp_path, env_key, misbehaving, mode, reason):
+    server = misbehaving(mode)
+    models = models_config(tmp_path, max_inputs_per_request=3)  # four requests, sent one at a time
+    code, out = run_against(tmp_path, server, "--models-config", str(models), "--max-in-flight", "1")
+    kinds = assert_accounted(out, SMALL_IDS, SMALL_CHUNKS)
+    assert kinds["embeddings"] == []
+    assert {r["reason"] for r in kinds["failed"] if r["chunk_index"] is not None} == {reason}
+    assert len(server.formats) == 1  # nothing sent after the first unusable answer
+    assert code == 1
+    assert len(kinds["pending"]) == 9 and {r["reason"] for r in kinds["pending"]} == {"invalid_answers"}
