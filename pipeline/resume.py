@@ -25,6 +25,11 @@ def _check_same_model(path: str, job: Job) -> None:
                          "Use another --output directory, or --known to reuse what matches.")
 
 
+def written_request_ids(output_dir: str) -> set[str]:
+    return {r for t in read_columns(run_files(output_dir, "requests"), ["request_id"])
+            for r in t.column("request_id").to_pylist()}
+
+
 def check_fresh_output(job: Job) -> None:
     """Without --resume, DIR must not hold an earlier run's vectors: a second run would pay for
     every text again and summary.json could not tell which files are current."""
@@ -76,12 +81,17 @@ def known_sources(job: Job) -> KnownSources:
             _check_same_model(path, job)
         if existing:
             resume_glob = FileSystems.join(opts.output, "embeddings-*.parquet")
-        written = {r for t in read_columns(run_files(opts.output, "requests"), ["request_id"])
-                   for r in t.column("request_id").to_pylist()}
-        journal, journal_requests = load_unwritten(opts.output, written, job.model.name, job.dimensions)
+        journal, journal_requests = load_unwritten(opts.output, written_request_ids(opts.output),
+                                                   job.model.name, job.dimensions)
     for glob in opts.known:
-        if not FileSystems.match([glob])[0].metadata_list:
+        matches = FileSystems.match([glob])[0].metadata_list
+        if not matches:
             raise UsageError(f"--known {glob}: no file matches")
+        for m in matches:
+            with FileSystems.open(m.path) as fh:
+                names = pq.read_schema(fh).names
+            if missing := [c for c in ("text_sha256", "model", "request_id", "embedding") if c not in names]:
+                raise UsageError(f"--known {m.path}: not an embeddings file (no {', '.join(missing)})")
     pending_glob, carried, last_pending, last_failed = None, (), (), ()
     if opts.resume and not opts.input:
         _, pending_glob, carried = pending_input(job)

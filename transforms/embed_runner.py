@@ -37,6 +37,27 @@ PREFLIGHT = "estimate_exceeds_budget"
 INVALID = "invalid_answers"
 
 
+# Inputs refused one by one with the same message, no success between: the request itself is
+# wrong (a bad parameter, say), and bisecting on would pay nothing but send 2N-1 requests.
+SAME_REFUSALS_TO_STOP = 3
+
+
+class _RefusalStreak:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._message, self._n = None, 0
+
+    def count(self, message: str) -> int:
+        with self._lock:
+            self._n = self._n + 1 if message == self._message else 1
+            self._message = message
+            return self._n
+
+    def reset(self) -> None:
+        with self._lock:
+            self._message, self._n = None, 0
+
+
 class _Stopped(Exception):
     """Raised inside the runner when a request's turn comes after the run stopped sending."""
 
@@ -111,6 +132,7 @@ class RequestRunner:
         self._guard, self._breaker, self._run_id = guard, breaker, run_id
         self._resplit, self._journal, self._recall = resplit, journal, recall
         self._concurrency, self._quota = concurrency, quota
+        self._same_refusals = _RefusalStreak()
 
     def run(self, items: Sequence[TextItem]) -> Outcome:
         out = Outcome()
@@ -175,6 +197,7 @@ class RequestRunner:
         total = to_micro(result.usage.cost_rub or 0.0)  # a server that reports no cost: lineage is 0
         delivery = Delivery(request_id, batch, result.vectors,
                             apportion_micro(total, [i.n_tokens for i in batch]))
+        self._same_refusals.reset()
         if self._journal is not None:
             self._journal(delivery, row)
         out.deliveries.append(delivery)
@@ -210,6 +233,8 @@ class RequestRunner:
             if len(batch) > 1:
                 return [batch[:half], batch[half:]]
             out.failed += rejections(batch[0], "bad_request", exc.message)
+            if self._same_refusals.count(exc.message) >= SAME_REFUSALS_TO_STOP:
+                self._breaker.trip(INVALID, f"the service refuses input after input with: {exc.message}")
         elif isinstance(exc, (errors.AuthenticationError, errors.PermissionDeniedError)):
             reason = UNAUTHORIZED if isinstance(exc, errors.AuthenticationError) else FORBIDDEN
             self._breaker.trip(reason, exc.message)

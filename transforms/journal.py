@@ -95,3 +95,4 @@ def load_unwritten(output_dir: str, written_requests: set[str], model: str, dims
                                              table.column("share_micro").to_pylist())):
             known.append((sha, Known(vectors[i].tobytes(), request["request_id"], share)))
     return known, request_rows
+
