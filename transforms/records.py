@@ -1,5 +1,6 @@
-"""What flows between the steps. NamedTuples: Beam's FastPrimitivesCoder encodes them
-natively and the fields keep the code readable."""
+"""What flows between the steps, as NamedTuples: the fields keep the code readable, and
+Beam's FastPrimitivesCoder takes them (it pickles them: values that cross a shuffle pay for
+that, which is why the steps before the GroupByKey work on whole tables and documents)."""
 from __future__ import annotations
 
 from typing import NamedTuple
