@@ -20,6 +20,7 @@ import resource
 import runpy
 import sys
 import threading
+import time
 
 # (category, substrings of a frame's "file:function"), the first frame from the leaf up that
 # matches names the category; order matters where paths nest.

@@ -59,3 +59,9 @@ def summary(out: Path) -> dict:
 
 def ledger(db) -> list[dict]:
     return list(read_ledger(str(db)))
+
+
+def current_rows(out: Path, kind: str) -> list[dict]:
+    """The rows of KIND in the files summary.json lists as DIR's current state."""
+    files = [out / f for f in summary(out)["files"] if f.startswith(kind + "-")]
+    return [row for f in files for row in pq.read_table(f).to_pylist()]

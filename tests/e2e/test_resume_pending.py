@@ -3,17 +3,10 @@ from __future__ import annotations
 
 import collections
 
-import pyarrow.parquet as pq
-
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.helpers import corpus_rows, ledger, run, summary, write_corpus
+from tests.e2e.helpers import corpus_rows, current_rows, ledger, run, summary, write_corpus
 
 MODEL = "text-embedding-3-small"
-
-
-def current(out, kind):
-    files = [out / f for f in summary(out)["files"] if f.startswith(kind + "-")]
-    return [row for f in files for row in pq.read_table(f).to_pylist()]
 
 
 def test_resume_from_pending_rows_alone(tmp_path, sandbox_factory, monkeypatch):
@@ -23,15 +16,15 @@ def test_resume_from_pending_rows_alone(tmp_path, sandbox_factory, monkeypatch):
     common = ["--output", str(out), "--model", MODEL, "--base-url", sb.base_url, "--keep-columns", "lang"]
     # a cap of about a third of the estimate: the long document's chunks wait in pending
     assert run("--input", str(corpus), *common, "--max-spend-rub", "0.015", "--allow-partial") == 4
-    first_pending = current(out, "pending")
+    first_pending = current_rows(out, "pending")
     assert first_pending and {r["reason"] for r in first_pending} == {"budget_exhausted"}
 
     corpus.unlink()  # proof that the corpus is not read again
     assert run(*common, "--resume") == 0
     s = summary(out)
     assert s["pending"] == 0 and s["embedded"] == len(first_pending)
-    emb, failed = current(out, "embeddings"), current(out, "failed")
-    assert current(out, "pending") == []
+    emb, failed = current_rows(out, "embeddings"), current_rows(out, "failed")
+    assert current_rows(out, "pending") == []
     # every row of the corpus is in exactly one current file, kept columns carried through
     keys = collections.Counter((r["doc_id"], r["chunk_index"], r["token_start"]) for r in emb)
     assert max(keys.values()) == 1

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import collections
-
-import pyarrow.parquet as pq
+import random
 
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.helpers import WORDS_EN, ledger, paragraph, run, summary, write_corpus
+from tests.e2e.helpers import WORDS_EN, current_rows, ledger, paragraph, run, write_corpus
 
 MODEL = "text-embedding-v4"
 
 
-def current(out, kind):
-    files = [out / f for f in summary(out)["files"] if f.startswith(kind + "-")]
-    return [row for f in files for row in pq.read_table(f).to_pylist()]
-
-
 def test_partly_delivered_chunk_is_completed_by_resume(tmp_path, sandbox_factory, monkeypatch):
-    import random
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
     rng = random.Random(5)
     text = " ".join(paragraph(rng, WORDS_EN, 60) for _ in range(110))  # one chunk of ~7000 tokens
@@ -29,10 +22,10 @@ def test_partly_delivered_chunk_is_completed_by_resume(tmp_path, sandbox_factory
     sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0, args=["--token-skew", f"{MODEL}=2.5"])
     common = ["--input", str(corpus), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url]
     assert run(*common, "--max-spend-rub", "0.1", "--allow-partial") == 4
-    assert current(out, "embeddings") and current(out, "pending")
+    assert current_rows(out, "embeddings") and current_rows(out, "pending")
     assert run(*common, "--resume") == 0
-    rows = sorted(current(out, "embeddings"), key=lambda r: r["token_start"])
-    assert current(out, "pending") == [] and current(out, "failed") == []
+    rows = sorted(current_rows(out, "embeddings"), key=lambda r: r["token_start"])
+    assert current_rows(out, "pending") == [] and current_rows(out, "failed") == []
     assert {r["chunk_index"] for r in rows} == {0}
     assert rows[0]["token_start"] == 0
     assert all(a["token_end"] == b["token_start"] for a, b in zip(rows, rows[1:]))  # pieces tile the chunk
