@@ -242,9 +242,10 @@ class RequestRunner:
         elif isinstance(exc, errors.InsufficientBalanceError):
             self._guard.stop(BALANCE)
             out.pending += [(i, BALANCE) for i in batch]
-        elif isinstance(exc, errors.InvalidResponseError):
+        elif isinstance(exc, errors.InvalidResponseError):  # the service's fault, and maybe billed
             for item in batch:
                 out.failed += rejections(item, "invalid_response", exc.message)
+            self._breaker.trip(INVALID, exc.message)
         elif exc.retryable:
             self._breaker.trip(UNAVAILABLE, exc.message)
             out.pending += [(i, UNAVAILABLE) for i in batch]

@@ -611,17 +611,10 @@ def test_wrong_vectors_are_dead_lettered_and_the_bill_named(tmp_path, env_key, m
     assert any("billed" in note for note in recon["notes"])
 
 
-UNUSABLE = ("the answer is the service's fault, not the input's: after the first such answer "
-            "transforms/embed_runner.py _on_error dead-letters the batch and goes on sending (and, for "
-            "billed ones, paying) instead of tripping the breaker as it does for a wrong vector length")
-
-
 @pytest.mark.parametrize("mode, reason", [
     ("short", "wrong_dimensions"),
-    pytest.param("count", "invalid_response", marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                                                       reason="wrong vector count: " + UNUSABLE)),
-    pytest.param("html", "invalid_response", marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                                                      reason="HTML 200: " + UNUSABLE)),
+    ("count", "invalid_response"),
+    ("html", "invalid_response"),
 ])
 def test_unusable_answers_stop_the_run_after_the_first(tmp_path, env_key, misbehaving, mode, reason):
     server = misbehaving(mode)
