@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -69,22 +69,33 @@ class EmbedConfig:
     kept: tuple
 
 
-class _WorkerState:
-    """Per process and run: one guard, breaker, progress line and pair of rate limiters for all
-    DoFn instances (the provider's limits are per key, not per thread)."""
-    _lock = threading.Lock()
-    _by_run: dict = {}
+@dataclasses.dataclass
+class _Shared:
+    """What every DoFn instance of one worker process shares for a run: one budget guard,
+    breaker, progress line and pair of rate limiters (the provider's limits are per key, not
+    per thread)."""
+    guard: BudgetGuard
+    breaker: Breaker
+    progress: Progress
+    concurrency: AimdLimiter
+    quota: TokenBucketLimiter
+    last_poll: float = 0.0
+    breaker_logged: bool = False
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _by_run: ClassVar[dict] = {}
 
     @classmethod
-    def get(cls, cfg: EmbedConfig):
+    def for_run(cls, cfg: EmbedConfig) -> "_Shared":
         with cls._lock:
             if cfg.run_id not in cls._by_run:
-                guard = BudgetGuard(balance_before=cfg.balance_before, spendable_rub=cfg.spendable_rub,
-                                    price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
-                                    learned_margin=cfg.learned_margin)
-                limits = (AimdLimiter(cfg.max_in_flight, maximum=cfg.max_in_flight),
-                          TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
-                cls._by_run[cfg.run_id] = (guard, Breaker(), Progress(cfg.progress_interval_s), [0.0], limits)
+                cls._by_run[cfg.run_id] = cls(
+                    BudgetGuard(balance_before=cfg.balance_before, spendable_rub=cfg.spendable_rub,
+                                price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
+                                learned_margin=cfg.learned_margin),
+                    Breaker(), Progress(cfg.progress_interval_s),
+                    AimdLimiter(cfg.max_in_flight, maximum=cfg.max_in_flight),
+                    TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
             return cls._by_run[cfg.run_id]
 
 
@@ -100,16 +111,16 @@ class _EmbedDoFn(beam.DoFn):
         self._client = EmbeddingsClient(cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
                                         retry=cfg.retry, pool_size=cfg.pool_size,
                                         encoding_format=cfg.encoding_format)
-        self._guard, self._breaker, self._progress, self._last_poll, (aimd, quota) = _WorkerState.get(cfg)
+        self._shared = shared = _Shared.for_run(cfg)
         encoding = get_encoding()
         self._runner = RequestRunner(
             self._client, model=cfg.model, dimensions=cfg.dimensions, expected_dims=cfg.expected_dims,
-            guard=self._guard, breaker=self._breaker, run_id=cfg.run_id,
+            guard=shared.guard, breaker=shared.breaker, run_id=cfg.run_id,
             resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
                 max_tokens=n, boundary_window=cfg.boundary_window))),
             journal=self._journal,
             recall=lambda request_id: journal.read_entry(cfg.output_dir, cfg.run_id, request_id),
-            concurrency=aimd, quota=quota if quota.enabled else None)
+            concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None)
         self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight, thread_name_prefix="embed")
 
     def start_bundle(self):
@@ -119,7 +130,7 @@ class _EmbedDoFn(beam.DoFn):
         self._futures: set[cf.Future] = set()
 
     def process(self, request: Sequence, totals, fits):
-        self._progress.set_total(totals[2])
+        self._shared.progress.set_total(totals[2])
         if not fits and not self._cfg.allow_partial:  # preflight said no: send nothing
             yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
             return
@@ -145,16 +156,16 @@ class _EmbedDoFn(beam.DoFn):
 
     def _poll_account(self):
         """Fresh balance and key budget now and then; the endpoint is rate limited."""
-        now = time.monotonic()
-        if not self._guard.limited or now - self._last_poll[0] < self._cfg.balance_poll_s:
+        shared, now = self._shared, time.monotonic()
+        if not shared.guard.limited or now - shared.last_poll < self._cfg.balance_poll_s:
             return
-        self._last_poll[0] = now
+        shared.last_poll = now
         try:
             account = self._client.balance()
         except errors.EmbeddingsError as exc:  # never fatal: responses carry the balance too
             log.debug("balance poll failed: %s", exc)
             return
-        self._guard.observe_account(account.balance, account.budget)
+        shared.guard.observe_account(account.balance, account.budget)
 
     def _journal(self, delivery, request_row):
         journal.write_entry(self._cfg.output_dir, self._cfg.run_id, request_row,
@@ -186,10 +197,11 @@ class _EmbedDoFn(beam.DoFn):
         m["retries"].inc(outcome.retries)
         m["failed_chunks"].inc(len(outcome.failed))
         m["pending_chunks"].inc(sum(len(i.refs) for i, _ in outcome.pending))
-        self._progress.add(rows, tokens, len(outcome.requests), cost)
-        if self._breaker.reason and not getattr(self, "_breaker_logged", False):
-            self._breaker_logged = True
-            log.error("stopped sending: %s (%s)", self._breaker.reason, self._breaker.message)
+        shared = self._shared
+        shared.progress.add(rows, tokens, len(outcome.requests), cost)
+        if shared.breaker.reason and not shared.breaker_logged:
+            shared.breaker_logged = True
+            log.error("stopped sending: %s (%s)", shared.breaker.reason, shared.breaker.message)
 
 
 class EmbedRequests(beam.PTransform):
