@@ -5,7 +5,6 @@ import dataclasses
 import datetime as dt
 import math
 import secrets
-from urllib.parse import urlsplit
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -13,7 +12,7 @@ from pipeline.config import RunSettings, default_settings_text, parse_settings
 from pipeline.inputs import UsageError
 from pipeline.options import EmbedPipeOptions
 from service.catalog import ConfigError, ModelSpec, get_model, load_models, parse_models
-from service.client import RetryPolicy
+from service.client import RetryPolicy, check_base_url
 from service.credentials import KeySource
 from transforms import schemas
 from transforms.splitting import SplitConfig
@@ -57,14 +56,6 @@ def _read_text(path: str) -> str:
         raise ConfigError(f"{path}: cannot read ({exc})") from None
 
 
-def _check_base_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--base-url must be an http(s) URL such as https://host/v1, got {url!r}")
-    if parts.username or parts.password:
-        raise UsageError("--base-url: the URL must not carry credentials; the key goes in EMBEDDINGS_API_KEY")
-
-
 def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
@@ -99,7 +90,10 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool) -> Job:
                     boundary_window=settings.split.boundary_window)
     except ValueError as exc:
         raise UsageError(f"split settings: {exc}") from None
-    _check_base_url(opts.base_url)
+    try:
+        check_base_url(opts.base_url)
+    except ValueError as exc:
+        raise UsageError(f"--base-url: {exc}") from None
     keep = tuple(c.strip() for c in opts.keep_columns.split(",") if c.strip())
     if clash := schemas.OUTPUT_COLUMNS.intersection(keep):
         raise UsageError(f"--keep-columns {sorted(clash)} would clash with output columns of the same name")

@@ -303,6 +303,16 @@ def _transport_error(exc: requests.RequestException, url: str, timeout: tuple[fl
                     sent=False)
 
 
+def check_base_url(url: str) -> None:
+    """ValueError unless URL is a plain http(s) URL: no user:password@ (the key travels only in
+    the Authorization header)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"the base URL must be an http(s) URL such as https://host/v1, got {url!r}")
+    if parts.username or parts.password:
+        raise ValueError("the base URL must not carry credentials: the key goes in EMBEDDINGS_API_KEY")
+
+
 class EmbeddingsClient:
     """Thread-safe: one requests.Session shared by all threads. Its per-request state is the
     urllib3 pool (thread-safe) and the cookie jar (locked; the service sets no cookies)."""
@@ -312,11 +322,7 @@ class EmbeddingsClient:
                  encoding_format: str = "base64"):
         if not isinstance(api_key, ApiKey):
             raise TypeError("api_key must be a service.credentials.ApiKey")
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
-        if parts.username or parts.password:
-            raise ValueError("base_url must not carry credentials; the key goes in an ApiKey")
+        check_base_url(base_url)
         if encoding_format not in ("base64", "float"):
             raise ValueError(f"encoding_format must be 'base64' or 'float', got {encoding_format!r}")
         if pool_size < 1:
