@@ -131,10 +131,17 @@ class FaultInjector:
                 x -= rate
             return None
 
-    def count_request(self, key_id: str) -> None:
-        """Note an embeddings request by KEY_ID (for revoke_after)."""
+    def admit_embeddings(self, key_id: str) -> bool:
+        """Count an embeddings request by KEY_ID, unless its key is revoked by now: checked and
+        counted in one step, so concurrent requests cannot both slip past the N-th."""
+        limit = self.config.revoke_after
         with self._lock:
-            self._requests[key_id] = self._requests.get(key_id, 0) + 1
+            seen = self._requests.get(key_id, 0)
+            if limit is not None and seen >= limit:
+                self.injected["revoked"] += 1
+                return False
+            self._requests[key_id] = seen + 1
+            return True
 
     def revoked(self, key_id: str) -> bool:
         limit = self.config.revoke_after

@@ -325,7 +325,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _embeddings(self, key: KeySpec) -> None:
         sb = self.sandbox
-        sb.faults.count_request(key.key_id)
+        if not sb.faults.admit_embeddings(key.key_id):
+            raise UNAUTHORIZED
         if sb.embedding_limits is not None:
             wait = sb.embedding_limits.take(key.key_id)
             if wait:
