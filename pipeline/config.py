@@ -5,9 +5,7 @@ import dataclasses
 from importlib import resources
 from typing import Any, Mapping
 
-import yaml
-
-from service.catalog import ConfigError
+from service.catalog import ConfigError, parse_yaml_mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +95,7 @@ def _section(cls: type, raw: Any, where: str) -> Any:
 
 
 def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
-    try:
-        doc = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
-    if not isinstance(doc, Mapping):
-        raise ConfigError(f"{where}: expected a mapping of sections")
+    doc = parse_yaml_mapping(text, where, "a mapping of sections")
     sections = {f.name: f.type for f in dataclasses.fields(RunSettings)}
     unknown = sorted(set(doc) - sections.keys())
     if unknown:

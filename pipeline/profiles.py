@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 from importlib import resources
 
-import yaml
-
-from service.catalog import ConfigError
+from service.catalog import ConfigError, parse_yaml_mapping
 
 
 def _profile_text(name: str) -> tuple[str, str]:
@@ -53,10 +51,4 @@ def expand(argv: list[str]) -> list[str]:
     if not name:
         return argv
     text, where = _profile_text(name)
-    try:
-        doc = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{where}: expected a mapping of flags")
-    return _flags(doc, where) + argv
+    return _flags(parse_yaml_mapping(text, where, "a mapping of flags"), where) + argv

@@ -75,12 +75,20 @@ def _model_from_mapping(name: str, raw: Any, where: str) -> ModelSpec:
                      **{k: raw[k] for k in (*_INT_FIELDS, "tokenizer", "supports_dimensions")})
 
 
-def parse_models(text: str, where: str = "models.yaml") -> dict[str, ModelSpec]:
+def parse_yaml_mapping(text: str, where: str, what: str = "a mapping") -> Mapping[str, Any]:
+    """TEXT as a YAML mapping (empty text: {}); a ConfigError naming WHERE otherwise."""
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {exc}") from None
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("models"), Mapping) or not doc["models"]:
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{where}: expected {what}")
+    return doc
+
+
+def parse_models(text: str, where: str = "models.yaml") -> dict[str, ModelSpec]:
+    doc = parse_yaml_mapping(text, where, "a top-level 'models' mapping")
+    if not isinstance(doc.get("models"), Mapping) or not doc["models"]:
         raise ConfigError(f"{where}: expected a top-level 'models' mapping with at least one model")
     return {str(name): _model_from_mapping(str(name), raw, where) for name, raw in doc["models"].items()}
 
