@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.parquetio import WriteToParquetBatched
+import pyarrow.parquet as pq
+from apache_beam.io import filebasedsink
+from apache_beam.io.filesystems import CompressionTypes, FileSystems
 
 ROWS_PER_TABLE = 5000  # batching of small rows into Arrow tables; not a user-facing number
 
@@ -15,17 +16,40 @@ def output_prefix(output_dir: str, kind: str, run_id: str) -> str:
     return FileSystems.join(output_dir, f"{kind}-{run_id}")
 
 
+class _ParquetSink(filebasedsink.FileBasedSink):
+    """Beam's Parquet sink, but without the dictionary attempt on float lists: vectors never
+    repeat, and trying a dictionary for them was a large share of the writing time."""
+
+    def __init__(self, prefix: str, schema: pa.Schema, codec: str):
+        super().__init__(prefix, coder=None, file_name_suffix=".parquet", mime_type="application/x-parquet",
+                         compression_type=CompressionTypes.UNCOMPRESSED)  # the codec compresses pages
+        self._schema, self._codec = schema, codec
+        self._dictionary = [f.name for f in schema if not pa.types.is_list(f.type)
+                            and not pa.types.is_fixed_size_list(f.type)]
+
+    def open(self, temp_path):
+        handle = super().open(temp_path)
+        return pq.ParquetWriter(handle, self._schema, compression=self._codec,
+                                use_dictionary=self._dictionary), handle
+
+    def write_record(self, file, table: pa.Table):
+        file[0].write_table(table)
+
+    def close(self, file):
+        writer, handle = file
+        writer.close()
+        handle.close()
+
+
 class WriteTables(beam.PTransform):
     """PCollection of pyarrow Tables (already in SCHEMA) -> Parquet files."""
 
     def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: str):
         super().__init__()
-        self._prefix = output_prefix(output_dir, kind, run_id)
-        self._schema, self._codec = schema, codec
+        self._sink = _ParquetSink(output_prefix(output_dir, kind, run_id), schema, codec)
 
     def expand(self, tables):
-        return tables | WriteToParquetBatched(self._prefix, schema=self._schema, codec=self._codec,
-                                              file_name_suffix=".parquet")
+        return tables | beam.io.Write(self._sink)
 
 
 class WriteRows(beam.PTransform):
