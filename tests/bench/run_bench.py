@@ -1,7 +1,11 @@
 """`make bench`: the pipeline against a sequential script, on one corpus, in one run.
 
     python -m tests.bench.run_bench [--docs 20000] [--in-flight 4,8,16] [--workers 1,2]
+                                    [--scale 2000,20000,200000[,1000000]] [--only-scale]
                                     [--profile] [--no-aimd] [--no-write]
+
+0. Scale: the same job on growing corpora (zero-latency sandbox): wall, seconds to the first
+   request, peak RSS, client CPU per 1M tokens. Memory should not grow with the corpus.
 
 1. A corpus of --docs documents (tests/bench/corpus.py: mostly short, 1% multi-chunk).
 2. A sandbox answering after 50 ms + 5 us per token (waits, not CPU): the baseline script
@@ -204,6 +208,28 @@ class Bench:
         self.emit(table(["Beam on this machine (FnApiRunner)", "CPU us per element"],
                         [[k, v] for k, v in beam_overhead.measure().items()]))
 
+    def scale(self) -> None:
+        """The same job at growing corpus sizes: memory should stay flat, and the first request
+        should leave within seconds whatever the size (streaming)."""
+        rows, ratio = [], None
+        with self.sandbox("sandbox-scale", []) as sb:
+            for docs in self.args.scale:
+                corpus = self.work / f"corpus-{docs}.parquet"
+                write_corpus(corpus, docs)
+                m, s, _ = self.pipeline(f"pipeline-scale-{docs}", corpus, sb, 8, 1)
+                timing = s.get("timing") or {}
+                first = timing.get("seconds_to_first_request")
+                rows.append([f"{docs:,}", m.wall_s, "" if first is None else first, m.peak_rss_mb,
+                             m.cpu_s / s["prompt_tokens"] * 1e6, s["prompt_tokens"], s["requests"],
+                             f"{s['requests']} ({self.lower_bound(s['prompt_tokens'], s['chunks'])})"])
+                ratio = ratio or m.peak_rss_mb
+                rows[-1].append(f"{m.peak_rss_mb / ratio:.2f}")
+                corpus.unlink()
+        self.emit(table(["documents", "wall s", "1st request s (summary.json)", "peak RSS MB",
+                         "client CPU s per 1M tokens", "tokens", "requests", "requests (lower bound)",
+                         "RSS / smallest"], rows,
+                        "Scale: zero-latency sandbox, max-in-flight 8, one worker (FnApiRunner, streaming)"))
+
     def rate_limited(self, corpus: Path) -> None:
         texts = [t[:400] for t in pq.read_table(corpus, columns=["text"]).column("text").to_pylist()[:4000]]
         per, n = 20, self.args.aimd_requests
@@ -259,14 +285,21 @@ class Bench:
         corpus = self.work / "corpus.parquet"
         docs = write_corpus(corpus, a.docs)
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
+        if a.scale:
+            self.scale()
+        if a.only_scale:
+            return self._finish(started)
         self.latency_runs(corpus)
         self.zero_latency(corpus)
         if a.aimd:
             self.rate_limited(corpus)
         if a.profile:
             self.profile(corpus)
+        self._finish(started)
+
+    def _finish(self, started: float) -> None:
         self.emit(f"Whole bench: {time.time() - started:.0f} s; load average {load_average():.1f} at the end.")
-        if a.write:
+        if self.args.write:
             write_section(REPO / "docs" / "BENCH.md", "\n\n".join(self.sections))
             self.say(f"\nwritten: {REPO / 'docs' / 'BENCH.md'}")
 
@@ -282,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--in-flight", type=_ints, default=[4, 8, 16], help="--max-in-flight values, e.g. 4,8,16")
     ap.add_argument("--workers", type=_ints, default=[1, 2], help="--direct_num_workers values, e.g. 1,2")
     ap.add_argument("--workdir", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "embedpipe-bench"))
+    ap.add_argument("--scale", type=_ints, default=[2000, 20000, 200000],
+                    help="corpus sizes of the scale section (add 1000000 for the million-document run)")
+    ap.add_argument("--only-scale", action="store_true", help="run the scale section alone")
     ap.add_argument("--aimd-requests", type=int, default=200)
     ap.add_argument("--aimd-threads", type=int, default=16)
     ap.add_argument("--no-aimd", dest="aimd", action="store_false", help="skip the rate-limit section")
