@@ -1,22 +1,28 @@
-"""The job's Beam graph: Read -> Split -> Dedupe -> (anti-join known) -> Pack -> Embed -> Write."""
+"""The job's Beam graph: Read -> Split -> Dedupe -> (anti-join known) -> Pack -> Embed -> Write.
+
+On the local runner in one process, a fresh run streams: texts and vectors go from Read to
+Write in one fused stage and nothing large crosses a stage boundary (the FnApiRunner holds
+such a PCollection in memory whole). Runs that join earlier outputs (--resume, --known),
+--doc-vectors, and runners with several worker processes group by text instead
+(transforms/dedupe.py says why).
+"""
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from pipeline.inputs import InputInfo
 from pipeline.job import Job
 from transforms import schemas
-from transforms.dedupe import ChunkEntries, GroupDistinctTexts
+from transforms.dedupe import ChunkEntries, GroupDistinctTexts, SealClaims, StreamDistinctTexts
 from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
 from transforms.known import CARRIED, PIECES, REUSED, AntiJoinKnown, Known, SkipDelivered, reused_tables
-from transforms import preflight
-from transforms.pack import PackRequests, request_totals
-from transforms.preflight import WorstCaseMicro
+from transforms.pack import PackRequests
 from transforms.read import REJECTED, ReadDocuments, ReadPending
 from transforms.splitting import SplitConfig
 from transforms.write import WriteRows, WriteTables
@@ -41,9 +47,24 @@ class KnownSources:
         return bool(self.resume_glob or self.known_globs or self.journal)
 
 
-def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources = KnownSources()):
+def streams(job: Job, known: KnownSources) -> bool:
+    """Whether this run can dedupe in one process (StreamDistinctTexts) and so stream."""
+    in_process = job.opts.view_as(DirectOptions).direct_running_mode != "multi_processing"
+    local = job.opts.view_as(StandardOptions).runner in (None, "DirectRunner", "FnApiRunner")
+    return local and in_process and not known.any and not job.opts.doc_vectors
+
+
+def _without_text(entry):
+    sha, (_, n_tokens, ref) = entry
+    return sha, ("", n_tokens, ref)
+
+
+def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources = KnownSources(), *,
+                    duplicate_ids: Mapping[str, int], streaming: bool, progress: bool = False,
+                    count_only: bool = False):
     """Read -> Split -> Dedupe -> anti-join -> Pack, shared by `run` and `plan`:
-    (rejected rows or None, reused (TextItem, Known) pairs or None, requests)."""
+    (rejected rows or None, reused (TextItem, Known) pairs or None, requests). COUNT_ONLY drops
+    the texts before they are grouped (plan and the exact preflight only count)."""
     opts, model, s = job.opts, job.model, job.settings
     rejected = None
     if known.pending_glob:
@@ -52,7 +73,9 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
         read = p | "Read" >> ReadDocuments(opts.input, opts.id_column, opts.text_column, job.keep_columns,
                                            SplitConfig(max_tokens=model.chunk_tokens,
                                                        overlap_tokens=s.split.overlap_tokens,
-                                                       boundary_window=s.split.boundary_window))
+                                                       boundary_window=s.split.boundary_window),
+                                           duplicate_ids,
+                                           (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None)
         docs, rejected = read["docs"], read[REJECTED]
         if known.resume_glob:
             skipped = docs | "SkipDelivered" >> SkipDelivered(
@@ -62,7 +85,9 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
         entries = docs | "Chunks" >> ChunkEntries()
         if known.resume_glob:
             entries = (entries, skipped[PIECES]) | "WithPieces" >> beam.Flatten()
-    items = entries | "Dedupe" >> GroupDistinctTexts()
+    if count_only:
+        entries = entries | "WithoutText" >> beam.Map(_without_text)
+    items = entries | "Dedupe" >> (StreamDistinctTexts(job.run_id) if streaming else GroupDistinctTexts())
     reused = None
     if known.any:
         joined = items | "AntiJoinKnown" >> AntiJoinKnown(model.name, job.dimensions, known.resume_glob,
@@ -70,6 +95,8 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
         items, reused = joined.items, joined[REUSED]
     requests = items | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
                                                       s.pack.fill_target, s.pack.max_open_requests)
+    if streaming:
+        requests = requests | "SealClaims" >> SealClaims(job.run_id)
     return rejected, reused, requests
 
 
@@ -78,6 +105,7 @@ def _journal_request_rows(rows: Sequence[dict]) -> list[dict]:
 
 
 def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
+          duplicate_ids: Mapping[str, int], streaming: bool, fits: bool,
           balance_before: float | None, spendable_rub: float | None, price_per_token_rub: float,
           margin: float) -> None:
     opts, model, s = job.opts, job.model, job.settings
@@ -85,10 +113,8 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
     kept = info.kept_fields
     emb_schema = schemas.embeddings(job.dimensions, kept, meta)
     pending_schema = schemas.pending(kept, meta)
-    rejected, reused, requests = packed_requests(p, job, info, known)
-    totals = request_totals(requests)
-    fits = (requests | "Preflight" >> WorstCaseMicro(price_per_token_rub, margin)
-            | "Fits" >> beam.Map(preflight.fits, spendable_rub))
+    rejected, reused, requests = packed_requests(p, job, info, known, duplicate_ids=duplicate_ids,
+                                                 streaming=streaming, progress=True)
     embed_cfg = EmbedConfig(
         base_url=opts.base_url, account_segment=opts.account_segment, key_source=job.key_source,
         model=model.name, dimensions=opts.dimensions, expected_dims=job.dimensions, run_id=job.run_id,
@@ -102,8 +128,8 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
         progress_interval_s=s.embed.progress_interval_s,
         requests_per_minute=s.rate_limits.requests_per_minute,
         tokens_per_minute=s.rate_limits.tokens_per_minute, embeddings_schema=emb_schema,
-        pending_schema=pending_schema, kept=kept)
-    out = requests | "Embed" >> EmbedRequests(embed_cfg, totals, fits)
+        pending_schema=pending_schema, kept=kept, fits=fits)
+    out = requests | "Embed" >> EmbedRequests(embed_cfg)
 
     embeddings, request_rows = out.embeddings, out[REQUESTS]
     if reused is not None:

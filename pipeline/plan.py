@@ -1,26 +1,15 @@
 """`plan`: what a run would send and cost, against what may be spent. Sends no embeddings."""
 from __future__ import annotations
 
-import apache_beam as beam
-from apache_beam.metrics import Metrics
-
 from pipeline import account as acct
-from pipeline.graph import packed_requests
 from pipeline.inputs import inspect_input
 from pipeline.job import Job
+from pipeline.measure import TOTALS, exact_totals
 from pipeline.resume import known_sources, learned_price
-from pipeline.run import client_for, counters, make_runner
+from pipeline.run import client_for
+from pipeline.scan import scan_input
 from transforms import preflight
 from transforms.apportion import from_micro
-from transforms.pack import request_totals
-from transforms.preflight import WorstCaseMicro
-
-_TOTALS = ("plan_requests", "plan_inputs", "plan_chunks", "plan_tokens")
-
-
-def _count_totals(totals):
-    for name, value in zip(_TOTALS, totals):
-        Metrics.counter("embedpipe", name).inc(value)
 
 
 def plan(job: Job) -> dict:
@@ -30,15 +19,9 @@ def plan(job: Job) -> dict:
         account = acct.read_account(client)
     learned = learned_price(opts.output)
     price = learned if learned is not None else model.price_per_token
-    p = beam.Pipeline(runner=make_runner(opts), options=opts)
-    _, _, requests = packed_requests(p, job, info, known_sources(job))
-    request_totals(requests) | "Count" >> beam.Map(_count_totals)
-    (requests | "WorstCase" >> WorstCaseMicro(price, job.initial_margin(learned is not None))
-     | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))
-    result = p.run()
-    result.wait_until_finish()
-    metrics = counters(result)
-    requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in _TOTALS)
+    scan = scan_input(info.files, opts.id_column, opts.text_column)
+    metrics = exact_totals(job, info, known_sources(job), scan, price, job.initial_margin(learned is not None))
+    requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in TOTALS)
     spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub)
     estimate = round(tokens * price, 6)
     return {

@@ -1,9 +1,20 @@
-"""Dedupe: one element per distinct chunk text of the run, carrying every row that uses it.
+"""Dedupe: each distinct chunk text of the run is sent once, for every row that uses it.
 
-The GroupByKey also gives the redistribution a Reshuffle would: the Embed step's work is
-spread over workers by text hash, not by input file.
+Two ways, chosen by the runner:
+- GroupDistinctTexts (a GroupByKey on text_sha256): exact on any number of workers, and the
+  shuffle spreads the Embed step over workers by text hash. On Dataflow and Flink the shuffle
+  goes to disk; on the local FnApiRunner it is held in memory whole, texts included.
+- StreamDistinctTexts (one process): a text's first row claims it; rows that come while the
+  claim is open (not yet sent) join it and share its cost; rows that come after it was sent
+  are `late` and get a copy of the first row's outcome after the job (LateRefs, cost 0, like
+  a vector reused from an earlier run). Nothing crosses a stage boundary, so texts stream
+  from Read to Write and memory stays flat; the claims keep ~50 bytes per distinct text.
 """
 from __future__ import annotations
+
+import hashlib
+import threading
+from typing import ClassVar, NamedTuple
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -46,3 +57,105 @@ class GroupDistinctTexts(beam.PTransform):
         return (entries
                 | "GroupByText" >> beam.GroupByKey()
                 | "ToTextItem" >> beam.ParDo(_ToTextItem()))
+
+
+class LateRef(NamedTuple):
+    """A row whose text was already sent when it arrived: it takes a copy of what became of
+    the text's first row (FIRST: doc_id, chunk_index, token_start)."""
+    ref: ChunkRef
+    text_sha256: str
+    first: tuple
+
+
+class Claims:
+    """The distinct texts one process has seen in a run (pure logic, thread-safe)."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _by_run: ClassVar[dict] = {}
+
+    def __init__(self):
+        self._mutex = threading.Lock()
+        self._open: dict[bytes, list[ChunkRef]] = {}   # claimed, not yet sent: rows sharing it
+        self._sent: dict[bytes, tuple] = {}            # sent: its first row (doc_id, chunk_index, token_start)
+        self.late: list[LateRef] = []
+
+    @classmethod
+    def for_run(cls, run_id: str) -> "Claims":
+        with cls._lock:
+            return cls._by_run.setdefault(run_id, cls())
+
+    @classmethod
+    def discard(cls, run_id: str) -> "Claims | None":
+        with cls._lock:
+            return cls._by_run.pop(run_id, None)
+
+    @staticmethod
+    def _key(sha: str) -> bytes:
+        return bytes.fromhex(sha)[:16] if len(sha) == 64 else hashlib.sha256(sha.encode()).digest()[:16]
+
+    def add(self, sha: str, ref: ChunkRef) -> bool:
+        """True when REF is the text's first row (the caller sends the text)."""
+        key = self._key(sha)
+        with self._mutex:
+            if (rows := self._open.get(key)) is not None:
+                rows.append(ref)
+            elif (first := self._sent.get(key)) is not None:
+                self.late.append(LateRef(ref, sha, first))
+            else:
+                self._open[key] = [ref]
+                return True
+            return False
+
+    def seal(self, item: TextItem) -> TextItem:
+        """The text is being sent: every row that claimed it so far shares it; later ones are late."""
+        key = self._key(item.text_sha256)
+        with self._mutex:
+            rows = self._open.pop(key, None)
+            if rows is None:  # not claimed here (a re-sent or foreign item): leave it as it is
+                return item
+            refs = tuple(sorted(rows))
+            self._sent[key] = (refs[0].doc_id, refs[0].chunk_index, refs[0].token_start)
+        return item._replace(refs=refs)
+
+
+class _ClaimTexts(beam.DoFn):
+    def __init__(self, run_id: str):
+        self._run_id = run_id
+        self._distinct = Metrics.counter("embedpipe", "distinct_chunks")
+        self._shared = Metrics.counter("embedpipe", "chunks_deduplicated")
+
+    def setup(self):
+        self._claims = Claims.for_run(self._run_id)
+
+    def process(self, entry):
+        sha, (text, n_tokens, ref) = entry
+        if self._claims.add(sha, ref):
+            self._distinct.inc()
+            yield TextItem(sha, text, n_tokens, (ref,))
+        else:
+            self._shared.inc()
+
+
+class StreamDistinctTexts(beam.PTransform):
+    """(text_sha256, (text, n_tokens, ChunkRef)) -> TextItem per text first seen in this
+    process; its refs are completed by SealClaims when it is sent."""
+
+    def __init__(self, run_id: str):
+        super().__init__()
+        self._run_id = run_id
+
+    def expand(self, entries):
+        return entries | "ClaimTexts" >> beam.ParDo(_ClaimTexts(self._run_id))
+
+
+class SealClaims(beam.PTransform):
+    """Packed requests -> the same requests, each text carrying every row that claimed it."""
+
+    def __init__(self, run_id: str):
+        super().__init__()
+        self._run_id = run_id
+
+    def expand(self, requests):
+        run_id = self._run_id
+        return requests | "Seal" >> beam.Map(
+            lambda request: tuple(Claims.for_run(run_id).seal(i) for i in request))

@@ -67,16 +67,16 @@ class EmbedConfig:
     embeddings_schema: pa.Schema
     pending_schema: pa.Schema
     kept: tuple
+    fits: bool = True               # the driver's preflight; False: send nothing, all pending
 
 
 @dataclasses.dataclass
 class _Shared:
     """What every DoFn instance of one worker process shares for a run: one budget guard,
-    breaker, progress line and pair of rate limiters (the provider's limits are per key, not
+    breaker and pair of rate limiters (the provider's limits are per key, not
     per thread)."""
     guard: BudgetGuard
     breaker: Breaker
-    progress: Progress
     concurrency: AimdLimiter
     quota: TokenBucketLimiter
     last_poll: float = 0.0
@@ -93,7 +93,7 @@ class _Shared:
                     BudgetGuard(balance_before=cfg.balance_before, spendable_rub=cfg.spendable_rub,
                                 price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
                                 learned_margin=cfg.learned_margin),
-                    Breaker(), Progress(cfg.progress_interval_s),
+                    Breaker(),
                     AimdLimiter(cfg.max_in_flight, maximum=cfg.max_in_flight),
                     TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
             return cls._by_run[cfg.run_id]
@@ -112,6 +112,7 @@ class _EmbedDoFn(beam.DoFn):
                                         retry=cfg.retry, pool_size=cfg.pool_size,
                                         encoding_format=cfg.encoding_format)
         self._shared = shared = _Shared.for_run(cfg)
+        self._progress = Progress.for_run(cfg.output_dir, cfg.run_id, cfg.progress_interval_s)
         encoding = get_encoding()
         self._runner = RequestRunner(
             self._client, model=cfg.model, dimensions=cfg.dimensions, expected_dims=cfg.expected_dims,
@@ -129,9 +130,8 @@ class _EmbedDoFn(beam.DoFn):
         cf.wait(getattr(self, "_futures", ()))
         self._futures: set[cf.Future] = set()
 
-    def process(self, request: Sequence, totals, fits):
-        self._shared.progress.set_total(totals[2])
-        if not fits and not self._cfg.allow_partial:  # preflight said no: send nothing
+    def process(self, request: Sequence):
+        if not self._cfg.fits and not self._cfg.allow_partial:  # preflight said no: send nothing
             yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
             return
         self._poll_account()
@@ -148,6 +148,7 @@ class _EmbedDoFn(beam.DoFn):
                 wv = WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
                 yield beam.pvalue.TaggedOutput(tag, wv) if tag else wv
         self._futures = set()
+        self._progress.flush()
 
     def teardown(self):
         if getattr(self, "_pool", None):
@@ -197,8 +198,8 @@ class _EmbedDoFn(beam.DoFn):
         m["retries"].inc(outcome.retries)
         m["failed_chunks"].inc(len(outcome.failed))
         m["pending_chunks"].inc(sum(len(i.refs) for i, _ in outcome.pending))
+        self._progress.add(chunks=rows, tokens=tokens, requests=len(outcome.requests), cost_micro=round(cost * 1e6))
         shared = self._shared
-        shared.progress.add(rows, tokens, len(outcome.requests), cost)
         if shared.breaker.reason and not shared.breaker_logged:
             shared.breaker_logged = True
             log.error("stopped sending: %s (%s)", shared.breaker.reason, shared.breaker.message)
@@ -208,12 +209,11 @@ class EmbedRequests(beam.PTransform):
     """Packed requests -> main: embeddings tables; tagged requests (dicts), failed (Rejected),
     pending (tables)."""
 
-    def __init__(self, cfg: EmbedConfig, totals, fits):
+    def __init__(self, cfg: EmbedConfig):
         super().__init__()
-        self._cfg, self._totals, self._fits = cfg, totals, fits
+        self._cfg = cfg
 
     def expand(self, requests):
-        return requests | "Embed" >> beam.ParDo(
-            _EmbedDoFn(self._cfg), totals=beam.pvalue.AsSingleton(self._totals),
-            fits=beam.pvalue.AsSingleton(self._fits)).with_outputs(REQUESTS, FAILED, PENDING, main="embeddings")
+        return requests | "Embed" >> beam.ParDo(_EmbedDoFn(self._cfg)).with_outputs(
+            REQUESTS, FAILED, PENDING, main="embeddings")
 

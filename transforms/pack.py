@@ -43,8 +43,7 @@ class PackRequests(beam.PTransform):
 
 
 def request_totals(requests):
-    """(requests, inputs, rows, tokens) over all packed requests: the Embed step's side input
-    for progress and the preflight budget check."""
+    """(requests, inputs, rows, tokens) over all packed requests (plan's figures)."""
     return (requests
             | "RequestTotals" >> beam.Map(lambda r: (1, len(r), sum(len(i.refs) for i in r),
                                                      sum(i.n_tokens for i in r)))

@@ -1,43 +1,124 @@
-"""A progress line every few seconds while embedding: rows done/total, tokens, RUB, ETA."""
+"""Progress of the whole job, whatever the runner: every worker process adds its counts to one
+`Progress` per run and writes them now and then to DIR/_progress/<run_id>/<process>.json
+(temporary name, then rename); the driver sums those files into one line with rate and ETA.
+"""
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
 import threading
 import time
+import uuid
+from typing import ClassVar
+
+from apache_beam.io.filesystems import FileSystems
 
 log = logging.getLogger("embedpipe.progress")
 
+PROGRESS_DIR = "_progress"
+
+
+@dataclasses.dataclass
+class Counts:
+    documents: int = 0      # read (and split) so far
+    chunks: int = 0         # embedded (rows written)
+    tokens: int = 0
+    requests: int = 0
+    cost_micro: int = 0
+
+    def __add__(self, other: "Counts") -> "Counts":
+        return Counts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+
+
+def progress_dir(output_dir: str, run_id: str) -> str:
+    return FileSystems.join(FileSystems.join(output_dir, PROGRESS_DIR), run_id)
+
 
 class Progress:
-    def __init__(self, interval_s: float, clock=time.monotonic):
-        self._lock = threading.Lock()
+    """One worker process's counts for a run, flushed at most every `interval_s`."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _by_run: ClassVar[dict] = {}
+
+    def __init__(self, output_dir: str, run_id: str, interval_s: float, clock=time.monotonic):
+        self._mutex = threading.Lock()
+        self._path = FileSystems.join(progress_dir(output_dir, run_id), f"{uuid.uuid4().hex}.json")
         self._interval, self._clock = interval_s, clock
-        self._start = self._last = clock()
-        self.total_rows = 0
-        self.rows = self.tokens = self.requests = 0
-        self.cost_rub = 0.0
+        self._last = clock()
+        self.counts = Counts()
 
-    def set_total(self, rows: int) -> None:
-        self.total_rows = rows
+    @classmethod
+    def for_run(cls, output_dir: str, run_id: str, interval_s: float) -> "Progress":
+        with cls._lock:
+            if run_id not in cls._by_run:
+                cls._by_run[run_id] = cls(output_dir, run_id, interval_s)
+            return cls._by_run[run_id]
 
-    def add(self, rows: int, tokens: int, requests: int, cost_rub: float) -> None:
-        with self._lock:
-            self.rows += rows
-            self.tokens += tokens
-            self.requests += requests
-            self.cost_rub += cost_rub
+    def add(self, **counts: int) -> None:
+        with self._mutex:
+            self.counts = self.counts + Counts(**counts)
             now = self._clock()
             if now - self._last < self._interval:
                 return
             self._last = now
-            line = self.line(now)
-        log.info(line)
+            snapshot = dataclasses.asdict(self.counts)
+        self._write(snapshot)
 
-    def line(self, now: float) -> str:
-        elapsed = max(now - self._start, 1e-9)
-        rate = self.rows / elapsed
-        left = max(self.total_rows - self.rows, 0)
-        eta = f"{left / rate:.0f}s" if rate > 0 else "?"
-        total = self.total_rows or "?"
-        return (f"embedded {self.rows}/{total} chunks, {self.tokens} tokens, {self.requests} requests, "
-                f"{self.cost_rub:.6f} RUB, {rate:.0f} chunks/s, ETA {eta}")
+    def flush(self) -> None:
+        with self._mutex:
+            snapshot = dataclasses.asdict(self.counts)
+        self._write(snapshot)
+
+    def _write(self, snapshot: dict) -> None:
+        temp = f"{self._path}.tmp-{uuid.uuid4().hex}"
+        try:
+            with FileSystems.create(temp) as fh:
+                fh.write(json.dumps(snapshot).encode())
+            FileSystems.rename([temp], [self._path])
+        except Exception as exc:  # progress is a courtesy: never fail a bundle for it
+            log.debug("could not write progress: %s", exc)
+
+
+def discard(output_dir: str, run_id: str) -> None:
+    """The run is over: its reports go (the summary has the figures)."""
+    with Progress._lock:
+        Progress._by_run.pop(run_id, None)
+    directory, base = progress_dir(output_dir, run_id), FileSystems.join(output_dir, PROGRESS_DIR)
+    try:
+        reports = [m.path for m in FileSystems.match([FileSystems.join(directory, "*")])[0].metadata_list]
+        if reports:  # object stores have no directories: delete the objects themselves
+            FileSystems.delete(reports)
+    except Exception as exc:
+        log.debug("could not remove progress reports: %s", exc)
+    for folder in (directory, base):  # a local disk keeps empty directories behind
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+
+
+def read_counts(output_dir: str, run_id: str) -> Counts:
+    """The whole job's counts so far: the sum of every worker process's last flush."""
+    total = Counts()
+    try:
+        pattern = FileSystems.join(progress_dir(output_dir, run_id), "*.json")
+        paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    except Exception:
+        return total
+    for path in paths:
+        try:
+            with FileSystems.open(path) as fh:
+                total = total + Counts(**json.loads(fh.read()))
+        except Exception:  # renamed away or half-listed: the next look has it
+            continue
+    return total
+
+
+def line(counts: Counts, total_documents: int, elapsed_s: float) -> str:
+    rate = counts.documents / max(elapsed_s, 1e-9)
+    left = max(total_documents - counts.documents, 0)
+    eta = f"{left / rate:.0f}s" if rate > 0 else "?"
+    share = f" ({100 * counts.documents / total_documents:.0f}%)" if total_documents else ""
+    return (f"read {counts.documents}/{total_documents or '?'} documents{share}, embedded {counts.chunks} "
+            f"chunks, {counts.tokens} tokens, {counts.requests} requests, {counts.cost_micro / 1e6:.6f} RUB; "
+            f"{rate:.0f} documents/s, ETA {eta}")

@@ -5,7 +5,7 @@ per-element cost is paid per document, not per row value.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -13,6 +13,7 @@ from apache_beam.io.parquetio import ReadFromParquetBatched
 from apache_beam.metrics import Metrics
 
 from service.tokenizer import get_encoding
+from transforms.progress import Progress
 from transforms.records import ChunkRef, Rejected
 from transforms.splitting import SplitConfig, Splitter
 
@@ -57,17 +58,21 @@ def _row_rejection(doc_id, text) -> Rejected | None:
 
 
 class _SplitTable(beam.DoFn):
-    """One Arrow table in; (doc_id, (chunks, kept)) or (doc_id, Rejected) out per row."""
+    """One Arrow table in; (doc_id, (chunks, kept)) or a tagged Rejected out per row."""
 
-    def __init__(self, id_column: str, text_column: str, keep_columns: Sequence[str], split: SplitConfig):
+    def __init__(self, id_column: str, text_column: str, keep_columns: Sequence[str], split: SplitConfig,
+                 duplicate_ids: Mapping[str, int], progress: tuple[str, str, float] | None):
         self._id_column, self._text_column = id_column, text_column
+        self._progress_of = progress  # (output dir, run id, interval): where this worker reports
         self._keep_columns = tuple(keep_columns)
         self._split = split
+        self._duplicate_ids = dict(duplicate_ids)
         self._rows = Metrics.counter("embedpipe", "documents")
         self._chunks = Metrics.counter("embedpipe", "chunks")
 
     def setup(self):
         self._splitter = Splitter(get_encoding(), self._split)
+        self._progress = Progress.for_run(*self._progress_of) if self._progress_of else None
 
     def process(self, table: pa.Table):
         ids = _id_strings(table.column(self._id_column))
@@ -76,57 +81,42 @@ class _SplitTable(beam.DoFn):
         self._rows.inc(len(ids))
         valid = []
         for row, (doc_id, text, extra) in enumerate(zip(ids, texts, kept)):
-            rejection = _row_rejection(doc_id, text)
-            if row in invalid and doc_id is not None:
+            if doc_id in self._duplicate_ids:  # every row of a repeated id: ambiguity is not resolved
+                rejection = Rejected(doc_id, None, "duplicate_id",
+                                     f"id occurs {self._duplicate_ids[doc_id]} times in the input")
+            elif row in invalid and doc_id is not None:
                 rejection = Rejected(doc_id, None, "invalid_utf8", invalid[row])
+            else:
+                rejection = _row_rejection(doc_id, text)
             if rejection is None:
                 valid.append((doc_id, text, extra))
-            elif doc_id is None:
+            else:
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
-            else:  # still keyed by id: the duplicate-id check must see it
-                yield doc_id, rejection
         chunk_lists = self._splitter.split_many([(d, t) for d, t, _ in valid])
         for (doc_id, _, extra), chunks in zip(valid, chunk_lists):
             self._chunks.inc(len(chunks))
             yield doc_id, (tuple(chunks), tuple(extra))
-
-
-class _ResolveDuplicateIds(beam.DoFn):
-    """Every row whose id is not unique fails with `duplicate_id`; ambiguity is not resolved."""
-
-    def process(self, keyed, duplicates):
-        doc_id, payload = keyed
-        if doc_id in duplicates:
-            yield beam.pvalue.TaggedOutput(REJECTED, Rejected(
-                doc_id, None, "duplicate_id", f"id occurs {duplicates[doc_id]} times in the input"))
-        elif isinstance(payload, Rejected):
-            yield beam.pvalue.TaggedOutput(REJECTED, payload)
-        else:
-            yield doc_id, payload
+        if self._progress:
+            self._progress.add(documents=len(ids))
 
 
 class ReadDocuments(beam.PTransform):
-    """Parquet files -> main: (doc_id, (chunks, kept)); tagged `rejected`: Rejected rows."""
+    """Parquet files -> main: (doc_id, (chunks, kept)); tagged `rejected`: Rejected rows.
+    DUPLICATE_IDS (id -> count, from the driver's scan) are rejected without being split;
+    PROGRESS (output dir, run id, interval) is where documents read are reported."""
 
     def __init__(self, file_pattern: str, id_column: str, text_column: str,
-                 keep_columns: Sequence[str], split: SplitConfig):
+                 keep_columns: Sequence[str], split: SplitConfig, duplicate_ids: Mapping[str, int],
+                 progress: tuple[str, str, float] | None = None):
         super().__init__()
         self._pattern = file_pattern
         self._columns = (id_column, text_column, *keep_columns)
-        self._split_fn = _SplitTable(id_column, text_column, keep_columns, split)
+        self._split_fn = _SplitTable(id_column, text_column, keep_columns, split, duplicate_ids, progress)
 
     def expand(self, pbegin):
-        keyed = (pbegin
-                 | "ReadParquet" >> ReadFromParquetBatched(self._pattern, columns=list(self._columns))
-                 | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, main="docs"))
-        duplicates = (keyed.docs
-                      | "Ids" >> beam.Keys()
-                      | "CountIds" >> beam.combiners.Count.PerElement()
-                      | "OnlyRepeated" >> beam.Filter(lambda kv: kv[1] > 1))
-        resolved = keyed.docs | "ResolveIds" >> beam.ParDo(
-            _ResolveDuplicateIds(), duplicates=beam.pvalue.AsDict(duplicates)).with_outputs(REJECTED, main="docs")
-        rejected = (keyed[REJECTED], resolved[REJECTED]) | "AllRejected" >> beam.Flatten()
-        return {"docs": resolved.docs, REJECTED: rejected}
+        return (pbegin
+                | "ReadParquet" >> ReadFromParquetBatched(self._pattern, columns=list(self._columns))
+                | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, main="docs"))
 
 
 def pending_entries(table: pa.Table, kept_names: tuple):

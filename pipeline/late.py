@@ -1,0 +1,82 @@
+"""After a streaming job: the rows whose text had already been sent when they arrived (late
+duplicates, transforms/dedupe.py) get a copy of what became of the text's first row:
+its vector and request id at cost 0, its pending text, or its failure.
+
+Only this run's files are read, a row group at a time, and only the first rows' chunks are
+kept, so memory follows the number of late rows, not the corpus.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.summary import run_files
+from transforms.dedupe import LateRef
+
+KINDS = ("embeddings", "pending", "failed")
+
+
+def _keys(table: pa.Table) -> pa.Array:
+    index = pc.cast(table.column("chunk_index"), pa.string())
+    return pc.binary_join_element_wise(table.column("doc_id"), pc.fill_null(index, ""), "\x00")
+
+
+def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str]) -> pa.Table:
+    """One row per late ref of each row in ROWS, re-addressed to the late row."""
+    take, lates = [], []
+    for i, key in enumerate(_keys(rows).to_pylist()):
+        for late in late_by_first[key]:
+            take.append(i)
+            lates.append(late)
+    out = rows.take(pa.array(take, pa.int64()))
+    values = {"doc_id": [late.ref.doc_id for late in lates],
+              "chunk_index": [late.ref.chunk_index for late in lates]}
+    if "token_start" in out.column_names:  # embeddings and pending rows: a span of the late row's doc
+        shift = [late.ref.token_start - late.first[2] for late in lates]
+        values.update(chunk_count=[late.ref.chunk_count for late in lates],
+                      token_start=[s + d for s, d in zip(out.column("token_start").to_pylist(), shift)],
+                      token_end=[e + d for e, d in zip(out.column("token_end").to_pylist(), shift)],
+                      **{name: [late.ref.kept[j] for late in lates] for j, name in enumerate(kept)})
+    if "cost_rub" in out.column_names:  # the first row carries the cost, as for a reused vector
+        values["cost_rub"] = [0.0] * len(lates)
+    for name, column in values.items():
+        i = out.schema.get_field_index(name)
+        out = out.set_column(i, out.schema.field(i), pa.array(column, out.schema.field(i).type))
+    return out
+
+
+def write_late_copies(output_dir: str, run_id: str, late: Sequence[LateRef], kept: Sequence[str],
+                      codec: str) -> int:
+    """Write the late rows' copies beside this run's files; returns the number of rows written."""
+    if not late:
+        return 0
+    late_by_first = collections.defaultdict(list)
+    for ref in late:
+        late_by_first[f"{ref.first[0]}\x00{ref.first[1]}"].append(ref)
+    wanted = pa.array(list(late_by_first), pa.string())
+    written = 0
+    for kind in KINDS:
+        writer, path = None, FileSystems.join(output_dir, f"{kind}-{run_id}-late-00000-of-00001.parquet")
+        for source in run_files(output_dir, kind, run_id):
+            with FileSystems.open(source) as fh:
+                pf = pq.ParquetFile(fh)
+                for g in range(pf.metadata.num_row_groups):
+                    group = pf.read_row_group(g)
+                    rows = group.filter(pc.is_in(_keys(group), value_set=wanted))
+                    if not rows.num_rows:
+                        continue
+                    copies = _copies(rows, late_by_first, kept)
+                    if writer is None:
+                        sink = FileSystems.create(path)
+                        writer = pq.ParquetWriter(sink, pf.schema_arrow, compression=codec)
+                    writer.write_table(copies)
+                    written += copies.num_rows
+        if writer is not None:
+            writer.close()
+            sink.close()
+    return written

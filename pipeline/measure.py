@@ -1,0 +1,52 @@
+"""What a run would send and what it may cost at worst: the cheap bound from the driver's scan,
+and, only when that bound does not fit, the exact count (the whole corpus read and split,
+nothing sent)."""
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipeline.graph import KnownSources, packed_requests
+from pipeline.inputs import InputInfo
+from pipeline.job import Job
+from pipeline.runner import counters, make_runner
+from pipeline.scan import Scan
+from transforms import preflight
+from transforms.pack import request_totals
+from transforms.preflight import WorstCaseMicro
+
+TOTALS = ("plan_requests", "plan_inputs", "plan_chunks", "plan_tokens")
+
+
+def _count_totals(totals):
+    for name, value in zip(TOTALS, totals):
+        Metrics.counter("embedpipe", name).inc(value)
+
+
+def exact_totals(job: Job, info: InputInfo, known: KnownSources, scan: Scan, price: float,
+                 margin: float) -> dict[str, int]:
+    """Beam counters of a counting pipeline: documents, plan_* totals, plan_worst_case_micro."""
+    p = beam.Pipeline(runner=make_runner(job.opts), options=job.opts)
+    _, _, requests = packed_requests(p, job, info, known, duplicate_ids=scan.duplicate_ids,
+                                     streaming=False, count_only=True)
+    request_totals(requests) | "Count" >> beam.Map(_count_totals)
+    (requests | "WorstCase" >> WorstCaseMicro(price, margin)
+     | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))
+    result = p.run()
+    result.wait_until_finish()
+    return counters(result)
+
+
+def bound_micro(job: Job, scan: Scan, price: float, margin: float) -> int:
+    s = job.settings.split
+    return preflight.bound_worst_case_micro(scan.tokens_bound, scan.rows, job.model.chunk_tokens,
+                                            s.overlap_tokens, price, margin)
+
+
+def fits(job: Job, info: InputInfo, known: KnownSources, scan: Scan, spendable_rub: float | None,
+         price: float, margin: float) -> tuple[bool, str]:
+    """(does the run fit the spendable amount, how that was decided)."""
+    if preflight.fits(bound_micro(job, scan, price, margin), spendable_rub):
+        return True, "bound"
+    worst = exact_totals(job, info, known, scan, price, margin).get("plan_worst_case_micro", 0)
+    return preflight.fits(worst, spendable_rub), "exact"

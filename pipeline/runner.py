@@ -1,0 +1,25 @@
+"""Running a Beam pipeline locally without downloads, and reading its counters."""
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+
+def make_runner(opts):
+    """The DirectRunner would first try to download Prism; FnApiRunner runs the same pipeline
+    locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched."""
+    name = opts.view_as(StandardOptions).runner
+    return FnApiRunner() if name in (None, "DirectRunner", "FnApiRunner") else None
+
+
+def counters(result) -> dict[str, int]:
+    """The job's Beam counters (namespace embedpipe), summed over steps."""
+    totals: dict[str, int] = {}
+    try:
+        found = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("embedpipe"))["counters"]
+    except Exception:  # some runners report no metrics; the files stay the source of truth
+        return totals
+    for c in found:
+        totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + (c.committed or c.attempted or 0)
+    return totals

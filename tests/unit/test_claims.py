@@ -1,0 +1,56 @@
+"""The in-process claims of streaming dedupe: first row claims, open claims gather rows,
+sealed claims turn later rows into late refs pointing at the first row."""
+from __future__ import annotations
+
+import hashlib
+import threading
+
+from transforms.dedupe import Claims, LateRef
+from transforms.records import ChunkRef, TextItem
+
+
+def ref(doc: str, index: int = 0, start: int = 0) -> ChunkRef:
+    return ChunkRef(doc, index, 1, start, start + 5, 5, ())
+
+
+SHA = hashlib.sha256(b"text").hexdigest()
+
+
+def test_rows_join_an_open_claim_and_late_rows_point_at_the_first():
+    claims = Claims()
+    assert claims.add(SHA, ref("b", 1, 10)) is True
+    assert claims.add(SHA, ref("a", 2, 20)) is False
+    sealed = claims.seal(TextItem(SHA, "text", 5, (ref("b", 1, 10),)))
+    assert sealed.refs == (ref("a", 2, 20), ref("b", 1, 10))  # sorted: the first row is the smallest
+    assert claims.add(SHA, ref("c")) is False
+    assert claims.late == [LateRef(ref("c"), SHA, ("a", 2, 20))]
+
+
+def test_an_item_not_claimed_here_is_left_alone():
+    item = TextItem(SHA, "text", 5, (ref("x"),))
+    assert Claims().seal(item) is item
+
+
+def test_one_claim_per_text_under_threads():
+    claims, firsts = Claims(), []
+    lock = threading.Lock()
+
+    def worker(n):
+        for i in range(200):
+            if claims.add(hashlib.sha256(str(i).encode()).hexdigest(), ref(f"{n}-{i}")):
+                with lock:
+                    firsts.append(i)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(firsts) == list(range(200))
+
+
+def test_runs_are_kept_apart_and_discarded():
+    a = Claims.for_run("run-a")
+    assert Claims.for_run("run-a") is a and Claims.for_run("run-b") is not a
+    assert Claims.discard("run-a") is a and Claims.discard("run-a") is None
+    Claims.discard("run-b")
