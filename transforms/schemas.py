@@ -25,9 +25,14 @@ def vector_type(dimensions: int) -> pa.DataType:
     return pa.list_(required("item", pa.float32()), dimensions)
 
 
+def _fixed_size_list(value_field: pa.Field, size: int) -> pa.DataType:
+    return pa.list_(value_field, size)
+
+
 # pyarrow pickles a FixedSizeListType as list_(value_type, size), dropping the element field's
-# nullability; Beam pickles these schemas into its sinks, so keep the whole field.
-copyreg.pickle(pa.FixedSizeListType, lambda t: (pa.list_, (t.value_field, t.list_size)))
+# nullability, and Beam pickles these schemas into its sinks. Keep the whole field; rebuilding
+# through this module imports it, so a worker that pickles the sink again keeps it too.
+copyreg.pickle(pa.FixedSizeListType, lambda t: (_fixed_size_list, (t.value_field, t.list_size)))
 
 
 CHUNK_FIELDS = [
