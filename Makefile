@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup run test soak bench conformance sandbox airflow-test clean
+.PHONY: setup run test soak bench conformance sandbox airflow-test interop clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,9 +19,9 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/python -m pipeline demo --workdir demo
 
-# The quick suite: everything except the soak, the benchmarks and the Airflow venv test.
+# The quick suite: everything except the soak, the benchmarks and the Airflow and interop venv tests.
 test: setup
-	$(PYTEST) -q -m "not soak and not bench and not airflow"
+	$(PYTEST) -q -m "not soak and not bench and not airflow and not interop"
 
 soak: setup
 	$(PYTEST) -q -m soak -s
@@ -41,6 +41,11 @@ sandbox: setup
 
 airflow-test: setup
 	$(PYTEST) -q -m airflow -s
+
+# A real run's outputs queried in DuckDB, Polars, ClickHouse (chdb) and pyarrow/numpy, with the
+# README's "Using the vectors" recipes; the engines live in .venv-interop (~1 GB, built on first use).
+interop: setup
+	$(PYTEST) -q -m interop -s
 
 clean:
 	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .hypothesis

@@ -62,7 +62,9 @@ def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence
         fields = tuple(schema.field(c) for c in keep)
         if kept_fields is not None and [f.type for f in fields] != [f.type for f in kept_fields]:
             raise UsageError(f"{path}: kept columns have other types than in {files[0]}")
-        kept_fields = fields
+        # required in the outputs only if required in every input file
+        kept_fields = fields if kept_fields is None else tuple(
+            f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields))
     return InputInfo(tuple(files), rows, kept_fields or ())
 
 

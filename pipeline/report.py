@@ -39,7 +39,8 @@ def current_files(output_dir: str, kind: str) -> list[str]:
 
 def load(paths: list[str], columns: list[str]) -> pa.Table | None:
     tables = read_columns(paths, columns)
-    return pa.concat_tables(tables) if tables else None
+    # files written before the columns were declared required are nullable: unify, do not refuse
+    return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
 def cost_table(requests: pa.Table | None) -> list[dict]:

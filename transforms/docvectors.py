@@ -6,11 +6,13 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
+from transforms.schemas import required, vector_type
+
 
 def documents_schema(dims: int, meta: dict) -> pa.Schema:
-    return pa.schema([pa.field("doc_id", pa.string()), pa.field("chunk_count", pa.int32()),
-                      pa.field("n_tokens", pa.int64()), pa.field("model", pa.string()),
-                      pa.field("embedding", pa.list_(pa.float32(), dims)), pa.field("run_id", pa.string())],
+    return pa.schema([required("doc_id", pa.string()), required("chunk_count", pa.int32()),
+                      required("n_tokens", pa.int64()), required("model", pa.string()),
+                      required("embedding", vector_type(dims)), required("run_id", pa.string())],
                      metadata=meta)
 
 

@@ -18,11 +18,12 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.known import Known
+from transforms.schemas import required, vector_type
 
 JOURNAL_DIR = "_journal"
 
-_SCHEMA_FIELDS = [pa.field("text_sha256", pa.string()), pa.field("n_tokens", pa.int32()),
-                  pa.field("share_micro", pa.int64())]
+_SCHEMA_FIELDS = [required("text_sha256", pa.string()), required("n_tokens", pa.int32()),
+                  required("share_micro", pa.int64())]
 
 
 def journal_dir(output_dir: str, run_id: str | None = None) -> str:
@@ -34,11 +35,12 @@ def write_entry(output_dir: str, run_id: str, request_row: dict, shas: list[str]
                 vectors: np.ndarray, shares_micro: list[int]) -> str:
     dims = vectors.shape[1]
     row = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in request_row.items()}
-    schema = pa.schema([*_SCHEMA_FIELDS, pa.field("embedding", pa.list_(pa.float32(), dims))],
+    schema = pa.schema([*_SCHEMA_FIELDS, required("embedding", vector_type(dims))],
                        metadata={b"request": json.dumps(row).encode()})
     table = pa.Table.from_arrays([
         pa.array(shas, pa.string()), pa.array(n_tokens, pa.int32()), pa.array(shares_micro, pa.int64()),
-        pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32, copy=False).reshape(-1)), dims),
+        pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32, copy=False).reshape(-1)),
+                                          type=vector_type(dims)),
     ], schema=schema)
     buf = io.BytesIO()
     # Short-lived and written on the hot path: no compression, and no dictionary attempt on

@@ -44,11 +44,12 @@ def embeddings_table(items: Sequence[TextItem], vectors: np.ndarray, request_ids
         req += [request_ids[i]] * len(item.refs)
         costs += apportion_micro(shares_micro[i], [1] * len(item.refs))
         rows_of_item += [i] * len(item.refs)
-    n, dims = len(refs), vectors.shape[1]
+    n = len(refs)
     flat = np.ascontiguousarray(vectors[np.asarray(rows_of_item, dtype=np.int64)], dtype=np.float32).reshape(-1)
     cols = _ref_columns(refs, shas, model, kept)
     cols.update({
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dims),
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()),
+                                                       type=schema.field("embedding").type),
         "request_id": pa.array(req, pa.string()),
         "cost_rub": pa.array([from_micro(c) for c in costs], pa.float64()),
         "run_id": pa.array([run_id] * n, pa.string()),

@@ -1,6 +1,13 @@
-"""Arrow schemas of the outputs (design.md, "Contract: outputs")."""
+"""Arrow schemas of the outputs (design.md, "Contract: outputs").
+
+Every column the contract guarantees is declared required, and so are the vector's elements:
+readers can rely on them, and engines such as ClickHouse refuse vector functions on
+Array(Nullable(Float32)). Nullable are only what can be missing: failed.doc_id (a null id),
+failed.chunk_index (a whole document), requests.balance_after (a server that does not report
+it), and kept input columns, which keep the input's nullability."""
 from __future__ import annotations
 
+import copyreg
 import json
 from typing import Sequence
 
@@ -8,38 +15,58 @@ import pyarrow as pa
 
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 
+
+def required(name: str, type_: pa.DataType) -> pa.Field:
+    return pa.field(name, type_, nullable=False)
+
+
+def vector_type(dimensions: int) -> pa.DataType:
+    """fixed_size_list<float32 not null>[DIMENSIONS]: no element of a vector is ever missing."""
+    return pa.list_(required("item", pa.float32()), dimensions)
+
+
+def _fixed_size_list(value_field: pa.Field, size: int) -> pa.DataType:
+    return pa.list_(value_field, size)
+
+
+# pyarrow pickles a FixedSizeListType as list_(value_type, size), dropping the element field's
+# nullability, and Beam pickles these schemas into its sinks. Keep the whole field; rebuilding
+# through this module imports it, so a worker that pickles the sink again keeps it too.
+copyreg.pickle(pa.FixedSizeListType, lambda t: (_fixed_size_list, (t.value_field, t.list_size)))
+
+
 CHUNK_FIELDS = [
-    pa.field("doc_id", pa.string()),
-    pa.field("chunk_index", pa.int32()),
-    pa.field("chunk_count", pa.int32()),
-    pa.field("token_start", pa.int32()),
-    pa.field("token_end", pa.int32()),
-    pa.field("n_tokens", pa.int32()),
-    pa.field("text_sha256", pa.string()),
-    pa.field("model", pa.string()),
+    required("doc_id", pa.string()),
+    required("chunk_index", pa.int32()),
+    required("chunk_count", pa.int32()),
+    required("token_start", pa.int32()),
+    required("token_end", pa.int32()),
+    required("n_tokens", pa.int32()),
+    required("text_sha256", pa.string()),
+    required("model", pa.string()),
 ]
 
 REQUESTS = pa.schema([
-    pa.field("request_id", pa.string()),
-    pa.field("model", pa.string()),
-    pa.field("n_inputs", pa.int32()),
-    pa.field("prompt_tokens", pa.int64()),
-    pa.field("total_tokens", pa.int64()),
-    pa.field("cost_rub", pa.float64()),
+    required("request_id", pa.string()),
+    required("model", pa.string()),
+    required("n_inputs", pa.int32()),
+    required("prompt_tokens", pa.int64()),
+    required("total_tokens", pa.int64()),
+    required("cost_rub", pa.float64()),
     pa.field("balance_after", pa.float64()),
-    pa.field("attempts", pa.int32()),
-    pa.field("latency_ms", pa.float64()),
-    pa.field("status", pa.int32()),
-    pa.field("started_at", UTC_MICROS),
-    pa.field("run_id", pa.string()),
+    required("attempts", pa.int32()),
+    required("latency_ms", pa.float64()),
+    required("status", pa.int32()),
+    required("started_at", UTC_MICROS),
+    required("run_id", pa.string()),
 ])
 
 FAILED = pa.schema([
     pa.field("doc_id", pa.string()),
     pa.field("chunk_index", pa.int32()),
-    pa.field("reason", pa.string()),
-    pa.field("detail", pa.string()),
-    pa.field("run_id", pa.string()),
+    required("reason", pa.string()),
+    required("detail", pa.string()),
+    required("run_id", pa.string()),
 ])
 
 
@@ -52,18 +79,18 @@ def metadata(model: str, dimensions: int | None, run_id: str) -> dict[bytes, byt
 def embeddings(dimensions: int, kept: Sequence[pa.Field], meta: dict[bytes, bytes]) -> pa.Schema:
     return pa.schema([
         *CHUNK_FIELDS,
-        pa.field("embedding", pa.list_(pa.float32(), dimensions)),
-        pa.field("request_id", pa.string()),
-        pa.field("cost_rub", pa.float64()),
-        pa.field("run_id", pa.string()),
-        pa.field("embedded_at", UTC_MICROS),
+        required("embedding", vector_type(dimensions)),
+        required("request_id", pa.string()),
+        required("cost_rub", pa.float64()),
+        required("run_id", pa.string()),
+        required("embedded_at", UTC_MICROS),
         *kept,
     ], metadata=meta)
 
 
 def pending(kept: Sequence[pa.Field], meta: dict[bytes, bytes]) -> pa.Schema:
-    return pa.schema([*CHUNK_FIELDS, pa.field("text", pa.string()), pa.field("reason", pa.string()),
-                      pa.field("run_id", pa.string()), *kept], metadata=meta)
+    return pa.schema([*CHUNK_FIELDS, required("text", pa.string()), required("reason", pa.string()),
+                      required("run_id", pa.string()), *kept], metadata=meta)
 
 
 # Every column name the outputs use: a kept input column may not take one of them.

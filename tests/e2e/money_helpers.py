@@ -73,7 +73,7 @@ def summary(out: Path) -> dict:
 def current(out: Path, kind: str) -> pa.Table | None:
     """The rows of KIND in the files summary.json lists as DIR's current state."""
     files = [out / f for f in summary(out)["files"] if f.startswith(kind + "-")]
-    return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default") if files else None
 
 
 def ledger(sandbox) -> list[dict]:

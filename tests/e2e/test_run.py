@@ -76,7 +76,7 @@ def test_schema_is_the_contract(clean_run):
     assert emb.schema.names == ["doc_id", "chunk_index", "chunk_count", "token_start", "token_end",
                                 "n_tokens", "text_sha256", "model", "embedding", "request_id",
                                 "cost_rub", "run_id", "embedded_at", "lang"]
-    assert emb.schema.field("embedding").type == pa.list_(pa.float32(), 1536)
+    assert emb.schema.field("embedding").type == pa.list_(pa.field("item", pa.float32(), nullable=False), 1536)
     assert emb.schema.field("embedded_at").type == pa.timestamp("us", tz="UTC")
     meta = emb.schema.metadata
     assert meta[b"model"] == MODEL.encode() and meta[b"tokenizer"] == b"cl100k_base" and b"run_id" in meta

@@ -84,4 +84,4 @@ def test_rows_sharing_a_text_split_its_share(reqs):
 def test_schema_is_the_one_given(reqs):
     *_, table = build(reqs)
     assert table.schema.equals(SCHEMA, check_metadata=True)
-    assert table.schema.field("embedding").type == pa.list_(pa.float32(), DIMS)
+    assert table.schema.field("embedding").type == schemas.vector_type(DIMS)
