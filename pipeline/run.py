@@ -1,6 +1,7 @@
 """`run`: validate, read the account, run the Beam job, reconcile, write summary.json."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import apache_beam as beam
@@ -67,12 +68,13 @@ def execute(job: Job) -> tuple[int, dict]:
             else pending_input(job)[0])
     known = known_sources(job)
     with client_for(job) as client:
-        before = acct.read_account(client)
-    spendable = acct.spendable(before, job.settings.budget.reserve_rub, opts.max_spend_rub)
+        before = acct.read_account(client, need_stats=bool(job.caps.by_name()))
+    spendable = acct.spendable(before, job.settings.budget.reserve_rub, opts.max_spend_rub, job.caps)
     learned = learned_price(opts.output)
     price = learned if learned is not None else job.model.price_per_token
-    log.info("run %s: %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB",
-             job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable)
+    log.info("run %s: %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB (%s binds)",
+             job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable,
+             spendable.binding)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     graph.build(pipeline, job, info, known, balance_before=before.balance, spendable_rub=spendable,
                 price_per_token_rub=price, margin=job.initial_margin(learned is not None))
@@ -91,7 +93,7 @@ def execute(job: Job) -> tuple[int, dict]:
         documents=metrics.get("documents", 0), account_before=before.as_dict(),
         account_after=after.as_dict(),
         estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable}, metrics=metrics,
-        carried_files=known.carried_files)
+        carried_files=known.carried_files, caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding})
     summary.write_summary(opts.output, report)
     journal.discard(opts.output, job.run_id)
     return report["exit_code"], report
