@@ -100,7 +100,8 @@ class WhileTheJobRuns(threading.Thread):
         self.join(60)
 
 
-def overshoot(charges: list[dict], cap_rub: float, window=lambda c: c["created_at"][:10]) -> tuple[int, int]:
+def overshoot(charges: list[dict], cap_rub: float, window=lambda c: c["created_at"][:10],
+              workers: int = 1) -> tuple[int, int]:
     """(the job's spending above the cap, the stated bound), micro-RUB. The account's usage is
     summed in charge order per WINDOW (the service's day, UTC here); a job charge counts for
     the part of it that lies above the cap, whoever brought the usage there."""
@@ -111,7 +112,7 @@ def overshoot(charges: list[dict], cap_rub: float, window=lambda c: c["created_a
         if c["key_id"] == key_fingerprint(JOB_KEY):
             over += max(0, used[window(c)] - max(before, cap))
     mine = [round(c["cost_rub"] * 1e6) for c in charges if c["key_id"] == key_fingerprint(JOB_KEY)]
-    return over, MAX_IN_FLIGHT * 1 * max(mine)
+    return over, MAX_IN_FLIGHT * workers * max(mine)
 
 
 def usage(charges, day: str | None = None) -> int:
@@ -170,6 +171,21 @@ def test_daily_cap_holds_while_another_key_spends_and_resumes_on_the_next_day(tm
     over, bound = overshoot(charges, cap)
     assert over <= bound
     assert_every_row_once(out, rows)
+
+
+def test_two_worker_processes_hold_a_daily_cap_within_the_bound(tmp_path, sandbox_factory, setup):
+    cap = 1.0
+    sb = start(sandbox_factory, setup)
+    out = tmp_path / "out"
+    with WhileTheJobRuns(sb, 0.3) as other:
+        assert job(sb, setup, out, "--daily-cap-rub", str(cap), "--allow-partial", "--direct_num_workers", "2",
+                   "--direct_running_mode", "multi_processing") == 4
+    charges = ledger(sb)
+    assert other.done.is_set()
+    over, bound = overshoot(charges, cap, workers=2)
+    print(f"\ntwo workers, daily cap {cap} RUB: the job's overshoot {over} µRUB, bound {bound} µRUB")
+    assert over <= bound and after_the_job(charges) >= round(cap * 1e6 * 0.8)
+    assert_every_row_once(out, setup[0])
 
 
 def test_day_boundary_during_a_run_frees_the_new_day_room_without_counting_twice(tmp_path, sandbox_factory, setup):
