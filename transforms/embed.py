@@ -87,8 +87,8 @@ class _Shared:
     def for_run(cls, cfg: EmbedConfig) -> "_Shared":
         with cls._lock:
             if cfg.run_id not in cls._by_run:
-                # the caps travel inside spendable_rub (transforms/caps.Spendable); a client of
-                # its own reads the account once per attempt: a 429 there only delays a reading
+                # the caps travel inside spendable_rub (transforms/caps.Spendable); account
+                # readings use a client of their own that tries once: a 429 only delays them
                 spendable, caps = cap_usages(cfg.spendable_rub, cfg.balance_before)
                 watch = AccountWatch(EmbeddingsClient(
                     cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,

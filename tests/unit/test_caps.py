@@ -92,16 +92,18 @@ def test_the_new_day_room_is_used_without_counting_yesterday_twice():
 
 
 def test_a_reading_asked_for_earlier_never_replaces_a_later_one():
-    g = _guard(daily_cap=1.0, daily=0.0)
     stale = AccountReading(100.0, None, {"daily_usage": 0.0, "monthly_usage": 0.0})
     fresh = AccountReading(99.2, None, {"daily_usage": 0.8, "monthly_usage": 0.8})
+    asked = []
 
-    def read_slowly(force):  # the first reading's answer arrives after a second one was applied
-        g._read_account = lambda force: fresh
-        g.poll()
-        return stale
+    def read(force):  # the first reading's answer arrives after a second one was applied
+        asked.append(force)
+        if len(asked) == 1:
+            g.poll()
+            return stale
+        return fresh
 
-    g._read_account = read_slowly
+    g = _guard(daily_cap=1.0, daily=0.0, read=read)
     g.poll()
     assert g.reserve_prefix([300_000])[0] == 0
 
