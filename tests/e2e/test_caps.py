@@ -158,6 +158,7 @@ def test_daily_cap_holds_while_another_key_spends_and_resumes_on_the_next_day(tm
     assert usage(charges) >= round(cap * 1e6 * 0.8)     # the room was used, not abandoned early
     s = summary(out)
     assert s["caps"] == {"daily_cap_rub": cap, "monthly_cap_rub": None, "binding_limit": "daily_cap_rub"}
+    assert s["estimate"]["spendable_rub"] == pytest.approx(p["spendable_rub"])   # plan and run agree
     assert s["stats_before"]["daily_usage"] == pytest.approx(0.2, abs=0.01)
     assert after_the_job(charges) <= round(s["stats_after"]["daily_usage"] * 1e6) <= usage(charges)
     assert set(current(out, "pending").column("reason").to_pylist()) == {"budget_exhausted"}
@@ -234,6 +235,12 @@ def test_monthly_cap_counts_earlier_days_and_refuses_before_sending(tmp_path, sa
     code, p = plan(sb, setup, capsys, *flags)
     assert p["stats"] == {"daily_usage": 0.0, "monthly_usage": 0.7}
     assert code == 3 and p["binding_limit"] == "monthly_cap_rub" and p["spendable_rub"] == pytest.approx(0.5)
+    _, corpus, models, _, settings, _ = setup
+    assert main(["plan", "--input", str(corpus), "--model", MODEL, "--base-url", sb.base_url,
+                 "--models-config", str(models), "--run-config", str(settings), *flags]) == 3
+    table = capsys.readouterr().out
+    assert "5.0 (the account spent 0.0)" in table and "1.2 (the account spent 0.7)" in table
+    assert "0.500000 (monthly_cap_rub binds)" in table
 
     refused = tmp_path / "refused"
     assert job(sb, setup, refused, *flags) == 3
