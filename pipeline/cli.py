@@ -51,14 +51,14 @@ def cmd_run(argv: list[str]) -> int:
     messages = {
         EXIT_FAILED: "stopped early: {why}. The unsent chunks are in pending-*.parquet; fix the cause "
                      "and run again with --resume.",
-        EXIT_DOES_NOT_FIT: "the estimate does not fit the spendable amount: nothing was sent. Raise "
-                           "--max-spend-rub or the balance, or pass --allow-partial.",
+        EXIT_DOES_NOT_FIT: "the estimate does not fit the spendable amount ({binding} binds): nothing "
+                           "was sent. Raise that limit or the balance, or pass --allow-partial.",
         4: "the budget ran out: the rest is in pending-*.parquet; run again with --resume when there "
-           "is more budget.",
+           "is more budget (under --daily-cap-rub: on the service's next day).",
     }
     if code in messages:
         why = ", ".join(report["pending_reasons"]) or "see summary.json"
-        log.error(messages[code].format(why=why))
+        log.error(messages[code].format(why=why, binding=report["caps"].get("binding_limit")))
     return code
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from importlib import resources
 from typing import Any, Mapping
 
@@ -44,6 +45,8 @@ class BudgetSettings:
     reserve_rub: float = 0.0
     price_margin: float = 1.25
     balance_poll_s: float = 5.0
+    daily_cap_rub: float | None = None      # account-wide caps (transforms/caps.py); None: no cap
+    monthly_cap_rub: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,12 @@ def _section(cls: type, raw: Any, where: str) -> Any:
     values = {}
     for name, value in raw.items():
         default = getattr(cls(), name)
+        if default is None:  # an optional amount: null (unset) or a finite number of RUB
+            if value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{where}.{name}: expected a finite amount >= 0 or null, got {value!r}")
+            default = 0.0
         if isinstance(default, bool) or type(default) is str:
             ok = type(value) is type(default)
         else:  # numbers: an int is fine where a float is expected, never a bool

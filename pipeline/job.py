@@ -15,6 +15,7 @@ from service.catalog import ConfigError, ModelSpec, get_model, load_models, pars
 from service.client import RetryPolicy, check_base_url
 from service.credentials import KeySource
 from transforms import schemas
+from transforms.caps import Caps
 from transforms.splitting import SplitConfig
 
 
@@ -35,6 +36,10 @@ class Job:
         estimate and the client's token count may both be off; a learned price leaves only
         the token count (1 / safety factor). Preflight, plan and guard all use this."""
         return (1.0 if price_learned else self.settings.budget.price_margin) / self.model.safety_factor
+
+    @property
+    def caps(self) -> Caps:
+        return Caps(self.settings.budget.daily_cap_rub, self.settings.budget.monthly_cap_rub)
 
     @property
     def key_source(self) -> KeySource:
@@ -83,8 +88,13 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool) -> Job:
             raise UsageError(f"--dimensions is not supported by {model.name}")
         if not 1 <= opts.dimensions <= model.dimensions:
             raise UsageError(f"--dimensions must be between 1 and {model.dimensions} for {model.name}")
-    if opts.max_spend_rub is not None and not (math.isfinite(opts.max_spend_rub) and opts.max_spend_rub >= 0):
-        raise UsageError("--max-spend-rub must be a finite amount >= 0")
+    for flag, value in (("--max-spend-rub", opts.max_spend_rub), ("--daily-cap-rub", opts.daily_cap_rub),
+                        ("--monthly-cap-rub", opts.monthly_cap_rub)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{flag} must be a finite amount >= 0")
+    caps = {name: value for name, value in (("daily_cap_rub", opts.daily_cap_rub),
+                                            ("monthly_cap_rub", opts.monthly_cap_rub)) if value is not None}
+    settings = settings.replace("budget", **caps)
     try:  # the steps' own checks, made here so that a bad number is a usage error, not a crash
         SplitConfig(max_tokens=model.chunk_tokens, overlap_tokens=settings.split.overlap_tokens,
                     boundary_window=settings.split.boundary_window)

@@ -38,6 +38,10 @@ class EmbedPipeOptions(PipelineOptions):
         add("--base_url", "--base-url", dest="base_url", help="service base URL ending in /v1")
         add("--max_spend_rub", "--max-spend-rub", dest="max_spend_rub", type=float, default=None,
             help="never spend more than this in one run")
+        add("--daily_cap_rub", "--daily-cap-rub", dest="daily_cap_rub", type=float, default=None,
+            help="the account's spending in the service's day (all clients) stays under this")
+        add("--monthly_cap_rub", "--monthly-cap-rub", dest="monthly_cap_rub", type=float, default=None,
+            help="the account's spending in the last 31 days (all clients) stays under this")
         add("--allow_partial", "--allow-partial", dest="allow_partial", action="store_true",
             help="when the estimate exceeds the budget, embed what fits and exit 4")
         add("--max_in_flight", "--max-in-flight", dest="max_in_flight", type=int, default=None,

@@ -1,6 +1,7 @@
 """`run`: validate, read the account, run the Beam job, reconcile, write summary.json."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 
@@ -63,13 +64,14 @@ def execute(job: Job) -> tuple[int, dict]:
     scan = (scan_input(info.files, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files))
     known = known_sources(job)
     with client_for(job) as client:
-        before = acct.read_account(client)
-    spendable = acct.spendable(before, s.budget.reserve_rub, opts.max_spend_rub)
+        before = acct.read_account(client, need_stats=bool(job.caps.by_name()))
+    spendable = acct.spendable(before, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
     learned = learned_price(opts.output)
     price = learned if learned is not None else job.model.price_per_token
     margin = job.initial_margin(learned is not None)
-    log.info("run %s: %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB",
-             job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable)
+    log.info("run %s: %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB (%s binds)",
+             job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable,
+             spendable.binding)
     fits, decided_by = ((True, "allow_partial") if opts.allow_partial
                         else measure.fits(job, info, known, scan, spendable, price, margin))
     log.info("preflight: %s (%s)", "fits" if fits else "does not fit: nothing will be sent", decided_by)
@@ -97,7 +99,8 @@ def execute(job: Job) -> tuple[int, dict]:
         documents=metrics.get("documents", 0), account_before=before.as_dict(),
         account_after=after.as_dict(),
         estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable, "preflight": decided_by},
-        metrics=metrics, carried_files=known.carried_files)
+        metrics=metrics, carried_files=known.carried_files,
+        caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding})
     report["timing"] = _timing(opts.output, job.run_id, started)
     summary.write_summary(opts.output, report)
     journal.discard(opts.output, job.run_id)

@@ -54,7 +54,7 @@ def exit_code(pending_reasons: dict[str, int]) -> int:
 
 def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
                   account_before: dict, account_after: dict, estimate: dict, metrics: dict,
-                  carried_files: tuple[str, ...] = ()) -> dict:
+                  carried_files: tuple[str, ...] = (), caps: dict | None = None) -> dict:
     emb = read_columns(run_files(output_dir, "embeddings", run_id), ["cost_rub", "request_id"])
     req = read_columns(run_files(output_dir, "requests", run_id),
                        ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id"])
@@ -104,6 +104,7 @@ def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
         "cost_rub": from_micro(req_micro - carried_micro), "estimate": estimate,
         "balance_before": before, "balance_after": after,
         "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),
+        "caps": caps or {},   # the caps set, and the limit that bound at the start
         "reconciliation": recon, "metrics": metrics, "exit_code": exit_code(pending_reasons),
         "files": list(carried_files) + [FileSystems.split(f)[1] for f in current],
     }

@@ -12,7 +12,6 @@ import dataclasses
 import datetime as dt
 import logging
 import threading
-import time
 from typing import ClassVar, Sequence
 
 import apache_beam as beam
@@ -22,12 +21,12 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from service import errors
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import KeySource
 from service.tokenizer import get_encoding
 from transforms import journal
 from transforms.budget import BudgetGuard
+from transforms.caps import AccountWatch, cap_usages
 from transforms.embed_runner import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.lineage import embeddings_table, pending_table
 from transforms.progress import Progress
@@ -79,7 +78,6 @@ class _Shared:
     breaker: Breaker
     concurrency: AimdLimiter
     quota: TokenBucketLimiter
-    last_poll: float = 0.0
     breaker_logged: bool = False
 
     _lock: ClassVar[threading.Lock] = threading.Lock()
@@ -89,10 +87,17 @@ class _Shared:
     def for_run(cls, cfg: EmbedConfig) -> "_Shared":
         with cls._lock:
             if cfg.run_id not in cls._by_run:
+                # the caps travel inside spendable_rub (transforms/caps.Spendable); account
+                # readings use a client of their own that tries once: a 429 only delays them
+                spendable, caps = cap_usages(cfg.spendable_rub, cfg.balance_before)
+                watch = AccountWatch(EmbeddingsClient(
+                    cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
+                    retry=dataclasses.replace(cfg.retry, max_attempts=1), pool_size=1,
+                    encoding_format=cfg.encoding_format), cfg.balance_poll_s, with_stats=bool(caps))
                 cls._by_run[cfg.run_id] = cls(
-                    BudgetGuard(balance_before=cfg.balance_before, spendable_rub=cfg.spendable_rub,
+                    BudgetGuard(balance_before=cfg.balance_before, spendable_rub=spendable,
                                 price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
-                                learned_margin=cfg.learned_margin),
+                                learned_margin=cfg.learned_margin, caps=caps, read_account=watch.read),
                     Breaker(),
                     AimdLimiter(cfg.max_in_flight, maximum=cfg.max_in_flight),
                     TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
@@ -156,17 +161,9 @@ class _EmbedDoFn(beam.DoFn):
             self._client.close()
 
     def _poll_account(self):
-        """Fresh balance and key budget now and then; the endpoint is rate limited."""
-        shared, now = self._shared, time.monotonic()
-        if not shared.guard.limited or now - shared.last_poll < self._cfg.balance_poll_s:
-            return
-        shared.last_poll = now
-        try:
-            account = self._client.balance()
-        except errors.EmbeddingsError as exc:  # never fatal: responses carry the balance too
-            log.debug("balance poll failed: %s", exc)
-            return
-        shared.guard.observe_account(account.balance, account.budget)
+        """Fresh balance, key budget and (with caps) statistics now and then, within the
+        endpoints' rate limit; never fatal: responses carry the balance too."""
+        self._shared.guard.poll()
 
     def _journal(self, delivery, request_row):
         journal.write_entry(self._cfg.output_dir, self._cfg.run_id, request_row,

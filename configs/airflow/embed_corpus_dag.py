@@ -88,8 +88,9 @@ def _child_env() -> dict[str, str]:
 def _shared_args(p) -> list[str]:
     """Flags that plan and run take alike."""
     args = ["--input", p["input"], "--model", p["model"], "--base-url", p["base_url"]]
-    if p["max_spend_rub"] is not None:
-        args += ["--max-spend-rub", str(p["max_spend_rub"])]
+    for name in ("max_spend_rub", "daily_cap_rub", "monthly_cap_rub"):
+        if p[name] is not None:
+            args += ["--" + name.replace("_", "-"), str(p[name])]
     if p["profile"]:
         args += ["--profile", p["profile"]]
     return args
@@ -156,9 +157,9 @@ def plan_gate() -> dict:
     log.info("plan: %s", json.dumps(plan, sort_keys=True))
     if done.returncode == EXIT_DOES_NOT_FIT:
         why = (f"estimate {_rub(plan.get('estimated_cost_rub'))} RUB exceeds spendable "
-               f"{_rub(plan.get('spendable_rub'))} RUB")
+               f"{_rub(plan.get('spendable_rub'))} RUB ({plan.get('binding_limit')} binds)")
         if not p["allow_partial"]:
-            raise AirflowFailException(f"{why}: nothing was sent. Raise max_spend_rub or the "
+            raise AirflowFailException(f"{why}: nothing was sent. Raise that limit or the "
                                        "balance, or set allow_partial.")
         log.warning("%s: allow_partial is set, embed spends what fits and leaves the rest pending",
                     why)
@@ -206,6 +207,11 @@ with DAG(
                           description="embeddings service base URL ending in /v1"),
         "max_spend_rub": Param(50.0, type=["null", "number"], minimum=0,
                                description="never spend more than this in one run (null: balance)"),
+        "daily_cap_rub": Param(None, type=["null", "number"], minimum=0,
+                               description="the account's spending in the service's day, all its "
+                                           "clients included, stays under this (null: no cap)"),
+        "monthly_cap_rub": Param(None, type=["null", "number"], minimum=0,
+                                 description="the same for the service's last 31 days (null: no cap)"),
         "allow_partial": Param(False, type="boolean",
                                description="when the estimate exceeds the budget, embed what fits "
                                            "and leave the rest pending for the next run"),

@@ -52,6 +52,7 @@ class SandboxConfig:
     account_rps: float
     account_burst: float
     tz: ZoneInfo
+    clock_file: str | None
     faults: FaultConfig
     log_level: str
 
@@ -79,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--account-rps", type=float, default=5.0, help="balance/stats calls per second per key")
     p.add_argument("--account-burst", type=float, default=10.0, help="balance/stats burst per key")
     p.add_argument("--tz", default="UTC", help="time zone of the stats' day boundaries (IANA name)")
+    p.add_argument("--clock-file", help="tests: the sandbox's clock is real time plus the seconds this "
+                                        "file holds, re-read at each use (no file: 0)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="DEBUG logs every request")
     f = p.add_argument_group("fault injection (flags override --faults)")
@@ -169,5 +172,5 @@ def config_from_args(args: argparse.Namespace) -> SandboxConfig:
         account_segment=args.account_segment.strip("/"), models=models, balances_micro=balances,
         keys=tuple(keys), token_skew=_skews(args.token_skew, models), precheck=args.precheck,
         max_body_bytes=args.max_body_bytes, account_rps=args.account_rps,
-        account_burst=args.account_burst, tz=tz, faults=FaultConfig.from_args(args),
+        account_burst=args.account_burst, tz=tz, clock_file=args.clock_file, faults=FaultConfig.from_args(args),
         log_level=args.log_level)

@@ -32,7 +32,7 @@ from .embedder import embed_batch
 from .faults import FaultInjector
 from .money import cost_micro, from_micro
 from .ratelimit import TokenBuckets
-from .store import Charge, Store
+from .store import Charge, Store, offset_clock
 
 log = logging.getLogger("service.sandbox")
 
@@ -70,7 +70,8 @@ class Sandbox:
 
     def __init__(self, config: SandboxConfig):
         self.config = config
-        self.store = Store(config.db)
+        clock = {"clock": offset_clock(config.clock_file)} if config.clock_file else {}
+        self.store = Store(config.db, **clock)
         for account, balance in config.balances_micro.items():
             self.store.ensure_account(account, balance)
         for key in config.keys:

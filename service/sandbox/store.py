@@ -63,6 +63,19 @@ def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+def offset_clock(path: str) -> Callable[[], dt.datetime]:
+    """Real UTC time plus the seconds written in PATH, re-read at each use (no file: 0), so a
+    test can move the service's day boundary while the sandbox runs (--clock-file)."""
+    def now() -> dt.datetime:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                offset = float(fh.read().strip() or 0)
+        except FileNotFoundError:
+            offset = 0.0
+        return _utc_now() + dt.timedelta(seconds=offset)
+    return now
+
+
 @dataclasses.dataclass(frozen=True)
 class Charge:
     request_id: str
