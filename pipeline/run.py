@@ -9,6 +9,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipeline import account as acct
 from pipeline import graph, summary
+from pipeline.lock import OutputLock
 from pipeline.inputs import check_output_writable, inspect_input
 from pipeline.job import Job
 from pipeline.resume import check_fresh_output, known_sources, learned_price, pending_input
@@ -60,8 +61,13 @@ def _account_after(job: Job) -> acct.Account:
 
 
 def execute(job: Job) -> tuple[int, dict]:
+    check_output_writable(job.opts.output)
+    with OutputLock(job.opts.output, job.run_id, job.settings.lock):
+        return _execute(job)
+
+
+def _execute(job: Job) -> tuple[int, dict]:
     opts = job.opts
-    check_output_writable(opts.output)
     check_fresh_output(job)
     info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
             else pending_input(job)[0])
