@@ -8,7 +8,7 @@ from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipeline import account as acct
-from pipeline import graph, summary
+from pipeline import graph, history, summary
 from pipeline.lock import OutputLock
 from pipeline.inputs import check_output_writable, inspect_input
 from pipeline.job import Job
@@ -74,6 +74,7 @@ def _execute(job: Job) -> tuple[int, dict]:
     known = known_sources(job)
     with client_for(job) as client:
         before = acct.read_account(client)
+    history.record_start(opts.output, job.run_id, job.model.name, opts.resume, before.as_dict())
     spendable = acct.spendable(before, job.settings.budget.reserve_rub, opts.max_spend_rub)
     learned = learned_price(opts.output)
     price = learned if learned is not None else job.model.price_per_token
@@ -97,7 +98,8 @@ def _execute(job: Job) -> tuple[int, dict]:
         documents=metrics.get("documents", 0), account_before=before.as_dict(),
         account_after=after.as_dict(),
         estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable}, metrics=metrics,
-        carried_files=known.carried_files)
+        catalogue_price=job.model.price_per_token, carried_files=known.carried_files)
     summary.write_summary(opts.output, report)
+    history.record_finish(opts.output, job.run_id, after.as_dict(), report["reconciliation"]["unanswered"])
     journal.discard(opts.output, job.run_id)
     return report["exit_code"], report

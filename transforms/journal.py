@@ -3,9 +3,14 @@
 One small Parquet file per request under DIR/_journal/<run_id>/, written under a temporary
 name and renamed, so a reader sees whole entries or none. A run killed mid-way loses nothing
 it paid for: `--resume` reads these vectors instead of paying for the texts again.
+
+Beside each entry, an intent (`<request_id>.intent.json`) is written before the request
+leaves: an intent without an entry is a request a killed run may have been billed for whose
+answer it never saw (pipeline/history.py reconciles them against the balance).
 """
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import os
@@ -20,6 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.known import Known
 
 JOURNAL_DIR = "_journal"
+INTENT_SUFFIX = ".intent.json"
 
 _SCHEMA_FIELDS = [pa.field("text_sha256", pa.string()), pa.field("n_tokens", pa.int32()),
                   pa.field("share_micro", pa.int64())]
@@ -52,6 +58,30 @@ def write_entry(output_dir: str, run_id: str, request_row: dict, shas: list[str]
     return final
 
 
+def write_intent(output_dir: str, run_id: str, request_id: str, tokens: int, worst_case_micro: int) -> None:
+    """Written straight to its name (no rename: an object store copies on rename, and this is
+    on the path of every request); a torn intent still names its request."""
+    intent = {"request_id": request_id, "run_id": run_id, "tokens": tokens, "worst_case_micro": worst_case_micro,
+              "at": dt.datetime.now(dt.timezone.utc).isoformat()}
+    with FileSystems.create(FileSystems.join(journal_dir(output_dir, run_id), request_id + INTENT_SUFFIX)) as fh:
+        fh.write(json.dumps(intent).encode())
+
+
+def read_intents(output_dir: str, run_id: str | None = None) -> list[dict]:
+    """Every intent in OUTPUT_DIR's journal (of RUN_ID only, when given)."""
+    pattern = FileSystems.join(journal_dir(output_dir), run_id or "*", "*" + INTENT_SUFFIX)
+    intents = []
+    for match in FileSystems.match([pattern])[0].metadata_list:
+        folder, name = FileSystems.split(match.path)
+        try:
+            with FileSystems.open(match.path) as fh:
+                intents.append(json.loads(fh.read()))
+        except ValueError:  # torn by a kill: the request is known, its size is not
+            intents.append({"request_id": name[:-len(INTENT_SUFFIX)], "run_id": FileSystems.split(folder)[1],
+                            "tokens": None, "worst_case_micro": None, "at": None})
+    return intents
+
+
 def _read(path: str) -> tuple[dict, pa.Table]:
     with FileSystems.open(path) as fh:
         table = pq.read_table(io.BytesIO(fh.read()))
@@ -69,6 +99,15 @@ def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
     pattern = FileSystems.join(journal_dir(output_dir), "*", "*.parquet")
     for match in FileSystems.match([pattern])[0].metadata_list:
         yield _read(match.path)
+
+
+def read_requests(output_dir: str) -> list[dict]:
+    """The request row of every whole entry, from the file's footer alone (no vectors read)."""
+    rows = []
+    for match in FileSystems.match([FileSystems.join(journal_dir(output_dir), "*", "*.parquet")])[0].metadata_list:
+        with FileSystems.open(match.path) as fh:
+            rows.append(json.loads(pq.read_schema(fh).metadata[b"request"]))
+    return rows
 
 
 def discard(output_dir: str, run_id: str) -> None:
