@@ -157,12 +157,17 @@ def split_gaps(points: list[Point], candidates: list[Candidate]) -> dict:
 
 
 def _price(answered: list[dict], catalogue: float) -> float:
-    """RUB per token as billed: the catalogue's when it reproduces every bill to the
-    micro-rouble (then a lost request's cost is predicted exactly), else the average."""
+    """RUB per token as billed: the catalogue's, or the ratio of the largest bill, when it
+    reproduces every bill to the micro-rouble (a lost request's cost is then predicted
+    exactly); else that ratio, and a lost request may not match its gap."""
     billed = [(r["total_tokens"], to_micro(r["cost_rub"])) for r in answered if r["total_tokens"]]
-    if all(round(t * catalogue * 1e6) == c for t, c in billed):
+    if not billed:
         return catalogue
-    return sum(c for _, c in billed) / 1e6 / sum(t for t, _ in billed)
+    tokens, cost = max(billed)
+    for price in (catalogue, cost / tokens / 1e6):
+        if all(round(t * price * 1e6) == c for t, c in billed):
+            return price
+    return cost / tokens / 1e6
 
 
 def _unanswered(requests: dict[str, dict], intents: list[dict], records: list[dict]) -> list[dict]:
@@ -265,7 +270,7 @@ def reconcile(output_dir: str, *, run_id: str, requests: list[dict], rows_by_req
             notes.append(f"{len(found)} {text}: {from_micro(sum(c.cost for c in found)):.6f} RUB, matched to "
                          "the micro-rouble against gaps in the balance after each answered request")
     lost.update(count=lost["count"] + len(unseen), rub=from_micro(lost_known + lost_unseen))
-    unexplained = split["ambiguous"] - split["rises"]
+    unexplained = delta - req_micro - lost_unseen - split["others"]  # the ambiguous gaps, top-ups
     recon.update(others_rub=from_micro(split["others"]), unexplained_rub=from_micro(unexplained))
     if split["others"]:
         notes.append(f"{from_micro(split['others']):.6f} RUB were billed on the account between this job's own "
@@ -279,6 +284,9 @@ def reconcile(output_dir: str, *, run_id: str, requests: list[dict], rows_by_req
                      "(a top-up or a refund)")
     if torn and not split["ambiguous"]:
         notes.append(f"{torn} intents were torn by a kill and could not be priced")
+    if unexplained and not (split["ambiguous"] or split["rises"]):
+        notes.append(f"{from_micro(unexplained):.6f} RUB of the balance delta is not explained by the known "
+                     "charges and gaps (the balance was read at the first start and at the end)")
     if stats_delta is not None and stats_delta != delta:
         notes.append(f"the stats show {from_micro(stats_delta):.6f} RUB spent, the balance fell by "
                      f"{from_micro(delta):.6f} RUB: top-ups, or spending older than the stats window")
