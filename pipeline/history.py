@@ -200,8 +200,8 @@ def all_requests(output_dir: str, request_files: list[str], read_columns) -> lis
     columns = ["request_id", "model", "total_tokens", "cost_rub", "balance_after", "attempts", "latency_ms",
                "status", "started_at", "run_id"]
     rows = {r["request_id"]: r for t in read_columns(request_files, columns) for r in t.to_pylist()}
-    for r in journal.read_requests(output_dir):
-        rows.setdefault(r["request_id"], r)
+    for r in journal.read_requests(output_dir, skip=set(rows)):
+        rows[r["request_id"]] = r
     return list(rows.values())
 
 
@@ -211,7 +211,7 @@ def reconcile(output_dir: str, *, run_id: str, requests: list[dict], rows_by_req
     without an answer, which record_finish keeps once the journal is gone."""
     records = read_records(output_dir)
     by_id = {r["request_id"]: r for r in requests}
-    intents = journal.read_intents(output_dir)
+    intents = journal.read_intents(output_dir, skip={r["request_id"] for r in requests if r["status"] == 200})
     unanswered = _unanswered(by_id, intents, [r for r in records if r["run_id"] != run_id])
     mine = [u for u in unanswered if u["run_id"] == run_id]
     rows_micro = sum(rows_by_request.values())

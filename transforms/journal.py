@@ -67,14 +67,20 @@ def write_intent(output_dir: str, run_id: str, request_id: str, tokens: int, wor
         fh.write(json.dumps(intent).encode())
 
 
-def read_intents(output_dir: str, run_id: str | None = None) -> list[dict]:
-    """Every intent in OUTPUT_DIR's journal (of RUN_ID only, when given)."""
-    pattern = FileSystems.join(journal_dir(output_dir), run_id or "*", "*" + INTENT_SUFFIX)
+def _named(pattern: str, suffix: str, skip: set[str]) -> list[str]:
+    """Paths matching PATTERN whose request id (the name before SUFFIX) is not in SKIP: a name
+    is listed cheaply, a file is opened one request at a time."""
+    paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    return [p for p in paths if FileSystems.split(p)[1][:-len(suffix)] not in skip]
+
+
+def read_intents(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
+    """Every intent in OUTPUT_DIR's journal, but those of the request ids in SKIP."""
     intents = []
-    for match in FileSystems.match([pattern])[0].metadata_list:
-        folder, name = FileSystems.split(match.path)
+    for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*" + INTENT_SUFFIX), INTENT_SUFFIX, skip):
+        folder, name = FileSystems.split(path)
         try:
-            with FileSystems.open(match.path) as fh:
+            with FileSystems.open(path) as fh:
                 intents.append(json.loads(fh.read()))
         except ValueError:  # torn by a kill: the request is known, its size is not
             intents.append({"request_id": name[:-len(INTENT_SUFFIX)], "run_id": FileSystems.split(folder)[1],
@@ -101,11 +107,11 @@ def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
         yield _read(match.path)
 
 
-def read_requests(output_dir: str) -> list[dict]:
-    """The request row of every whole entry, from the file's footer alone (no vectors read)."""
+def read_requests(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
+    """The request row of every whole entry but those in SKIP, from the file's footer alone."""
     rows = []
-    for match in FileSystems.match([FileSystems.join(journal_dir(output_dir), "*", "*.parquet")])[0].metadata_list:
-        with FileSystems.open(match.path) as fh:
+    for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*.parquet"), ".parquet", skip):
+        with FileSystems.open(path) as fh:
             rows.append(json.loads(pq.read_schema(fh).metadata[b"request"]))
     return rows
 
