@@ -182,7 +182,8 @@ def _unanswered(requests: dict[str, dict], intents: list[dict], records: list[di
 
 
 def _candidates(requests: list[dict], unanswered: list[dict], price: float) -> tuple[list[Candidate], int]:
-    """(own charges never seen, intents too torn to price)."""
+    """(own charges never seen, intents torn by a kill: written before their request left, so
+    a torn one was never sent)."""
     out = [Candidate(to_micro(r["cost_rub"]), _time(r["started_at"]), "retried", r["run_id"])
            for r in requests if r["status"] == 200 and r["cost_rub"] for _ in range(r["attempts"] - 1)]
     torn = 0
@@ -193,6 +194,26 @@ def _candidates(requests: list[dict], unanswered: list[dict], price: float) -> t
         cost = round(u["tokens"] * price * 1e6)
         out += [Candidate(cost, _time(u["at"]), "in_flight", u["run_id"])] * int(u.get("attempts") or 1)
     return out, torn
+
+
+def _gap_notes(split: dict, torn: int, unexplained: int) -> list[str]:
+    notes = []
+    if split["others"]:
+        notes.append(f"{from_micro(split['others']):.6f} RUB were billed on the account between this job's own "
+                     "charges that none of its requests could have cost: other spending on the same account")
+    if split["ambiguous"]:
+        notes.append(f"{from_micro(split['ambiguous']):.6f} RUB could be this job's unanswered requests "
+                     f"({len(split['unmatched'])} candidates) or other spending: the figures "
+                     "cannot tell which")
+    if split["rises"]:
+        notes.append(f"the balance rose by {from_micro(split['rises']):.6f} RUB between two known points "
+                     "(a top-up or a refund)")
+    if torn:
+        notes.append(f"{torn} intents were torn by a kill before their requests left: never billed")
+    if unexplained and not (split["ambiguous"] or split["rises"]):
+        notes.append(f"{from_micro(unexplained):.6f} RUB of the balance delta is not explained by the known "
+                     "charges and gaps (the balance was read at the first start and at the end)")
+    return notes
 
 
 def all_requests(output_dir: str, request_files: list[str], read_columns) -> list[dict]:
@@ -272,21 +293,7 @@ def reconcile(output_dir: str, *, run_id: str, requests: list[dict], rows_by_req
     lost.update(count=lost["count"] + len(unseen), rub=from_micro(lost_known + lost_unseen))
     unexplained = delta - req_micro - lost_unseen - split["others"]  # the ambiguous gaps, top-ups
     recon.update(others_rub=from_micro(split["others"]), unexplained_rub=from_micro(unexplained))
-    if split["others"]:
-        notes.append(f"{from_micro(split['others']):.6f} RUB were billed on the account between this job's own "
-                     "charges that none of its requests could have cost: other spending on the same account")
-    if split["ambiguous"]:
-        notes.append(f"{from_micro(split['ambiguous']):.6f} RUB could be this job's unanswered requests "
-                     f"({len(split['unmatched'])} candidates, {torn} unpriced) or other spending: the figures "
-                     "cannot tell which")
-    if split["rises"]:
-        notes.append(f"the balance rose by {from_micro(split['rises']):.6f} RUB between two known points "
-                     "(a top-up or a refund)")
-    if torn and not split["ambiguous"]:
-        notes.append(f"{torn} intents were torn by a kill and could not be priced")
-    if unexplained and not (split["ambiguous"] or split["rises"]):
-        notes.append(f"{from_micro(unexplained):.6f} RUB of the balance delta is not explained by the known "
-                     "charges and gaps (the balance was read at the first start and at the end)")
+    notes += _gap_notes(split, torn, unexplained)
     if stats_delta is not None and stats_delta != delta:
         notes.append(f"the stats show {from_micro(stats_delta):.6f} RUB spent, the balance fell by "
                      f"{from_micro(delta):.6f} RUB: top-ups, or spending older than the stats window")
