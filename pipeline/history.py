@@ -216,20 +216,11 @@ def _gap_notes(split: dict, torn: int, unexplained: int) -> list[str]:
     return notes
 
 
-def all_requests(output_dir: str, request_files: list[str], read_columns) -> list[dict]:
-    """Every request row in DIR: the requests files, then journaled ones not written yet."""
-    columns = ["request_id", "model", "total_tokens", "cost_rub", "balance_after", "attempts", "latency_ms",
-               "status", "started_at", "run_id"]
-    rows = {r["request_id"]: r for t in read_columns(request_files, columns) for r in t.to_pylist()}
-    for r in journal.read_requests(output_dir, skip=set(rows)):
-        rows[r["request_id"]] = r
-    return list(rows.values())
-
-
 def reconcile(output_dir: str, *, run_id: str, requests: list[dict], rows_by_request: dict[str, int],
               account_after: dict, catalogue_price: float) -> dict:
-    """The reconciliation over DIR's whole history; `unanswered` lists this run's requests sent
-    without an answer, which record_finish keeps once the journal is gone."""
+    """The reconciliation over DIR's whole history, from every request row in DIR (REQUESTS)
+    and the rows' cost per request id; `unanswered` lists this run's requests sent without
+    an answer, which record_finish keeps once the journal is gone."""
     records = read_records(output_dir)
     by_id = {r["request_id"]: r for r in requests}
     intents = journal.read_intents(output_dir, skip={r["request_id"] for r in requests if r["status"] == 200})

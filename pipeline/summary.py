@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline import history
-
+from transforms import journal
 from transforms.apportion import from_micro, to_micro
 from transforms.embed_runner import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
 
@@ -36,6 +36,19 @@ def read_columns(paths: list[str], columns: list[str]):
 
 def _sum_micro(tables, column: str) -> int:
     return sum(to_micro(v) for t in tables for v in t.column(column).to_pylist() if v is not None)
+
+
+REQUEST_COLUMNS = ["request_id", "model", "total_tokens", "cost_rub", "balance_after", "attempts", "latency_ms",
+                   "status", "started_at", "run_id"]
+
+
+def _all_requests(output_dir: str) -> list[dict]:
+    """Every request row in DIR: the requests files, then journaled ones not written yet."""
+    rows = {r["request_id"]: r for t in read_columns(run_files(output_dir, "requests"), REQUEST_COLUMNS)
+            for r in t.to_pylist()}
+    for r in journal.read_requests(output_dir, skip=set(rows)):
+        rows[r["request_id"]] = r
+    return list(rows.values())
 
 
 def _micro_by_request(tables) -> dict[str, int]:
@@ -77,12 +90,10 @@ def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
     carried_micro = _sum_micro(carried, "cost_rub")
     answered = sum(pc.sum(pc.equal(t.column("status"), 200)).as_py() or 0 for t in req)
     retried = sum(pc.sum(pc.greater(t.column("attempts"), 1)).as_py() or 0 for t in req)
-    recon = history.reconcile(output_dir, run_id=run_id,
-                              requests=history.all_requests(output_dir, run_files(output_dir, "requests"),
-                                                            read_columns),
-                              rows_by_request=_micro_by_request(read_columns(run_files(output_dir, "embeddings"),
-                                                                             ["cost_rub", "request_id"])),
-                              account_after=account_after, catalogue_price=catalogue_price)
+    rows_by_request = _micro_by_request(read_columns(run_files(output_dir, "embeddings"), ["cost_rub", "request_id"]))
+    recon = history.reconcile(output_dir, run_id=run_id, requests=_all_requests(output_dir),
+                              rows_by_request=rows_by_request, account_after=account_after,
+                              catalogue_price=catalogue_price)
     recon["carried_over_from_journal_rub"] = from_micro(carried_micro)
     before, after = account_before.get("balance"), account_after.get("balance")
     pending_reasons = _reasons(pending)
