@@ -1,8 +1,9 @@
 """One live run per output directory: DIR/_lock.json names the run that holds it.
 
 On a local disk the lock is created with O_EXCL, so two runs cannot both take it; a holder on
-this host is alive while its pid is, a holder on another host (a shared mount) while its
-heartbeat is fresher than the lease. Object stores (gs://, s3://) offer no create-if-absent
+this host is alive while its pid is and its heartbeat is fresher than the lease (a pid reused
+after a reboot does not hold the lock forever), a holder on another host (a shared mount)
+while its heartbeat is fresh. Object stores (gs://, s3://) offer no create-if-absent
 through Beam's FileSystems: there the lock is a lease, written, read back (the last writer
 wins a race) and refreshed by the driver; a lease older than `lock.lease_s` is stale. Two runs
 started within the same instant on an object store can therefore both start: the lease makes
@@ -72,17 +73,18 @@ class OutputLock:
             FileSystems.delete([self._path])
 
     def _alive(self, other: dict) -> bool:
+        fresh = time.time() - float(other.get("heartbeat", 0)) < self._settings.lease_s
         if other.get("host") == self.holder["host"] and self._local:
-            return _pid_alive(int(other.get("pid", -1)))
-        return time.time() - float(other.get("heartbeat", 0)) < self._settings.lease_s
+            return fresh and _pid_alive(int(other.get("pid", -1)))
+        return fresh
 
     def _refuse(self, other: dict) -> None:
         raise OutputLocked(
             f"--output {FileSystems.split(self._path)[0]} is being written by another run: run "
             f"{other.get('run_id')} on host {other.get('host')}, pid {other.get('pid')}, started "
-            f"{other.get('started_at')}. Wait for it to finish (or stop it), then run again with "
-            f"--resume; a lock whose run is gone is ignored (on object stores once its heartbeat "
-            f"is {self._settings.lease_s:g} s old).")
+            f"{other.get('started_at')} (lock {self._path}). Wait for it to finish (or stop it), then "
+            f"run again with --resume; the lock of a run that is gone is ignored (on another host or an "
+            f"object store once its heartbeat is {self._settings.lease_s:g} s old).")
 
     def _acquire_local(self) -> None:
         for _ in range(3):

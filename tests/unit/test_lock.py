@@ -41,6 +41,15 @@ def test_the_lock_of_a_dead_process_on_this_host_is_stale(tmp_path):
         assert json.loads((tmp_path / LOCK_FILE).read_text())["run_id"] == "run-b"
 
 
+def test_a_live_pid_with_a_silent_heartbeat_is_stale(tmp_path):
+    """After a reboot the pid may belong to another process: the heartbeat tells."""
+    with OutputLock(str(tmp_path), "run-a", FAST) as held:
+        holder = dict(held.holder)
+    (tmp_path / LOCK_FILE).write_text(json.dumps({**holder, "heartbeat": time.time() - 2 * FAST.lease_s}))
+    with OutputLock(str(tmp_path), "run-b", FAST):
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["run_id"] == "run-b"
+
+
 def test_a_lease_is_stale_only_once_its_heartbeat_is_old(tmp_path, monkeypatch):
     monkeypatch.setattr(lock, "_is_local", lambda path: False)
     other = {"run_id": "run-a", "host": "elsewhere", "pid": 1, "started_at": "earlier"}
