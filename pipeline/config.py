@@ -61,6 +61,12 @@ class WriteSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class LockSettings:
+    heartbeat_s: float = 10.0
+    lease_s: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
     client: ClientSettings = ClientSettings()
     split: SplitSettings = SplitSettings()
@@ -69,6 +75,7 @@ class RunSettings:
     budget: BudgetSettings = BudgetSettings()
     rate_limits: RateLimitSettings = RateLimitSettings()
     write: WriteSettings = WriteSettings()
+    lock: LockSettings = LockSettings()
 
     def replace(self, section: str, **changes: Any) -> "RunSettings":
         return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
@@ -124,6 +131,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
         raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
     if settings.budget.price_margin < 1:
         raise ConfigError(f"{where}:budget.price_margin must be >= 1 (it is a safety margin on the price)")
+    if not 0 < settings.lock.heartbeat_s < settings.lock.lease_s:
+        raise ConfigError(f"{where}:lock.heartbeat_s must be > 0 and below lock.lease_s")
     if not 0 <= settings.split.boundary_window <= 0.5:
         raise ConfigError(f"{where}:split.boundary_window must be between 0 and 0.5")
     return settings

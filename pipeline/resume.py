@@ -30,14 +30,32 @@ def written_request_ids(output_dir: str) -> set[str]:
             for r in t.column("request_id").to_pylist()}
 
 
+OUTPUT_KINDS = ("embeddings", "requests", "failed", "pending", "documents")
+
+
+def _rows(path: str) -> int:
+    with FileSystems.open(path) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows
+
+
 def check_fresh_output(job: Job) -> None:
-    """Without --resume, DIR must not hold an earlier run's vectors: a second run would pay for
-    every text again and summary.json could not tell which files are current."""
+    """Without --resume, DIR must not hold an earlier run's vectors or requests: a second run
+    would pay for every text again and summary.json could not tell which files are current.
+    What runs that sent nothing left (an estimate that did not fit, exit 3) holds nothing
+    worth keeping: it is cleared so that the run the advice suggests can start."""
     out = job.opts.output
+    if job.opts.resume:
+        return
     journaled = FileSystems.match([FileSystems.join(journal_dir(out), "*", "*.parquet")])[0].metadata_list
-    if not job.opts.resume and (run_files(out, "embeddings") or run_files(out, "requests") or journaled):
+    if journaled or any(_rows(p) for p in run_files(out, "embeddings") + run_files(out, "requests")):
         raise UsageError(f"--output {out} already holds an earlier run's results or journal: pass "
                          "--resume to continue it (nothing is paid twice), or choose another directory")
+    unsent = [p for kind in OUTPUT_KINDS for p in run_files(out, kind)]
+    summary_path = FileSystems.join(out, "summary.json")
+    if FileSystems.exists(summary_path):
+        unsent.append(summary_path)
+    if unsent:
+        FileSystems.delete(unsent)
 
 
 def _last_summary(output_dir: str) -> dict:

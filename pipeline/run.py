@@ -9,7 +9,8 @@ import apache_beam as beam
 import pyarrow.compute as pc
 
 from pipeline import account as acct
-from pipeline import graph, late, measure, summary
+from pipeline import graph, history, late, measure, summary
+from pipeline.lock import OutputLock
 from pipeline.inputs import check_output_writable, inspect_input
 from pipeline.job import Job
 from pipeline.resume import check_fresh_output, known_sources, learned_price, pending_input
@@ -56,8 +57,13 @@ def _timing(output_dir: str, run_id: str, started: dt.datetime) -> dict:
 
 def execute(job: Job) -> tuple[int, dict]:
     started = dt.datetime.now(dt.timezone.utc)
+    check_output_writable(job.opts.output)
+    with OutputLock(job.opts.output, job.run_id, job.settings.lock):
+        return _execute(job, started)
+
+
+def _execute(job: Job, started: dt.datetime) -> tuple[int, dict]:
     opts, s = job.opts, job.settings
-    check_output_writable(opts.output)
     check_fresh_output(job)
     info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
             else pending_input(job)[0])
@@ -65,6 +71,7 @@ def execute(job: Job) -> tuple[int, dict]:
     known = known_sources(job)
     with client_for(job) as client:
         before = acct.read_account(client, need_stats=bool(job.caps.by_name()))
+    history.record_start(opts.output, job.run_id, job.model.name, opts.resume, before.as_dict())
     spendable = acct.spendable(before, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
     learned = learned_price(opts.output)
     price = learned if learned is not None else job.model.price_per_token
@@ -99,10 +106,11 @@ def execute(job: Job) -> tuple[int, dict]:
         documents=metrics.get("documents", 0), account_before=before.as_dict(),
         account_after=after.as_dict(),
         estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable, "preflight": decided_by},
-        metrics=metrics, carried_files=known.carried_files,
+        metrics=metrics, catalogue_price=job.model.price_per_token, carried_files=known.carried_files,
         caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding})
     report["timing"] = _timing(opts.output, job.run_id, started)
     summary.write_summary(opts.output, report)
+    history.record_finish(opts.output, job.run_id, after.as_dict(), report["reconciliation"]["unanswered"])
     journal.discard(opts.output, job.run_id)
     progress.discard(opts.output, job.run_id)
     return report["exit_code"], report

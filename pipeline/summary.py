@@ -1,4 +1,5 @@
-"""summary.json: totals, reconciliation and the list of current files, written last, atomically.
+"""summary.json: totals, reconciliation (pipeline/history.py) and the list of current files,
+written last, atomically.
 
 Built from the output files themselves (the durable truth), not from in-memory counters.
 """
@@ -12,6 +13,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline import history
+from transforms import journal
 from transforms.apportion import from_micro, to_micro
 from transforms.embed_runner import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
 
@@ -35,6 +38,27 @@ def _sum_micro(tables, column: str) -> int:
     return sum(to_micro(v) for t in tables for v in t.column(column).to_pylist() if v is not None)
 
 
+REQUEST_COLUMNS = ["request_id", "model", "total_tokens", "cost_rub", "balance_after", "attempts", "latency_ms",
+                   "status", "started_at", "run_id"]
+
+
+def _all_requests(output_dir: str) -> list[dict]:
+    """Every request row in DIR: the requests files, then journaled ones not written yet."""
+    rows = {r["request_id"]: r for t in read_columns(run_files(output_dir, "requests"), REQUEST_COLUMNS)
+            for r in t.to_pylist()}
+    for r in journal.read_requests(output_dir, skip=set(rows)):
+        rows[r["request_id"]] = r
+    return list(rows.values())
+
+
+def _micro_by_request(tables) -> dict[str, int]:
+    totals: dict[str, int] = collections.defaultdict(int)
+    for t in tables:
+        for request_id, cost in zip(t.column("request_id").to_pylist(), t.column("cost_rub").to_pylist()):
+            totals[request_id] += to_micro(cost or 0)
+    return dict(totals)
+
+
 def _reasons(tables) -> dict[str, int]:
     counts = collections.Counter()
     for t in tables:
@@ -54,41 +78,24 @@ def exit_code(pending_reasons: dict[str, int]) -> int:
 
 def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
                   account_before: dict, account_after: dict, estimate: dict, metrics: dict,
-                  carried_files: tuple[str, ...] = (), caps: dict | None = None) -> dict:
+                  catalogue_price: float, carried_files: tuple[str, ...] = (), caps: dict | None = None) -> dict:
     emb = read_columns(run_files(output_dir, "embeddings", run_id), ["cost_rub", "request_id"])
     req = read_columns(run_files(output_dir, "requests", run_id),
                        ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id"])
     failed = read_columns(run_files(output_dir, "failed", run_id), ["reason"])
     pending = read_columns(run_files(output_dir, "pending", run_id), ["reason"])
-    rows_micro, req_micro = _sum_micro(emb, "cost_rub"), _sum_micro(req, "cost_rub")
+    req_micro = _sum_micro(req, "cost_rub")
     # requests journaled by a killed earlier run, paid before this run's balance was read
     carried = [t.filter(pc.not_equal(t.column("run_id"), run_id)) for t in req]
     carried_micro = _sum_micro(carried, "cost_rub")
     answered = sum(pc.sum(pc.equal(t.column("status"), 200)).as_py() or 0 for t in req)
     retried = sum(pc.sum(pc.greater(t.column("attempts"), 1)).as_py() or 0 for t in req)
-    recon = {"rows_cost_rub": from_micro(rows_micro), "requests_cost_rub": from_micro(req_micro),
-             "rows_minus_requests_rub": from_micro(rows_micro - req_micro),
-             "carried_over_from_journal_rub": from_micro(carried_micro)}
-    notes = []
-    if rows_micro != req_micro:
-        notes.append("requests billed whose rows are not in embeddings (for example vectors of the "
-                     "wrong length, dead-lettered after being billed)")
+    rows_by_request = _micro_by_request(read_columns(run_files(output_dir, "embeddings"), ["cost_rub", "request_id"]))
+    recon = history.reconcile(output_dir, run_id=run_id, requests=_all_requests(output_dir),
+                              rows_by_request=rows_by_request, account_after=account_after,
+                              catalogue_price=catalogue_price)
+    recon["carried_over_from_journal_rub"] = from_micro(carried_micro)
     before, after = account_before.get("balance"), account_after.get("balance")
-    if before is not None and after is not None:
-        delta = to_micro(before) - to_micro(after)
-        recon["balance_delta_rub"] = from_micro(delta)
-        billed_now = req_micro - carried_micro
-        recon["balance_minus_requests_rub"] = from_micro(delta - billed_now)
-        if delta != billed_now:
-            notes.append(f"the balance fell by {from_micro(delta - billed_now):.6f} RUB more than the "
-                         f"answered requests cost: attempts that timed out or were cut after sending "
-                         f"may have been billed ({retried} requests needed retries), or another "
-                         f"client spent on the same account meanwhile")
-    d_before = (account_before.get("stats") or {}).get("monthly_usage")
-    d_after = (account_after.get("stats") or {}).get("monthly_usage")
-    if d_before is not None and d_after is not None:
-        recon["stats_delta_rub"] = from_micro(to_micro(d_after) - to_micro(d_before))
-    recon["notes"] = notes
     pending_reasons = _reasons(pending)
     current = (run_files(output_dir, "embeddings") + run_files(output_dir, "requests")
                + run_files(output_dir, "failed", run_id) + run_files(output_dir, "pending", run_id)

@@ -126,6 +126,8 @@ class _EmbedDoFn(beam.DoFn):
                 max_tokens=n, boundary_window=cfg.boundary_window))),
             journal=self._journal,
             recall=lambda request_id: journal.read_entry(cfg.output_dir, cfg.run_id, request_id),
+            intend=lambda request_id, tokens, worst: journal.write_intent(cfg.output_dir, cfg.run_id, request_id,
+                                                                          tokens, worst),
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None)
         self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight, thread_name_prefix="embed")
 

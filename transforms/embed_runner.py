@@ -126,11 +126,12 @@ class RequestRunner:
                  resplit: Callable[[TextItem], list[TextItem]],
                  journal: Callable[[Delivery, dict], None] | None = None,
                  recall: Callable[[str], tuple[dict, pa.Table] | None] | None = None,
+                 intend: Callable[[str, int, int], None] | None = None,
                  concurrency: AimdLimiter | None = None, quota: TokenBucketLimiter | None = None):
         self._client, self._model, self._dimensions = client, model, dimensions
         self._expected_dims = expected_dims
         self._guard, self._breaker, self._run_id = guard, breaker, run_id
-        self._resplit, self._journal, self._recall = resplit, journal, recall
+        self._resplit, self._journal, self._recall, self._intend = resplit, journal, recall, intend
         self._concurrency, self._quota = concurrency, quota
         self._same_refusals = _RefusalStreak()
 
@@ -161,10 +162,10 @@ class RequestRunner:
             batch = batch[:n]
             request_id = request_key(self._run_id, self._model, self._dimensions, batch)
         tokens = sum(i.n_tokens for i in batch)
-        started = dt.datetime.now(dt.timezone.utc)
+        started = [dt.datetime.now(dt.timezone.utc)]  # reset when it leaves, after waiting its turn
         encoding = self._client.encoding_format
         try:
-            result = self._embed([i.text for i in batch], tokens, request_id)
+            result = self._embed([i.text for i in batch], tokens, request_id, reservation, started)
         except _Stopped:  # the breaker tripped or spending stopped while this one waited its turn
             self._guard.settle(reservation, None, None)
             out.pending += [(i, self._breaker.reason or self._guard.stop_reason or BUDGET) for i in batch]
@@ -173,7 +174,7 @@ class RequestRunner:
             billed = getattr(exc, "usage", None)  # a malformed 200 was still billed
             self._guard.settle(reservation, billed.cost_rub if billed else None,
                                billed.balance if billed else None)
-            out.requests.append(self._request_row(request_id, batch, started, error=exc))
+            out.requests.append(self._request_row(request_id, batch, started[0], error=exc))
             out.retries += max(0, exc.attempts - 1)
             if isinstance(exc, errors.InvalidResponseError) and self._client.encoding_format != encoding:
                 return [batch]  # the server ignored base64: the client now asks for floats
@@ -184,7 +185,7 @@ class RequestRunner:
         self._guard.settle(reservation, result.usage.cost_rub, result.usage.balance)
         if result.usage.cost_rub is not None:
             self._guard.learn_price(result.usage.cost_rub, result.usage.total_tokens)
-        row = self._request_row(request_id, batch, started, result=result)
+        row = self._request_row(request_id, batch, started[0], result=result)
         out.requests.append(row)
         out.retries += result.attempts - 1
         if result.vectors.shape[1] != self._expected_dims:
@@ -203,18 +204,26 @@ class RequestRunner:
         out.deliveries.append(delivery)
         return []
 
-    def _embed(self, texts: list[str], tokens: int, request_id: str):
+    def _embed(self, texts: list[str], tokens: int, request_id: str, worst_case_micro: int,
+               started: list[dt.datetime]):
         """The call itself, paced by the client-side quota and the AIMD concurrency limit
         (a 429 that the client's retry loop absorbs still slows every thread down)."""
         if self._quota is not None:
             self._quota.acquire(tokens)
         if self._concurrency is None:
             self._check_running()
+            self._announce(request_id, tokens, worst_case_micro, started)
             return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id)
         with self._concurrency.slot() as permit:
             self._check_running()
+            self._announce(request_id, tokens, worst_case_micro, started)
             return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
                                       on_retry=lambda status: permit.rate_limited() if status == 429 else None)
+
+    def _announce(self, request_id: str, tokens: int, worst_case_micro: int, started: list[dt.datetime]) -> None:
+        started[0] = dt.datetime.now(dt.timezone.utc)
+        if self._intend is not None:  # durable before the request leaves
+            self._intend(request_id, tokens, worst_case_micro)
 
     def _check_running(self) -> None:
         if self._breaker.reason or self._guard.stop_reason:

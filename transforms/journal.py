@@ -3,9 +3,14 @@
 One small Parquet file per request under DIR/_journal/<run_id>/, written under a temporary
 name and renamed, so a reader sees whole entries or none. A run killed mid-way loses nothing
 it paid for: `--resume` reads these vectors instead of paying for the texts again.
+
+Beside each entry, an intent (`<request_id>.intent.json`) is written before the request
+leaves: an intent without an entry is a request a killed run may have been billed for whose
+answer it never saw (pipeline/history.py reconciles them against the balance).
 """
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import os
@@ -21,6 +26,7 @@ from transforms.known import Known
 from transforms.schemas import required, vector_type
 
 JOURNAL_DIR = "_journal"
+INTENT_SUFFIX = ".intent.json"
 
 _SCHEMA_FIELDS = [required("text_sha256", pa.string()), required("n_tokens", pa.int32()),
                   required("share_micro", pa.int64())]
@@ -54,6 +60,36 @@ def write_entry(output_dir: str, run_id: str, request_row: dict, shas: list[str]
     return final
 
 
+def write_intent(output_dir: str, run_id: str, request_id: str, tokens: int, worst_case_micro: int) -> None:
+    """Written straight to its name (no rename: an object store copies on rename, and this is
+    on the path of every request); a torn intent still names its request."""
+    intent = {"request_id": request_id, "run_id": run_id, "tokens": tokens, "worst_case_micro": worst_case_micro,
+              "at": dt.datetime.now(dt.timezone.utc).isoformat()}
+    with FileSystems.create(FileSystems.join(journal_dir(output_dir, run_id), request_id + INTENT_SUFFIX)) as fh:
+        fh.write(json.dumps(intent).encode())
+
+
+def _named(pattern: str, suffix: str, skip: set[str]) -> list[str]:
+    """Paths matching PATTERN whose request id (the name before SUFFIX) is not in SKIP: a name
+    is listed cheaply, a file is opened one request at a time."""
+    paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    return [p for p in paths if FileSystems.split(p)[1][:-len(suffix)] not in skip]
+
+
+def read_intents(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
+    """Every intent in OUTPUT_DIR's journal, but those of the request ids in SKIP."""
+    intents = []
+    for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*" + INTENT_SUFFIX), INTENT_SUFFIX, skip):
+        folder, name = FileSystems.split(path)
+        try:
+            with FileSystems.open(path) as fh:
+                intents.append(json.loads(fh.read()))
+        except ValueError:  # torn by a kill: the request is known, its size is not
+            intents.append({"request_id": name[:-len(INTENT_SUFFIX)], "run_id": FileSystems.split(folder)[1],
+                            "tokens": None, "worst_case_micro": None, "at": None})
+    return intents
+
+
 def _read(path: str) -> tuple[dict, pa.Table]:
     with FileSystems.open(path) as fh:
         table = pq.read_table(io.BytesIO(fh.read()))
@@ -71,6 +107,15 @@ def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
     pattern = FileSystems.join(journal_dir(output_dir), "*", "*.parquet")
     for match in FileSystems.match([pattern])[0].metadata_list:
         yield _read(match.path)
+
+
+def read_requests(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
+    """The request row of every whole entry but those in SKIP, from the file's footer alone."""
+    rows = []
+    for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*.parquet"), ".parquet", skip):
+        with FileSystems.open(path) as fh:
+            rows.append(json.loads(pq.read_schema(fh).metadata[b"request"]))
+    return rows
 
 
 def discard(output_dir: str, run_id: str) -> None:

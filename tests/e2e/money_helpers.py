@@ -6,7 +6,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import os
 import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +23,7 @@ from service.sandbox.store import read_ledger
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import WORDS_EN, WORDS_RU, paragraph
 
+REPO = Path(__file__).resolve().parents[2]
 MODEL = "text-embedding-3-small"
 PRICE_PER_1M = 100.0          # RUB: a token costs 100 micro-roubles, a request a few kopecks
 MAX_INPUTS = 4                # many requests from a small corpus
@@ -116,3 +121,28 @@ def assert_every_row_once(out: Path, rows: list[dict]) -> dict[str, int]:
         expected = {None} if doc_id not in counts else set(range(counts[doc_id]))
         assert indexes == expected, f"{doc_id}: chunks {sorted(indexes, key=str)}, expected {expected}"
     return per_kind
+
+
+def job_argv(corpus: Path, out: Path, sandbox, models: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline", "run", "--input", str(corpus), "--output", str(out),
+            "--model", MODEL, "--base-url", sandbox.base_url, "--models-config", str(models), *extra]
+
+
+def start_job(corpus: Path, out: Path, sandbox, models: Path, log: Path, *extra: str) -> subprocess.Popen:
+    """`python -m pipeline run` as a real process in its own session (killable with its group)."""
+    env = {**os.environ, "EMBEDDINGS_API_KEY": SANDBOX_KEY}
+    with open(log, "wb") as fh:
+        return subprocess.Popen(job_argv(corpus, out, sandbox, models, "--max-in-flight", "1", *extra),
+                                cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def journal_files(out: Path) -> list[Path]:
+    return sorted(out.glob("_journal/*/*.parquet"))
+
+
+def wait_for_journal(proc: subprocess.Popen, out: Path, n: int, log: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(journal_files(out)) < n:
+        assert proc.poll() is None, f"the job ended ({proc.returncode}) before the kill:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the job journaled nothing in time"
+        time.sleep(0.005)

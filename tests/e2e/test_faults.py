@@ -303,7 +303,9 @@ def test_transient_faults_change_nothing_but_the_bill(tmp_path, sandbox_factory,
     recon = summary(out)["reconciliation"]
     assert recon["rows_minus_requests_rub"] == 0
     assert round(recon["balance_minus_requests_rub"] * 1e6) == extra_micro
-    assert any("may have been billed" in note for note in recon["notes"])
+    # every abandoned attempt is named: billed for a retried request whose answer never arrived
+    assert round(recon["lost"]["rub"] * 1e6) == extra_micro and recon["lost"]["retried"]["count"] > 0
+    assert recon["others_rub"] == 0 and recon["unexplained_rub"] == 0, recon["notes"]
     assert injected.get("slow") and injected.get("reset_after_charge")  # seed 30 draws both early
 
 

@@ -39,6 +39,7 @@ def test_clean_run_reconciles_exactly(tmp_path, sandbox_factory, env_key):
     assert to_micro(recon["balance_delta_rub"]) == delta
     assert to_micro(recon["stats_delta_rub"]) == delta
     assert recon["notes"] == []
+    assert recon["lost"]["count"] == 0 and recon["others_rub"] == 0 and recon["unexplained_rub"] == 0
     assert to_micro(charges[-1]["balance_after"]) == to_micro(s["balance_after"])
 
 
@@ -66,6 +67,10 @@ def test_answers_billed_after_a_client_timeout_are_named(tmp_path, sandbox_facto
     assert to_micro(recon["balance_delta_rub"]) == billed
     assert recon["rows_minus_requests_rub"] == 0
     assert any("timed out" in note for note in recon["notes"])
+    # each unseen charge is named as a retried attempt of its answered request, to the micro-rouble
+    assert (to_micro(recon["lost"]["retried"]["rub"]), recon["lost"]["retried"]["count"]) == (
+        billed - answered, sum(n - 1 for n in per_id.values()))
+    assert recon["others_rub"] == 0 and recon["unexplained_rub"] == 0, recon["notes"]
     assert s["requests_retried"] >= sum(1 for n in per_id.values() if n > 1)
     print(f"\nbilled {billed} µRUB, answered {answered} µRUB, named difference "
           f"{recon['balance_minus_requests_rub']} RUB over {sum(n - 1 for n in per_id.values())} unseen charges")

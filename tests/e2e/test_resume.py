@@ -7,9 +7,6 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current, ledger,
-                                     micro, run, start_sandbox, summary, write_corpus, write_models)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current,
+                                     journal_files, ledger, micro, run, start_job, start_sandbox, summary,
+                                     wait_for_journal, write_corpus, write_models)
 
-REPO = Path(__file__).resolve().parents[2]
 # A request waits this long in the sandbox before it is charged: killing the job (and the
 # sandbox) right after a journal entry appears catches the next request before its charge.
 LATENCY_MS = 300
@@ -32,10 +29,6 @@ def env_key(monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
 
 
-def journal_files(out: Path) -> list[Path]:
-    return sorted(out.glob("_journal/*/*.parquet"))
-
-
 def read_journal(out: Path) -> dict[str, tuple[dict, dict[str, int]]]:
     """request_id -> (request row, {text_sha256: share_micro})"""
     entries = {}
@@ -45,24 +38,6 @@ def read_journal(out: Path) -> dict[str, tuple[dict, dict[str, int]]]:
         shares = dict(zip(table.column("text_sha256").to_pylist(), table.column("share_micro").to_pylist()))
         entries[request["request_id"]] = (request, shares)
     return entries
-
-
-def start_job(corpus: Path, out: Path, sandbox, models: Path, log: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "pipeline", "run", "--input", str(corpus), "--output", str(out),
-            "--model", MODEL, "--base-url", sandbox.base_url, "--models-config", str(models),
-            "--max-in-flight", "1"]
-    env = {**os.environ, "EMBEDDINGS_API_KEY": SANDBOX_KEY}
-    with open(log, "wb") as fh:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def wait_for_journal(proc: subprocess.Popen, out: Path, n: int, log: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while len(journal_files(out)) < n:
-        assert proc.poll() is None, f"the job ended ({proc.returncode}) before the kill:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "the job journaled nothing in time"
-        time.sleep(0.005)
 
 
 def kill_midway(tmp_path: Path, sandbox_factory, rows: list[dict]) -> tuple[Path, Path, Path, object]:

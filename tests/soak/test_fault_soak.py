@@ -140,4 +140,6 @@ def test_fault_soak(tmp_path, monkeypatch):
     recon = s["reconciliation"]
     assert recon["rows_minus_requests_rub"] == 0
     assert round(recon["balance_minus_requests_rub"] * 1e6) == extra_micro > 0
-    assert any("may have been billed" in note for note in recon["notes"])
+    # the abandoned attempts are named: lost answers, or unexplained where a gap is ambiguous
+    assert round((recon["lost"]["rub"] + recon["unexplained_rub"]) * 1e6) == extra_micro
+    assert recon["lost"]["count"] > 0 and recon["others_rub"] == 0, recon["notes"]
