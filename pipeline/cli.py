@@ -1,7 +1,9 @@
 """embedpipe command line: run, plan, demo, report.
 
     python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [options]
-    python -m pipeline plan --input GLOB --model M --base-url URL [--json]
+    python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
+    python -m pipeline run --help            embedpipe's options, grouped
+    python -m pipeline beam-options          every Beam pipeline option (they all pass through)
 
 User mistakes end in one clear message and an exit code, never a traceback.
 """
@@ -11,10 +13,10 @@ import json
 import logging
 import sys
 
-from pipeline import profiles
+from pipeline import profiles, usage
 from pipeline.inputs import UsageError
 from pipeline.job import resolve
-from pipeline.options import EmbedPipeOptions, unknown_flags
+from pipeline.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags
 from pipeline.run import JobFailed
 from pipeline.summary import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from service import errors
@@ -38,7 +40,9 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
     flags = profiles.expand(argv)
     if unknown := unknown_flags(flags):
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
-    return EmbedPipeOptions(flags)
+    opts = EmbedPipeOptions(flags)
+    check_runner(opts)
+    return opts
 
 
 def cmd_run(argv: list[str]) -> int:
@@ -70,6 +74,11 @@ def cmd_plan(argv: list[str]) -> int:
     return EXIT_OK if result["fits"] else EXIT_DOES_NOT_FIT
 
 
+def cmd_beam_options(argv: list[str]) -> int:
+    print(all_options_parser().format_help())
+    return EXIT_OK
+
+
 def cmd_demo(argv: list[str]) -> int:
     from pipeline.demo import main as demo_main
     return demo_main(argv)
@@ -80,7 +89,8 @@ def cmd_report(argv: list[str]) -> int:
     return report_main(argv)
 
 
-COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report}
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report,
+            "beam-options": cmd_beam_options}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     _logging("--verbose" in argv)
     command, rest = argv[0], [a for a in argv[1:] if a != "--verbose"]
+    if command in ("run", "plan") and ({"-h", "--help"} & set(rest)):
+        print(usage.render(command))
+        return EXIT_OK
     try:
         return COMMANDS[command](rest)
     except (UsageError, ConfigError, MissingApiKeyError, TokenizerError) as exc:
