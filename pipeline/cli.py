@@ -16,7 +16,7 @@ import sys
 from pipeline import profiles, usage
 from pipeline.inputs import UsageError
 from pipeline.job import resolve
-from pipeline.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags
+from pipeline.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags, use_filesystems
 from pipeline.run import JobFailed
 from pipeline.summary import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from service import errors
@@ -42,6 +42,7 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
     opts = EmbedPipeOptions(flags)
     check_runner(opts)
+    use_filesystems(opts)
     return opts
 
 

@@ -6,6 +6,7 @@ import difflib
 # Registers the Flink and Spark runners' options, so their flags count as known.
 import apache_beam.runners.portability.flink_runner  # noqa: F401
 import apache_beam.runners.portability.spark_runner  # noqa: F401
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
 from apache_beam.runners.runner import create_runner
 
@@ -41,6 +42,12 @@ def unknown_flags(flags: list[str]) -> list[str]:
         else:
             found.append(repr(arg))
     return found
+
+
+def use_filesystems(opts: PipelineOptions) -> None:
+    """The driver's own file checks (input, output, resume, summary, report) go through
+    FileSystems as the workers do; without the options, s3:// has no endpoint or keys."""
+    FileSystems.set_options(opts)
 
 
 def check_runner(opts: PipelineOptions) -> None:
