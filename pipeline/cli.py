@@ -15,7 +15,7 @@ import sys
 
 from pipeline import profiles, usage
 from pipeline.inputs import UsageError
-from pipeline.job import resolve
+from pipeline.job import model_names, resolve
 from pipeline.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags, use_filesystems
 from pipeline.run import JobFailed
 from pipeline.summary import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -70,9 +70,20 @@ def cmd_run(argv: list[str]) -> int:
 def cmd_plan(argv: list[str]) -> int:
     from pipeline.plan import plan, render
     opts = _options(argv)
+    if names := model_names(opts):
+        return _plan_models(opts, names)
     result = plan(resolve(opts, need_output=False))
     print(json.dumps(result, indent=2) if opts.json else render(result))
     return EXIT_OK if result["fits"] else EXIT_DOES_NOT_FIT
+
+
+def _plan_models(opts: EmbedPipeOptions, names: list[str]) -> int:
+    """`plan --model all|a,b`: exit 0 when at least one model fits, 3 when none does."""
+    from pipeline.plan import plan_models, render_comparison
+    jobs = [resolve(opts, need_output=False, model_name=name) for name in names]
+    results = plan_models(jobs)
+    print(json.dumps(results, indent=2) if opts.json else render_comparison(results, jobs))
+    return EXIT_OK if any(r["fits"] for r in results) else EXIT_DOES_NOT_FIT
 
 
 def cmd_beam_options(argv: list[str]) -> int:
