@@ -33,6 +33,9 @@ setup(
         # flask is all its server mode needs for S3 (moto[server] would add ~200 MB for other services)
         "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "apache-beam[aws]>=2.60,<3",
                  "moto[s3]>=5,<6", "flask>=2.2.2,<4", "flask-cors>=4,<7"],
+        # gs:// end to end against gcp-storage-emulator on loopback; Beam's GCP extra adds ~440 MB,
+        # so it stays out of `test` (tests/e2e/test_object_stores.py skips gs:// without it)
+        "gcs-test": ["apache-beam[gcp]>=2.60,<3", "gcp-storage-emulator>=2024.8"],
         "report": ["matplotlib>=3.7,<4"],
         # Dataflow and gs:// paths; the secret manager client for --api-key-secret
         "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-secret-manager>=2.16,<3"],
