@@ -1,4 +1,4 @@
-"""The demo and benchmark corpus: a deterministic Parquet file of English, Russian and source
+"""The benchmark and test corpus (the demo uses python_docs_corpus): a deterministic Parquet file of English, Russian and source
 code, from built-in vocabularies (no downloads), with the rows a real corpus brings.
 
 Columns: id, text, lang (en, ru, python, sql, js, mul), source (kept-columns demo). Lengths
