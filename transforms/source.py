@@ -22,8 +22,11 @@ from apache_beam.io.filesystems import FileSystems
 Partition = Mapping[str, "str | None"]
 
 
+_is_string_view = getattr(pa.types, "is_string_view", lambda t: False)  # pyarrow >= 16
+
+
 def _is_string_like(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or _is_string_view(t)
 
 
 def normalised_type(t: pa.DataType) -> pa.DataType:
