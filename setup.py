@@ -10,10 +10,14 @@ setup(
     version="0.1.0",
     description="Budget-guarded, deduplicated embeddings of Parquet corpora on Apache Beam",
     python_requires=">=3.11,<3.13",
+    # configs/profiles and configs/sandbox hold only YAML: data packages, named so that
+    # setuptools does not warn that they "would be ignored"
     packages=find_packages(include=["service", "service.*", "transforms", "transforms.*",
-                                    "pipeline", "pipeline.*", "configs", "configs.*"]),
-    package_data={"configs": ["*.yaml", "profiles/*.yaml", "sandbox/*.yaml"]},
-    include_package_data=True,
+                                    "pipeline", "pipeline.*", "configs"]) + ["configs.profiles", "configs.sandbox"],
+    package_data={"configs": ["*.yaml"], "configs.profiles": ["*.yaml"], "configs.sandbox": ["*.yaml"]},
+    # the project root on sys.path through a .pth (a simple layout): setuptools then has no
+    # "Editable installation" notice to print at `pip install -e`
+    package_dir={"": "."},
     install_requires=[
         "apache-beam>=2.60,<3",
         "pyarrow>=14,<26",
@@ -25,7 +29,13 @@ setup(
         "PyYAML>=6,<7",
     ],
     extras_require={
-        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7"],
+        # moto's S3 server on loopback proves s3:// end to end (tests/e2e/test_object_stores.py);
+        # flask is all its server mode needs for S3 (moto[server] would add ~200 MB for other services)
+        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "apache-beam[aws]>=2.60,<3",
+                 "moto[s3]>=5,<6", "flask>=2.2.2,<4", "flask-cors>=4,<7"],
+        # gs:// end to end against gcp-storage-emulator on loopback; Beam's GCP extra adds ~440 MB,
+        # so it stays out of `test` (tests/e2e/test_object_stores.py skips gs:// without it)
+        "gcs-test": ["apache-beam[gcp]>=2.60,<3", "gcp-storage-emulator>=2024.8"],
         "report": ["matplotlib>=3.7,<4"],
         # Dataflow and gs:// paths; the secret manager client for --api-key-secret
         "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-secret-manager>=2.16,<3"],

@@ -1,7 +1,9 @@
 """embedpipe command line: run, plan, demo, report.
 
     python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [options]
-    python -m pipeline plan --input GLOB --model M --base-url URL [--json]
+    python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
+    python -m pipeline run --help            embedpipe's options, grouped
+    python -m pipeline beam-options          every Beam pipeline option (they all pass through)
 
 User mistakes end in one clear message and an exit code, never a traceback.
 """
@@ -11,10 +13,10 @@ import json
 import logging
 import sys
 
-from pipeline import profiles
+from pipeline import profiles, usage
 from pipeline.inputs import UsageError
-from pipeline.job import resolve
-from pipeline.options import EmbedPipeOptions, unknown_flags
+from pipeline.job import model_names, resolve
+from pipeline.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags, use_filesystems
 from pipeline.run import JobFailed
 from pipeline.summary import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from service import errors
@@ -38,7 +40,10 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
     flags = profiles.expand(argv)
     if unknown := unknown_flags(flags):
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
-    return EmbedPipeOptions(flags)
+    opts = EmbedPipeOptions(flags)
+    check_runner(opts)
+    use_filesystems(opts)
+    return opts
 
 
 def cmd_run(argv: list[str]) -> int:
@@ -65,9 +70,25 @@ def cmd_run(argv: list[str]) -> int:
 def cmd_plan(argv: list[str]) -> int:
     from pipeline.plan import plan, render
     opts = _options(argv)
+    if names := model_names(opts):
+        return _plan_models(opts, names)
     result = plan(resolve(opts, need_output=False))
     print(json.dumps(result, indent=2) if opts.json else render(result))
     return EXIT_OK if result["fits"] else EXIT_DOES_NOT_FIT
+
+
+def _plan_models(opts: EmbedPipeOptions, names: list[str]) -> int:
+    """`plan --model all|a,b`: exit 0 when at least one model fits, 3 when none does."""
+    from pipeline.plan import plan_models, render_comparison
+    jobs = [resolve(opts, need_output=False, model_name=name) for name in names]
+    results = plan_models(jobs)
+    print(json.dumps(results, indent=2) if opts.json else render_comparison(results, jobs))
+    return EXIT_OK if any(r["fits"] for r in results) else EXIT_DOES_NOT_FIT
+
+
+def cmd_beam_options(argv: list[str]) -> int:
+    print(all_options_parser().format_help())
+    return EXIT_OK
 
 
 def cmd_demo(argv: list[str]) -> int:
@@ -80,7 +101,8 @@ def cmd_report(argv: list[str]) -> int:
     return report_main(argv)
 
 
-COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report}
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report,
+            "beam-options": cmd_beam_options}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     _logging("--verbose" in argv)
     command, rest = argv[0], [a for a in argv[1:] if a != "--verbose"]
+    if command in ("run", "plan") and ({"-h", "--help"} & set(rest)):
+        print(usage.render(command))
+        return EXIT_OK
     try:
         return COMMANDS[command](rest)
     except (UsageError, ConfigError, MissingApiKeyError, TokenizerError) as exc:

@@ -70,7 +70,8 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
     if known.pending_glob:
         entries = p | "ReadPending" >> ReadPending(known.pending_glob, [f.name for f in info.kept_fields])
     else:
-        read = p | "Read" >> ReadDocuments(opts.input, opts.id_column, opts.text_column, job.keep_columns,
+        read = p | "Read" >> ReadDocuments(info.files, info.partition_mappings, opts.id_column,
+                                           opts.text_column, job.keep_columns,
                                            SplitConfig(max_tokens=model.chunk_tokens,
                                                        overlap_tokens=s.split.overlap_tokens,
                                                        boundary_window=s.split.boundary_window),

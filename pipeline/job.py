@@ -65,7 +65,22 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def resolve(opts: EmbedPipeOptions, *, need_output: bool) -> Job:
+def catalogue(opts: EmbedPipeOptions) -> dict[str, ModelSpec]:
+    return parse_models(_read_text(opts.models_config), opts.models_config) if opts.models_config else load_models()
+
+
+def model_names(opts: EmbedPipeOptions) -> list[str] | None:
+    """`--model all` or `--model a,b` (plan compares them): the names, each checked; None for one model."""
+    if opts.model != "all" and "," not in (opts.model or ""):
+        return None
+    models = catalogue(opts)
+    names = list(models) if opts.model == "all" else [n.strip() for n in opts.model.split(",") if n.strip()]
+    for name in names:
+        get_model(models, name)
+    return names
+
+
+def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None = None) -> Job:
     missing = [flag for flag, value in (("--model", opts.model), ("--base-url", opts.base_url)) if not value]
     if not opts.input and not (need_output and opts.resume):  # run --resume can take DIR's pending rows
         missing.insert(0, "--input")
@@ -73,8 +88,7 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool) -> Job:
         missing.append("--output")
     if missing:
         raise UsageError(f"missing {', '.join(missing)}")
-    models = parse_models(_read_text(opts.models_config), opts.models_config) if opts.models_config else load_models()
-    model = get_model(models, opts.model)
+    model = get_model(catalogue(opts), model_name or opts.model)
     settings = parse_settings(_read_text(opts.run_config) if opts.run_config else default_settings_text(),
                               opts.run_config or "configs/pipeline.yaml")
     if opts.max_in_flight is not None:

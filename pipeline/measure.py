@@ -3,6 +3,8 @@ and, only when that bound does not fit, the exact count (the whole corpus read a
 nothing sent)."""
 from __future__ import annotations
 
+import logging
+
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
@@ -14,6 +16,8 @@ from pipeline.scan import Scan
 from transforms import preflight
 from transforms.pack import request_totals
 from transforms.preflight import WorstCaseMicro
+
+log = logging.getLogger("embedpipe")
 
 TOTALS = ("plan_requests", "plan_inputs", "plan_chunks", "plan_tokens")
 
@@ -48,5 +52,7 @@ def fits(job: Job, info: InputInfo, known: KnownSources, scan: Scan, spendable_r
     """(does the run fit the spendable amount, how that was decided)."""
     if preflight.fits(bound_micro(job, scan, price, margin), spendable_rub):
         return True, "bound"
+    log.info("preflight: an upper bound of the cost does not fit the spendable amount; counting the "
+             "tokens exactly first (nothing is sent)")
     worst = exact_totals(job, info, known, scan, price, margin).get("plan_worst_case_micro", 0)
     return preflight.fits(worst, spendable_rub), "exact"

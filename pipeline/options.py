@@ -6,15 +6,31 @@ import difflib
 # Registers the Flink and Spark runners' options, so their flags count as known.
 import apache_beam.runners.portability.flink_runner  # noqa: F401
 import apache_beam.runners.portability.spark_runner  # noqa: F401
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
+from apache_beam.runners.runner import create_runner
+
+from pipeline.inputs import UsageError
+
+
+class _Parser(_BeamArgumentParser):
+    def error(self, message):  # argparse would print Beam's 100-line usage and exit
+        raise UsageError(message)
+
+
+def all_options_parser() -> _Parser:
+    """Every option of every registered options class: the parser Beam builds in get_all_options."""
+    parser = _Parser(allow_abbrev=False, add_help=False, usage="python -m pipeline run|plan [options]")
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)
+    return parser
 
 
 def unknown_flags(flags: list[str]) -> list[str]:
     """Flags no options class knows, each with a suggestion. Beam only warns about them, and a
-    misspelt --max-spend-rub would then run without the cap the user asked for."""
-    parser = _BeamArgumentParser(allow_abbrev=False)
-    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
-        cls._add_argparse_args(parser)  # the parser Beam itself builds in get_all_options
+    misspelt --max-spend-rub would then run without the cap the user asked for. A malformed
+    value (--direct_num_workers abc) is a UsageError."""
+    parser = all_options_parser()
     _, unknown = parser.parse_known_args(flags)
     known = [opt for action in parser._actions for opt in action.option_strings]
     found = []
@@ -28,13 +44,28 @@ def unknown_flags(flags: list[str]) -> list[str]:
     return found
 
 
+def use_filesystems(opts: PipelineOptions) -> None:
+    """The driver's own file checks (input, output, resume, summary, report) go through
+    FileSystems as the workers do; without the options, s3:// has no endpoint or keys."""
+    FileSystems.set_options(opts)
+
+
+def check_runner(opts: PipelineOptions) -> None:
+    """An unknown --runner would otherwise end in Beam's traceback once the job is built."""
+    name = opts.view_as(StandardOptions).runner
+    try:
+        create_runner(name) if name else None
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--runner {name}: {exc}") from None
+
+
 class EmbedPipeOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser):
         add = parser.add_argument
-        add("--input", help="Parquet file glob (local, gs://, s3://)")
+        add("--input", help="Parquet file, glob, directory or hive dataset (local, gs://, s3://)")
         add("--output", help="output directory")
-        add("--model", help="model id from configs/models.yaml")
+        add("--model", help="model id from configs/models.yaml (plan: also all, or A,B)")
         add("--base_url", "--base-url", dest="base_url", help="service base URL ending in /v1")
         add("--max_spend_rub", "--max-spend-rub", dest="max_spend_rub", type=float, default=None,
             help="never spend more than this in one run")
@@ -49,23 +80,25 @@ class EmbedPipeOptions(PipelineOptions):
         add("--resume", action="store_true",
             help="skip texts already delivered (or journaled) in --output")
         add("--known", action="append", default=[],
-            help="embeddings files of earlier runs whose vectors are reused (repeatable glob)")
+            help="earlier runs' embeddings files whose vectors are reused (repeatable)")
         add("--dimensions", type=int, default=None, help="ask the service for shorter vectors")
-        add("--id_column", "--id-column", dest="id_column", default="id")
-        add("--text_column", "--text-column", dest="text_column", default="text")
+        add("--id_column", "--id-column", dest="id_column", default="id", help="default: id")
+        add("--text_column", "--text-column", dest="text_column", default="text", help="default: text")
         add("--keep_columns", "--keep-columns", dest="keep_columns", default="",
             help="comma-separated input columns carried to the outputs")
         add("--api_key_file", "--api-key-file", dest="api_key_file", default=None,
             help="read the API key from this file (else $EMBEDDINGS_API_KEY)")
         add("--api_key_secret", "--api-key-secret", dest="api_key_secret", default=None,
             help="secret manager version name, resolved on the workers")
-        add("--account_segment", "--account-segment", dest="account_segment", default="service")
+        add("--account_segment", "--account-segment", dest="account_segment", default="service",
+            help="path segment of the account endpoints (default: service)")
         add("--models_config", "--models-config", dest="models_config", default=None,
             help="model catalogue (default: the packaged configs/models.yaml)")
         add("--run_config", "--run-config", dest="run_config", default=None,
             help="run settings (default: the packaged configs/pipeline.yaml)")
-        add("--overlap_tokens", "--overlap-tokens", dest="overlap_tokens", type=int, default=None)
+        add("--overlap_tokens", "--overlap-tokens", dest="overlap_tokens", type=int, default=None,
+            help="tokens neighbouring chunks share (default from configs/pipeline.yaml)")
         add("--doc_vectors", "--doc-vectors", dest="doc_vectors", action="store_true",
             help="also write one token-weighted mean vector per document")
         add("--profile", default=None, help="configs/profiles/NAME.yaml (flags override it)")
-        add("--json", dest="json", action="store_true", help="plan: print one JSON object")
+        add("--json", dest="json", action="store_true", help="print JSON: one object, an array for several models")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pipeline import account as acct
-from pipeline.inputs import inspect_input
+from pipeline.inputs import InputInfo, inspect_input
 from pipeline.job import Job
 from pipeline.measure import TOTALS, exact_totals
 from pipeline.resume import known_sources, learned_price
@@ -12,14 +12,15 @@ from transforms import preflight
 from transforms.apportion import from_micro
 
 
-def plan(job: Job) -> dict:
+def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None = None) -> dict:
     opts, model, s = job.opts, job.model, job.settings
-    info = inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
-    with client_for(job) as client:
-        account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
-    learned = learned_price(opts.output)
+    info = info or inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
+    if account is None:
+        with client_for(job) as client:
+            account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
+    learned = learned_price(opts.output, model.name)
     price = learned if learned is not None else model.price_per_token
-    scan = scan_input(info.files, opts.id_column, opts.text_column)
+    scan = scan_input(info, opts.id_column, opts.text_column)
     metrics = exact_totals(job, info, known_sources(job), scan, price, job.initial_margin(learned is not None))
     requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in TOTALS)
     spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
@@ -60,3 +61,40 @@ def render(p: dict) -> str:
             ("fits", "yes" if p["fits"] else "NO: the worst case exceeds the spendable amount")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in rows)
+
+
+def plan_models(jobs: list[Job]) -> list[dict]:
+    """One plan per model (`--model all` or a comma list) over the same corpus and the same
+    reading of the account. Each model runs its own split and pack: chunk limits differ."""
+    first = jobs[0]
+    info = inspect_input(first.opts.input, first.opts.id_column, first.opts.text_column, first.keep_columns)
+    with client_for(first) as client:
+        account = acct.read_account(client, need_stats=bool(first.caps.by_name()))
+    return [plan(job, info, account) for job in jobs]
+
+
+COMPARE = (("model", "model", "{}"), ("tokens", "prompt_tokens", "{}"), ("factor", "safety_factor", "{:g}"),
+           ("requests", "requests", "{}"), ("RUB", "estimated_cost_rub", "{:.6f}"),
+           ("worst RUB", "worst_case_rub", "{:.6f}"), ("RUB per 1k docs", "rub_per_1k_documents", "{:.4f}"),
+           ("fits", "fits", "{}"))
+
+
+def render_comparison(plans: list[dict], jobs: list[Job]) -> str:
+    """One row per model, cheapest first; tokens are cl100k_base counts, which a model whose own
+    tokenizer may count more is planned with (factor = its safety factor: chunks are cut at
+    max_input_tokens x factor, and the worst case divides by it)."""
+    factor = {job.model.name: job.model.safety_factor for job in jobs}
+    rows = []
+    for p in sorted(plans, key=lambda p: (p["estimated_cost_rub"], p["model"])):
+        per_1k = p["estimated_cost_rub"] * 1000 / p["documents"] if p["documents"] else 0.0
+        values = {**p, "safety_factor": factor[p["model"]], "rub_per_1k_documents": per_1k}
+        rows.append([("yes" if v else "NO") if isinstance(v, bool) else fmt.format(v)
+                     for _, key, fmt in COMPARE for v in [values[key]]])
+    cells = [[title for title, _, _ in COMPARE]] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(COMPARE))]
+    table = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    first = plans[0]
+    return "\n".join(table + ["", f"{first['files']} files, {first['documents']} documents; spendable "
+                                   f"{first['spendable_rub']:.6f} RUB; fits: the worst case within it"])
+

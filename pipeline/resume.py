@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
@@ -121,14 +122,17 @@ def known_sources(job: Job) -> KnownSources:
                         pending_glob, carried, last_pending, last_failed)
 
 
-def learned_price(output_dir: str | None) -> float | None:
-    """RUB per token actually billed in the requests of earlier runs in OUTPUT_DIR."""
+def learned_price(output_dir: str | None, model: str | None = None) -> float | None:
+    """RUB per token actually billed in the requests of earlier runs in OUTPUT_DIR (of MODEL only,
+    when given: `plan --model all` must not price one model with another's bills)."""
     if not output_dir:
         return None
     try:
-        tables = read_columns(run_files(output_dir, "requests"), ["cost_rub", "total_tokens"])
+        tables = read_columns(run_files(output_dir, "requests"), ["cost_rub", "total_tokens", "model"])
     except Exception:  # no such directory yet
         return None
+    if model is not None:
+        tables = [t.filter(pc.equal(t.column("model"), model)) for t in tables]
     cost = sum(sum(v or 0 for v in t.column("cost_rub").to_pylist()) for t in tables)
     tokens = sum(sum(v or 0 for v in t.column("total_tokens").to_pylist()) for t in tables)
     return cost / tokens if tokens else None

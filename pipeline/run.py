@@ -67,7 +67,7 @@ def _execute(job: Job, started: dt.datetime) -> tuple[int, dict]:
     check_fresh_output(job)
     info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
             else pending_input(job)[0])
-    scan = (scan_input(info.files, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files))
+    scan = (scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files))
     known = known_sources(job)
     with client_for(job) as client:
         before = acct.read_account(client, need_stats=bool(job.caps.by_name()))
@@ -81,7 +81,6 @@ def _execute(job: Job, started: dt.datetime) -> tuple[int, dict]:
              spendable.binding)
     fits, decided_by = ((True, "allow_partial") if opts.allow_partial
                         else measure.fits(job, info, known, scan, spendable, price, margin))
-    log.info("preflight: %s (%s)", "fits" if fits else "does not fit: nothing will be sent", decided_by)
     streaming = graph.streams(job, known)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     graph.build(pipeline, job, info, known, duplicate_ids=scan.duplicate_ids, streaming=streaming, fits=fits,

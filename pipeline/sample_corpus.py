@@ -1,5 +1,6 @@
-"""The demo and benchmark corpus: a deterministic Parquet file of English, Russian and source
-code, from built-in vocabularies (no downloads), with the rows a real corpus brings.
+"""The benchmark and test corpus (the demo's is python_docs_corpus): a deterministic Parquet
+file of English, Russian and source code, from built-in vocabularies (no downloads), with the
+rows a real corpus brings.
 
 Columns: id, text, lang (en, ru, python, sql, js, mul), source (kept-columns demo). Lengths
 run from one sentence to tens of thousands of tokens (several 8191-token chunks); some texts

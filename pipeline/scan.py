@@ -13,7 +13,9 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
+
+from pipeline.inputs import InputInfo
+from transforms.source import normalise, open_parquet
 
 # Encodings whose uncompressed size cannot be smaller than the distinct values' bytes it holds:
 # a PLAIN value is its bytes plus a length; a dictionary holds each distinct value PLAIN once.
@@ -30,8 +32,7 @@ class Scan:
 
 
 def _ids_as_strings(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
+    column = normalise(column)
     return column if pa.types.is_string(column.type) else column.cast(pa.string())
 
 
@@ -54,20 +55,22 @@ def _text_bytes_bound(pf: pq.ParquetFile, text_column: str) -> int | None:
 def _measured_text_bytes(pf: pq.ParquetFile, text_column: str) -> int:
     total = 0
     for g in range(pf.metadata.num_row_groups):
-        column = pf.read_row_group(g, columns=[text_column]).column(0)
-        if pa.types.is_dictionary(column.type):
-            column = column.cast(column.type.value_type)
+        column = normalise(pf.read_row_group(g, columns=[text_column]).column(0))
         total += pc.sum(pc.binary_length(column)).as_py() or 0
     return total
 
 
-def scan_input(files: Sequence[str], id_column: str, text_column: str) -> Scan:
+def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
     ids, rows, text_bytes = [], 0, 0
-    for path in files:
-        with FileSystems.open(path) as fh:
+    for path, partition in zip(info.files, info.partition_mappings or [{}] * len(info.files)):
+        with open_parquet(path) as fh:
             pf = pq.ParquetFile(fh)
-            rows += pf.metadata.num_rows
-            ids.extend(_ids_as_strings(pf.read(columns=[id_column]).column(0)).chunks)
+            n = pf.metadata.num_rows
+            rows += n
+            if id_column in partition:  # a hive key: every row of the file has the path's value
+                ids.append(pa.array([partition[id_column]] * n, pa.string()))
+            else:
+                ids.extend(_ids_as_strings(pf.read(columns=[id_column]).column(0)).chunks)
             bound = _text_bytes_bound(pf, text_column)
             text_bytes += bound if bound is not None else _measured_text_bytes(pf, text_column)
     counts = pc.value_counts(pa.chunked_array(ids, pa.string())) if ids else None
@@ -83,7 +86,7 @@ def scan_pending(files: Sequence[str]) -> Scan:
     """--resume without --input: the last run's pending rows, whose tokens are counted already."""
     rows = tokens = 0
     for path in files:
-        with FileSystems.open(path) as fh:
+        with open_parquet(path) as fh:
             column = pq.read_table(fh, columns=["n_tokens"]).column(0)
         rows += len(column)
         tokens += pc.sum(column).as_py() or 0

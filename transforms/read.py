@@ -15,6 +15,7 @@ from apache_beam.metrics import Metrics
 from service.tokenizer import get_encoding
 from transforms.progress import Progress
 from transforms.records import ChunkRef, Rejected
+from transforms.source import Partition, ReadParquetTables
 from transforms.splitting import SplitConfig, Splitter
 
 REJECTED = "rejected"
@@ -101,21 +102,22 @@ class _SplitTable(beam.DoFn):
 
 
 class ReadDocuments(beam.PTransform):
-    """Parquet files -> main: (doc_id, (chunks, kept)); tagged `rejected`: Rejected rows.
+    """Parquet FILES (with their hive PARTITIONS) -> main: (doc_id, (chunks, kept)); tagged
+    `rejected`: Rejected rows.
     DUPLICATE_IDS (id -> count, from the driver's scan) are rejected without being split;
     PROGRESS (output dir, run id, interval) is where documents read are reported."""
 
-    def __init__(self, file_pattern: str, id_column: str, text_column: str,
-                 keep_columns: Sequence[str], split: SplitConfig, duplicate_ids: Mapping[str, int],
-                 progress: tuple[str, str, float] | None = None):
+    def __init__(self, files: Sequence[str], partitions: Sequence[Partition] | None, id_column: str,
+                 text_column: str, keep_columns: Sequence[str], split: SplitConfig,
+                 duplicate_ids: Mapping[str, int], progress: tuple[str, str, float] | None = None):
         super().__init__()
-        self._pattern = file_pattern
+        self._files, self._partitions = list(files), partitions
         self._columns = (id_column, text_column, *keep_columns)
         self._split_fn = _SplitTable(id_column, text_column, keep_columns, split, duplicate_ids, progress)
 
     def expand(self, pbegin):
         return (pbegin
-                | "ReadParquet" >> ReadFromParquetBatched(self._pattern, columns=list(self._columns))
+                | "ReadParquet" >> ReadParquetTables(self._files, self._columns, self._partitions)
                 | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, main="docs"))
 
 

@@ -1,0 +1,32 @@
+"""`make run`'s demo: real text (the Python language reference in pydoc_data.topics), embedded
+through the sandbox, and a nearest-neighbour query whose answers a reader sees are related."""
+from __future__ import annotations
+
+from pipeline import demo
+from pipeline.python_docs_corpus import passages
+
+# The passage about "for" statements belongs with the other statements that steer a block:
+# its own section in the "compound" chapter, while, if/else, and the break/continue that loops use.
+CONTROL_FLOW = {"for", "while", "if", "else", "break", "continue", "compound"}
+
+
+def test_the_corpus_is_a_few_hundred_passages_of_every_topic():
+    rows = passages()
+    from pydoc_data.topics import topics
+    assert 200 <= len(rows) <= 600
+    assert {r["topic"] for r in rows} == set(topics)
+    assert all(r["id"].startswith(r["topic"] + ":") and r["text"].strip() for r in rows)
+    assert len({r["id"] for r in rows}) == len(rows)
+
+
+def test_the_demo_runs_and_its_neighbours_are_about_control_flow(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", "")  # the demo sets its own key: restored afterwards
+    assert demo.main(["--workdir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"== passages nearest to {demo.QUERY_ID} ==" in printed
+    neighbours = demo.nearest(tmp_path / "out", tmp_path / "corpus.parquet", demo.QUERY_ID)
+    topics = [doc_id.split(":")[0] for _, doc_id, _ in neighbours]
+    assert sum(t in CONTROL_FLOW for t in topics) >= 4, neighbours
+    assert "while" in topics or any(h == 'The "while" statement' for _, _, h in neighbours), neighbours
+    for _, doc_id, heading in neighbours:
+        assert doc_id in printed and heading in printed
