@@ -1,11 +1,30 @@
 """The job: options, settings, graph and CLI.
 
+glibc gives each thread that allocates an arena of its own (up to 8 per core) and keeps what is
+freed there: with the Embed threads that was ~1 KB of RSS per document that never came back
+(docs/BENCH.md, Scale). The arenas are limited here, before Beam or any thread starts;
+MALLOC_ARENA_MAX in the environment wins.
+
 Importing Beam without its GCP extra logs "apitools not found..." on the root logger, a
 warning about BigQuery that nobody asked for, and that call also configures the root logger
 before the CLI can choose a format. Both entry points (`python -m pipeline`, the `embedpipe`
 script) import this package first, so Beam is imported here once with only that line dropped.
 """
+import ctypes
 import logging
+import os
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+MALLOC_ARENAS = 2
+
+
+def _limit_malloc_arenas() -> None:
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, MALLOC_ARENAS)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
 
 
 def _import_beam_quietly() -> None:
@@ -24,4 +43,5 @@ def _import_beam_quietly() -> None:
         root.removeHandler(placeholder)
 
 
+_limit_malloc_arenas()
 _import_beam_quietly()

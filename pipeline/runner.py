@@ -9,8 +9,9 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 def make_runner(opts):
     """The DirectRunner would first try to download Prism; FnApiRunner runs the same pipeline
     locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched."""
-    name = opts.view_as(StandardOptions).runner
-    return FnApiRunner() if name in (None, "DirectRunner", "FnApiRunner") else None
+    if opts.view_as(StandardOptions).runner not in (None, "DirectRunner", "FnApiRunner"):
+        return None
+    return FnApiRunner()
 
 
 def counters(result) -> dict[str, int]:
