@@ -8,7 +8,8 @@ max_open_bins + 1 requests are held. Fill: a request closed by add() is fill_tar
 tokens, or full by inputs, or was the fullest of the open set when the set overflowed, which
 only happens when the arriving item fits none of them, so it holds more than
 max_tokens - (that item's tokens). Hence with items of at most (1 - fill_target) * max_tokens
-every request but the ones flush() returns is fill_target full.
+every request but the ones flush() returns is fill_target full. flush() packs what is left
+again, largest first, so no two flushed requests could have been one.
 """
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ from typing import Any
 
 
 class _Request:
-    __slots__ = ("items", "tokens")
+    __slots__ = ("items", "sizes", "tokens")
 
     def __init__(self):
         self.items: list[Any] = []
+        self.sizes: list[int] = []
         self.tokens = 0
+
+    def put(self, item: Any, n_tokens: int) -> None:
+        self.items.append(item)
+        self.sizes.append(n_tokens)
+        self.tokens += n_tokens
 
 
 class Packer:
@@ -46,12 +53,8 @@ class Packer:
         if n_tokens > self._max_tokens:
             return [[item]]
         # open requests always have an input free: a request reaching max_inputs closes at once
-        request = next((r for r in self._open if r.tokens + n_tokens <= self._max_tokens), None)
-        if request is None:
-            request = _Request()
-            self._open.append(request)
-        request.items.append(item)
-        request.tokens += n_tokens
+        request = self._first_fit(self._open, n_tokens)
+        request.put(item, n_tokens)
         if request.tokens >= self._full_tokens or len(request.items) >= self._max_inputs:
             self._open.remove(request)
             return [request.items]
@@ -62,10 +65,23 @@ class Packer:
         return []
 
     def flush(self) -> list[list[Any]]:
-        """Every open request, oldest first; the packer is empty afterwards."""
-        closed = [r.items for r in self._open]
-        self._open = []
-        return closed
+        """What the open requests hold, packed again first-fit decreasing (the tail of a bundle
+        is where requests would otherwise go out half empty); the packer is empty afterwards."""
+        left = sorted(((n, i, item) for r in self._open for i, (item, n) in enumerate(zip(r.items, r.sizes))),
+                      key=lambda e: -e[0])
+        self._open, packed = [], []
+        for n, _, item in left:
+            self._first_fit(packed, n).put(item, n)
+        return [r.items for r in packed]
+
+    def _first_fit(self, requests: list[_Request], n_tokens: int) -> _Request:
+        """The first request with room for N_TOKENS and an input, else a new one appended."""
+        request = next((r for r in requests if r.tokens + n_tokens <= self._max_tokens
+                        and len(r.items) < self._max_inputs), None)
+        if request is None:
+            request = _Request()
+            requests.append(request)
+        return request
 
     def _fill(self, request: _Request) -> float:
         return max(request.tokens / self._max_tokens, len(request.items) / self._max_inputs)

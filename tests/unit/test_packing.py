@@ -71,6 +71,16 @@ def test_small_items_fill_every_request_but_the_flushed_ones(case):
     assert len(flushed) <= 1   # small items always fit the one open request
 
 
+@settings(max_examples=200, deadline=None)
+@given(streams())
+def test_no_two_flushed_requests_could_have_been_one(case):
+    caps, items = case
+    _, flushed = run(caps, items)
+    for i, a in enumerate(flushed):
+        for b in flushed[i + 1:]:
+            assert (sum(t for _, t in a + b) > caps.max_tokens or len(a) + len(b) > caps.max_inputs)
+
+
 def test_realistic_mix_fills_to_the_target():
     # text-embedding-3-small caps; 30% full-size chunks, 15% tails of long documents, short docs
     max_inputs, max_tokens = 2048, 300_000
