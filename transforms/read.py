@@ -22,24 +22,18 @@ REJECTED = "rejected"
 
 
 def _id_strings(column: pa.ChunkedArray) -> list:
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
-    if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
-        column = column.cast(pa.string())
-    return column.to_pylist()
+    """Ids as the outputs write them (ReadParquetTables made string-like columns `string`)."""
+    return (column if pa.types.is_string(column.type) else column.cast(pa.string())).to_pylist()
 
 
 def _texts(column: pa.ChunkedArray) -> tuple[list, dict[int, str]]:
     """The column as Python strings; rows whose bytes are not valid UTF-8 (Arrow does not
     check what writers put in a string column) come back as None, with the reason by row."""
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(column.type.value_type)
     try:
         return column.to_pylist(), {}
     except UnicodeDecodeError:
-        binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
         texts, invalid = [], {}
-        for i, raw in enumerate(column.cast(binary).to_pylist()):
+        for i, raw in enumerate(column.cast(pa.binary()).to_pylist()):
             try:
                 texts.append(None if raw is None else raw.decode("utf-8"))
             except UnicodeDecodeError as exc:
