@@ -13,10 +13,11 @@ import datetime as dt
 from typing import Mapping, Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions
 
 from pipeline.inputs import InputInfo
 from pipeline.job import Job
+from pipeline.runner import is_local
 from transforms import schemas
 from transforms.dedupe import ChunkEntries, GroupDistinctTexts, SealClaims, StreamDistinctTexts
 from transforms.docvectors import DocumentVectors, documents_schema
@@ -50,8 +51,7 @@ class KnownSources:
 def streams(job: Job, known: KnownSources) -> bool:
     """Whether this run can dedupe in one process (StreamDistinctTexts) and so stream."""
     in_process = job.opts.view_as(DirectOptions).direct_running_mode != "multi_processing"
-    local = job.opts.view_as(StandardOptions).runner in (None, "DirectRunner", "FnApiRunner")
-    return local and in_process and not known.any and not job.opts.doc_vectors
+    return is_local(job.opts) and in_process and not known.any and not job.opts.doc_vectors
 
 
 def _without_text(entry):

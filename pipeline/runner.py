@@ -6,12 +6,17 @@ from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 
+LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner")
+
+
+def is_local(opts) -> bool:
+    return opts.view_as(StandardOptions).runner in LOCAL_RUNNERS
+
+
 def make_runner(opts):
     """The DirectRunner would first try to download Prism; FnApiRunner runs the same pipeline
     locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched."""
-    if opts.view_as(StandardOptions).runner not in (None, "DirectRunner", "FnApiRunner"):
-        return None
-    return FnApiRunner()
+    return FnApiRunner() if is_local(opts) else None
 
 
 def counters(result) -> dict[str, int]:
