@@ -7,12 +7,13 @@ from pipeline.job import Job
 from pipeline.measure import TOTALS, exact_totals
 from pipeline.resume import known_sources, learned_price
 from pipeline.run import client_for
-from pipeline.scan import scan_input
+from pipeline.scan import Scan, scan_input
 from transforms import preflight
 from transforms.apportion import from_micro
 
 
-def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None = None) -> dict:
+def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None = None,
+         scan: Scan | None = None) -> dict:
     opts, model, s = job.opts, job.model, job.settings
     info = info or inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
     if account is None:
@@ -20,7 +21,7 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
             account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
     learned = learned_price(opts.output, model.name)
     price = learned if learned is not None else model.price_per_token
-    scan = scan_input(info, opts.id_column, opts.text_column)
+    scan = scan or scan_input(info, opts.id_column, opts.text_column)
     metrics = exact_totals(job, info, known_sources(job), scan, price, job.initial_margin(learned is not None))
     requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in TOTALS)
     spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
@@ -70,7 +71,8 @@ def plan_models(jobs: list[Job]) -> list[dict]:
     info = inspect_input(first.opts.input, first.opts.id_column, first.opts.text_column, first.keep_columns)
     with client_for(first) as client:
         account = acct.read_account(client, need_stats=bool(first.caps.by_name()))
-    return [plan(job, info, account) for job in jobs]
+    scan = scan_input(info, first.opts.id_column, first.opts.text_column)  # the same for every model
+    return [plan(job, info, account, scan) for job in jobs]
 
 
 COMPARE = (("model", "model", "{}"), ("tokens", "prompt_tokens", "{}"), ("factor", "safety_factor", "{:g}"),

@@ -141,7 +141,7 @@ class _EmbedDoFn(beam.DoFn):
         if not self._cfg.fits and not self._cfg.allow_partial:  # preflight said no: send nothing
             yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
             return
-        self._poll_account()
+        self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
         while len(self._futures) >= self._cfg.max_in_flight:
             done, self._futures = cf.wait(self._futures, return_when=cf.FIRST_COMPLETED)
             for fut in done:
@@ -161,11 +161,6 @@ class _EmbedDoFn(beam.DoFn):
         if getattr(self, "_pool", None):
             self._pool.shutdown(wait=True)
             self._client.close()
-
-    def _poll_account(self):
-        """Fresh balance, key budget and (with caps) statistics now and then, within the
-        endpoints' rate limit; never fatal: responses carry the balance too."""
-        self._shared.guard.poll()
 
     def _journal(self, delivery, request_row):
         journal.write_entry(self._cfg.output_dir, self._cfg.run_id, request_row,
