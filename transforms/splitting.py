@@ -17,16 +17,18 @@ tokenize as in the whole text) and only a window of tokens is kept, as a numpy a
 byte offsets, so a text of tens of megabytes never becomes one Python int per token. Cuts are
 chosen at token boundaries that start a whole character, preferring a paragraph break, then a
 line or sentence end, then the start of whitespace, within the last boundary_window of the
-window. Every chunk is then re-encoded on its own (batched over tiktoken's threads): that
-count is n_tokens, and a chunk over the limit is split again. A document that fits in one
-segment and one chunk (most of them) is counted by its first and only encoding.
-Cost on a mixed corpus: about 1.6x tiktoken's bare encoding (the re-encoding of chunks).
+window. A chunk whose both ends are boundaries of cl100k's regex pieces (`_piece_boundary`)
+tokenizes exactly as its slice of the document, so its n_tokens is the slice's token count;
+any other chunk (a cut inside a piece, a segment joined inside one) is re-encoded on its own
+for its count, and a chunk over the limit is split again. So each token is encoded once on
+natural text, and a document that fits in one chunk is counted by its first encoding.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import hashlib
+import unicodedata
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -105,14 +107,44 @@ def _encode(encoding: tiktoken.Encoding, data: Sequence[bytes]) -> list[list[int
     return [encoding.encode_ordinary(d.decode("utf-8")) for d in data]
 
 
-def _segments(text: str, size: int) -> Iterator[bytes]:
-    """Pieces of about `size` characters that tokenize as they do inside the whole text: cut
-    after a newline followed by a non-space, else before a space between two non-spaces (both
-    are boundaries of cl100k's regex pieces), else anywhere (exactness is re-checked later)."""
+_HSPACE = " \t\x0b\x0c"
+_LOOKAHEAD_CHARS = 64
+
+
+def _solid(ch: str) -> bool:
+    """Certainly not matched by the regex's \\s (Unicode White_Space is within Z* and Cc)."""
+    return not ch.isspace() and unicodedata.category(ch) not in ("Zs", "Zl", "Zp", "Cc")
+
+
+def _piece_boundary(left: str, right: str) -> bool:
+    """Whether cl100k's regex ends a piece between LEFT's last and RIGHT's first character
+    whatever comes before LEFT or after RIGHT (RIGHT: at least the next few characters).
+    Then text[:cut] and text[cut:] tokenize as their slices of text: the regex scans left to
+    right, a scan from a piece start sees the same pieces, and the only pattern that looks
+    ahead, \\s+(?!\\S), cannot end at a piece end before a non-space differently. Conservative:
+    - a solid character, then a horizontal space (no piece runs from a non-space into a space);
+    - a newline, then a solid character (newline runs end before any non-newline);
+    - a newline, then horizontal spaces up to a solid character (the run's last newline)."""
+    if not left or not right:
+        return False
+    a, b = left[-1], right[0]
+    if b in _HSPACE:
+        if _solid(a):
+            return True
+        rest = right.lstrip(_HSPACE)
+        return a == "\n" and bool(rest) and _solid(rest[0])
+    return a == "\n" and _solid(b)
+
+
+def _segments(text: str, size: int) -> Iterator[tuple[bytes, bool]]:
+    """(piece, joins naturally): pieces of about `size` characters, cut after a newline
+    followed by a non-space, else before a space between two non-spaces, else anywhere. A
+    natural join (`_piece_boundary`) tokenizes as the whole text; the others are re-counted."""
     pos, end = 0, len(text)
     while pos < end:
         cut = end if end - pos <= size else _segment_cut(text, pos + size // 2, pos + size)
-        yield _utf8(text[pos:cut])
+        yield _utf8(text[pos:cut]), pos == 0 or _piece_boundary(text[max(0, pos - 4):pos],
+                                                                 text[pos:pos + _LOOKAHEAD_CHARS])
         pos = cut
 
 
@@ -135,7 +167,7 @@ class _Stream:
     Segments are encoded on demand; tokens before the current chunk are dropped."""
 
     def __init__(self, encoding: tiktoken.Encoding, lengths: np.ndarray,
-                 segments: Iterator[bytes], first: tuple[bytes, list[int]] | None = None):
+                 segments: Iterator[tuple[bytes, bool]], first: tuple[bytes, list[int]] | None = None):
         self._encoding, self._lengths, self._segments = encoding, lengths, segments
         self.tok0 = 0                                  # document index of buffered token 0
         self.offs = np.zeros(1, dtype=np.int64)        # byte offset of each token start, + end
@@ -143,6 +175,7 @@ class _Stream:
         self._view = np.frombuffer(self._buf, dtype=np.uint8)
         self.exhausted = False
         self.segments = 0
+        self.forced_joins: list[int] = []   # byte offsets where segments joined inside a piece
         if first is not None:
             self._append(*first)
 
@@ -161,7 +194,10 @@ class _Stream:
             if segment is None:
                 self.exhausted = True
             else:
-                self._append(segment, _encode(self._encoding, [segment])[0])
+                data, natural = segment
+                if not natural:
+                    self.forced_joins.append(self.end_byte)
+                self._append(data, _encode(self._encoding, [data])[0])
 
     def _append(self, data: bytes, tokens: list[int]) -> None:
         self.segments += 1
@@ -197,6 +233,19 @@ class _Stream:
     def data(self, start: int, end: int) -> bytes:
         base = int(self.offs[0])
         return self._buf[start - base:end - base]
+
+    def is_piece_boundary(self, pos: int, token: int) -> bool:
+        """Whether document byte POS starts TOKEN and ends a regex piece (`_piece_boundary`);
+        the document's own start and end are."""
+        if self.off(token) != pos:
+            return False
+        if pos == 0 or (pos == self.end_byte and self.exhausted):
+            return True
+        i = pos - int(self.offs[0])
+        before, after = self._buf[max(0, i - 4):i], self._buf[i:i + 4 * _LOOKAHEAD_CHARS]
+        if (i < 4 and before and before[0] & 0xC0 == 0x80) or (after and after[0] & 0xC0 == 0x80):
+            return False   # a character cut by the buffer's start, or POS inside one
+        return _piece_boundary(before.decode("utf-8", "ignore"), after.decode("utf-8", "ignore"))
 
 
 _WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", dtype=np.uint8)
@@ -251,7 +300,7 @@ class Splitter:
     def _plan_group(self, texts: list[str]) -> list[list[_Cut]]:
         """Plans for a group, its first segments encoded in one batch."""
         segments = [_segments(text, self._config.segment_chars) for text in texts]
-        firsts = [None if _blank(text) else next(it) for text, it in zip(texts, segments)]
+        firsts = [None if _blank(text) else next(it)[0] for text, it in zip(texts, segments)]
         tokens = iter(_encode(self._encoding, [f for f in firsts if f is not None]))
         plans: list[list[_Cut]] = []
         for text, it, first in zip(texts, segments, firsts):
@@ -310,19 +359,22 @@ class Splitter:
         cuts: list[_Cut] = []
         start_tok = start = 0     # the token holding the chunk's first byte; that byte's offset
         floor = overlap = 0       # floor: the previous chunk's end, the next one must pass it
+        start_exact = True        # the chunk starts at a piece boundary
         while True:
             end, end_tok = self._choose_end(stream, start_tok, floor,
                                             start_tok + self._config.max_tokens)
             if end == stream.end_byte:
                 stream.ensure(stream.end_tok)   # a forced cut may reach the end of the buffer
             last = end == stream.end_byte and stream.exhausted
-            whole = last and start == 0 and stream.segments == 1   # counted when encoded
+            exact = (start_exact and stream.is_piece_boundary(end, end_tok)
+                     and not any(start < j < end for j in stream.forced_joins))
             cuts.append(_Cut(stream.data(start, end), overlap, floor - start,
-                             stream.end_tok if whole else None))
+                             end_tok - start_tok if exact else None))
             if last:
                 return cuts
             floor = end
             start_tok, start, overlap = self._next_start(stream, start_tok, start, end, end_tok)
+            start_exact = stream.is_piece_boundary(start, start_tok)
             stream.trim(start_tok)
 
     def _choose_end(self, stream: _Stream, start_tok: int, floor: int,

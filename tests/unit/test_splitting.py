@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from service.tokenizer import get_encoding
-from transforms.splitting import Chunk, SplitConfig, Splitter, _Cut
+from transforms.splitting import _LOOKAHEAD_CHARS, Chunk, SplitConfig, Splitter, _Cut, _piece_boundary
 
 ENC = get_encoding()
 
@@ -73,6 +73,30 @@ def test_every_guarantee_holds(text, config):
         assert chunks == []
     else:
         check(chunks, "doc", text, config)
+
+
+BOUNDARY_FRAGMENTS = FRAGMENTS + ["\u0085", "\r", "\n \n", " \n", "\u2029", "'", ".\n", "   \n  x",
+                                  "\n   ", "!\n\n", "  ", "\t\n", "a\u3000\n", "x\u00a0 y"]
+boundary_texts = st.lists(st.one_of(st.sampled_from(BOUNDARY_FRAGMENTS), st.text(max_size=6)),
+                          max_size=60).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=boundary_texts)
+def test_a_piece_boundary_splits_the_encoding_exactly(text):
+    # what lets a chunk take its count from the document's tokens instead of a second encoding
+    whole = ENC.encode_ordinary(text)
+    for i in range(1, len(text)):
+        if _piece_boundary(text[max(0, i - 4):i], text[i:i + _LOOKAHEAD_CHARS]):
+            assert ENC.encode_ordinary(text[:i]) + ENC.encode_ordinary(text[i:]) == whole, i
+
+
+def test_piece_boundaries_are_found_in_prose_and_code():
+    assert _piece_boundary("word", " next") and _piece_boundary("end.", " Next")
+    assert _piece_boundary("line\n", "Next") and _piece_boundary("f():\n", "    return x")
+    assert not _piece_boundary("end.", "\nNext")        # ".\n" is one piece
+    assert not _piece_boundary("a\n", " \nb")           # the newline run goes on
+    assert not _piece_boundary("a ", " b") and not _piece_boundary("a", "b")
 
 
 @settings(max_examples=40, deadline=None)
