@@ -71,7 +71,10 @@ def measure(corpus: Path, embeddings: list[Path], codec: str = "zstd") -> dict[s
 
     with tempfile.TemporaryDirectory() as tmp:
         t = _cpu()
-        pq.write_table(table, Path(tmp) / "embeddings.parquet", compression=codec)
+        # as cheaply as it can be written: no dictionary attempt or statistics on the vectors
+        scalars = [f.name for f in table.schema if not pa.types.is_fixed_size_list(f.type)]
+        pq.write_table(table, Path(tmp) / "embeddings.parquet", compression=codec,
+                       use_dictionary=scalars, write_statistics=scalars)
         out[f"write the embeddings Parquet ({codec})"] = _cpu() - t
     out["_tokens"] = tokens
     return out
