@@ -8,11 +8,12 @@ Two ways, chosen by the runner:
   claim is open (not yet sent) join it and share its cost; rows that come after it was sent
   are `late` and get a copy of the first row's outcome after the job (LateRefs, cost 0, like
   a vector reused from an earlier run). Nothing crosses a stage boundary, so texts stream
-  from Read to Write and memory stays flat; the claims keep ~50 bytes per distinct text.
+  from Read to Write and memory stays flat; the claims keep ~160 bytes per distinct text.
 """
 from __future__ import annotations
 
 import hashlib
+import struct
 import threading
 from typing import ClassVar, NamedTuple
 
@@ -67,6 +68,20 @@ class LateRef(NamedTuple):
     first: tuple
 
 
+_FIRST = struct.Struct("<qq")
+
+
+def _pack_first(ref: ChunkRef) -> bytes:
+    """One bytes object instead of a tuple, a str and an int: every distinct text of a run
+    keeps one until the end."""
+    return _FIRST.pack(ref.chunk_index, ref.token_start) + ref.doc_id.encode("utf-8", "surrogatepass")
+
+
+def _unpack_first(packed: bytes) -> tuple:
+    chunk_index, token_start = _FIRST.unpack_from(packed)
+    return packed[_FIRST.size:].decode("utf-8", "surrogatepass"), chunk_index, token_start
+
+
 class Claims:
     """The distinct texts one process has seen in a run (pure logic, thread-safe)."""
 
@@ -76,7 +91,7 @@ class Claims:
     def __init__(self):
         self._mutex = threading.Lock()
         self._open: dict[bytes, list[ChunkRef]] = {}   # claimed, not yet sent: rows sharing it
-        self._sent: dict[bytes, tuple] = {}            # sent: its first row (doc_id, chunk_index, token_start)
+        self._sent: dict[bytes, bytes] = {}            # sent: its first row, _pack_first()
         self.late: list[LateRef] = []
 
     @classmethod
@@ -100,7 +115,7 @@ class Claims:
             if (rows := self._open.get(key)) is not None:
                 rows.append(ref)
             elif (first := self._sent.get(key)) is not None:
-                self.late.append(LateRef(ref, sha, first))
+                self.late.append(LateRef(ref, sha, _unpack_first(first)))
             else:
                 self._open[key] = [ref]
                 return True
@@ -114,7 +129,7 @@ class Claims:
             if rows is None:  # not claimed here (a re-sent or foreign item): leave it as it is
                 return item
             refs = tuple(sorted(rows))
-            self._sent[key] = (refs[0].doc_id, refs[0].chunk_index, refs[0].token_start)
+            self._sent[key] = _pack_first(refs[0])
         return item._replace(refs=refs)
 
 
