@@ -136,29 +136,31 @@ class Bench:
             base_m, base = self.baseline(corpus, sb)
             runs = [(f"pipeline-f{f}-w{w}", f, w, *self.pipeline(f"pipeline-f{f}-w{w}", corpus, sb, f, w)[:2])
                     for w in a.workers for f in a.in_flight]
-            floor_row = self.floor(corpus, sb, max(a.in_flight), base_m.wall_s)
+            floors = {f: self.floor(corpus, sb, f, base_m.wall_s) for f in sorted(set(a.in_flight))}
         nproc = os.cpu_count() or 1
         rows = [self._row("baseline (sequential, 100/request)", base_m, base["chunks"], base["prompt_tokens"],
-                          base["requests"], nproc, base_m.wall_s)]
+                          base["requests"], nproc, base_m.wall_s) + [""]]
         for label, f, w, m, s in runs:
             rows.append(self._row(f"pipeline max-in-flight {f}, workers {w}", m, s["chunks"], s["prompt_tokens"],
-                                  s["requests"], nproc, base_m.wall_s))
-        rows.append(floor_row)
+                                  s["requests"], nproc, base_m.wall_s) + [f"{m.wall_s / floors[f][1]:.2f}"])
+        rows += [row + [""] for row, _ in floors.values()]
         self.emit(table(
             ["run", "wall s", "chunks/s", "tokens/s", "x baseline", "requests (lower bound)", "client CPU s",
-             "sandbox CPU s", "CPU floor s", "1st request s", "answers span s", "peak RSS MB", "load"],
+             "sandbox CPU s", "CPU floor s", "1st request s", "answers span s", "peak RSS MB", "load",
+             "wall / floor (same in flight)"],
             rows, f"Sandbox latency 50 ms + 5 us/token; {a.docs:,} documents, {base['chunks']:,} chunks "
                   f"(baseline's 8191-token slices), {base['prompt_tokens']:,} tokens"))
         self.emit("x baseline = documents per second over the baseline's (the same corpus; token counts "
                   "differ slightly because the chunks are cut differently). The floor row is no client "
-                  "at all (tests/bench/floor.py): the best any client could do on this machine. "
+                  "at all (tests/bench/floor.py): the best any client could do on this machine at that "
+                  "concurrency; wall / floor compares each pipeline run with the floor at its own. "
                   "CPU floor = (client CPU + sandbox CPU) / nproc: no run on this machine can be faster. "
                   "1st request = start to the first answer the sandbox billed (read, split, dedupe, pack); "
                   "answers span = first to last billed answer.")
         self.base_cpu_per_m = base_m.cpu_s / base["prompt_tokens"] * 1e6
 
-    def floor(self, corpus: Path, sb: SandboxProcess, in_flight: int, base_wall_s: float) -> list:
-        self.say("  floor: the sandbox alone ...")
+    def floor(self, corpus: Path, sb: SandboxProcess, in_flight: int, base_wall_s: float) -> tuple[list, float]:
+        self.say(f"  floor: the sandbox alone, {in_flight} in flight ...")
         bodies = floor.packed_bodies(corpus, MODEL, self.model.max_inputs_per_request,
                                      self.model.max_tokens_per_request)
         load0, cpu0 = load_average(), process_cpu_s(sb.pid)
@@ -170,7 +172,7 @@ class Bench:
         row = self._row(f"floor: sandbox alone, pre-packed, {in_flight} in flight", m, chunks, tokens,
                         len(bodies), os.cpu_count() or 1, base_wall_s)
         row[6], row[9], row[10], row[11] = "~0", "", "", ""
-        return row
+        return row, wall
 
     def _row(self, label, m: Measured, chunks, tokens, requests, nproc, base_wall_s):
         return [label, m.wall_s, chunks / m.wall_s, tokens / m.wall_s, f"{base_wall_s / m.wall_s:.2f}",
