@@ -92,6 +92,13 @@ class Canned:
                         self.send_header(k, v)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
+                    if "cut_after" in answer:   # half the body, then a stall or a hang-up
+                        self.wfile.write(body[:answer["cut_after"]])
+                        self.wfile.flush()
+                        time.sleep(answer.get("stall", 0))
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
                     self.wfile.write(body)
                 except OSError:
                     pass   # the client gave up (read timeout)
@@ -301,6 +308,22 @@ def test_reset_after_send_is_retried_and_counted_uncertain(canned, client):
 
 def test_read_timeout_is_uncertain_on_every_attempt(canned):
     canned.default = {**embeddings_answer({"json": {"input": ["a"], "model": "m"}}), "delay": 0.6}
+    policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, read_timeout_s=0.2)
+    with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
+        with pytest.raises(E.APITimeoutError, match="may have been billed") as info:
+            c.embed("m", ["a"])
+    assert (info.value.attempts, info.value.uncertain_attempts) == (2, 2)
+
+
+def test_body_cut_short_is_retried_and_counted_uncertain(canned, client):
+    canned.script.append(lambda req: {**embeddings_answer(req), "cut_after": 40})
+    res = client.embed("m", ["a", "b"])
+    assert (res.attempts, res.uncertain_attempts) == (2, 1)
+    assert res.vectors.shape == (2, 4)
+
+
+def test_body_that_stalls_past_the_read_timeout_is_a_timeout(canned):
+    canned.default = lambda req: {**embeddings_answer(req), "cut_after": 40, "stall": 0.6}
     policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, read_timeout_s=0.2)
     with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
         with pytest.raises(E.APITimeoutError, match="may have been billed") as info:

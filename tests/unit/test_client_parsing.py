@@ -101,16 +101,17 @@ def b64(vec):
     return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
 
 
-def test_base64_and_float_decode_to_the_same_matrix_in_index_order():
+@pytest.mark.parametrize("dims", [6, 8])   # 24 bytes: whole base64 quanta, decoded at once; 32: padded
+def test_base64_and_float_decode_to_the_same_matrix_in_index_order(dims):
     rng = np.random.default_rng(0)
-    m = rng.standard_normal((3, 8)).astype(np.float32)
+    m = rng.standard_normal((3, dims)).astype(np.float32)
     order = [2, 0, 1]
     as_b64 = [{"object": "embedding", "index": i, "embedding": b64(m[i])} for i in order]
     as_float = [{"object": "embedding", "index": i, "embedding": [float(x) for x in m[i]]} for i in order]
     v1, enc1 = decode_vectors(as_b64, 3)
     v2, enc2 = decode_vectors(as_float, 3)
     assert (enc1, enc2) == ("base64", "float")
-    assert v1.dtype == v2.dtype == np.float32 and v1.shape == (3, 8)
+    assert v1.dtype == v2.dtype == np.float32 and v1.shape == (3, dims)
     assert np.array_equal(v1, m) and np.array_equal(v2, m)
     assert v1.flags.writeable
 
@@ -126,6 +127,10 @@ def test_base64_and_float_decode_to_the_same_matrix_in_index_order():
     ([{"index": 0, "embedding": ["a", "b"]}], 1, "other than numbers"),
     ([{"index": 0, "embedding": [float("nan")]}], 1, "NaN"),
     ("nope", 1, "not a list"),
+    ([{"index": 0, "embedding": b64(range(6))}, {"index": 1, "embedding": b64(range(3))}], 2,
+     "differ in length: 12..24 bytes"),
+    ([{"index": 0, "embedding": b64(range(2))}, {"index": 1, "embedding": b64(range(3))[:12]}], 2,
+     "differ in length: 8..9 bytes"),   # one string padded: 12 characters each, unequal vectors
 ])
 def test_bad_lists_are_rejected_with_the_reason(data, n, fragment):
     with pytest.raises(_Invalid, match=fragment):
@@ -139,6 +144,11 @@ def test_base64_that_is_not_float32_is_flagged_undecodable():
     with pytest.raises(_Invalid, match="not valid base64") as info:
         decode_vectors([{"index": 0, "embedding": "%%%"}], 1)
     assert info.value.undecodable
+    good = b64(range(6))   # a bad character inside strings that are decoded at once
+    with pytest.raises(_Invalid, match="not valid base64"):
+        decode_vectors([{"index": 0, "embedding": good}, {"index": 1, "embedding": good[:5] + "%" + good[6:]}], 2)
+    with pytest.raises(_Invalid, match="not valid base64"):
+        decode_vectors([{"index": 0, "embedding": "дд" * 16}], 1)
 
 
 def test_usage_parsing():
