@@ -17,7 +17,6 @@ import threading
 from typing import Callable, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from service import errors
 from service.client import EmbeddingsClient
@@ -106,11 +105,9 @@ def request_key(run_id: str, model: str, dimensions: int | None, batch: Sequence
     return h.hexdigest()[:32]
 
 
-def _delivery_from_journal(request_id: str, batch: list[TextItem], row: dict, table: pa.Table) -> Delivery:
-    dims = table.schema.field("embedding").type.list_size
-    vectors = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(-1, dims)
-    position = {sha: i for i, sha in enumerate(table.column("text_sha256").to_pylist())}
-    shares = table.column("share_micro").to_pylist()
+def _delivery_from_journal(request_id: str, batch: list[TextItem], row: dict, shas: list[str],
+                           shares: list[int], vectors: np.ndarray) -> Delivery:
+    position = {sha: i for i, sha in enumerate(shas)}
     order = [position[i.text_sha256] for i in batch]
     row["started_at"] = dt.datetime.fromisoformat(row["started_at"])
     return Delivery(request_id, batch, vectors[order], [shares[j] for j in order])
@@ -125,7 +122,7 @@ class RequestRunner:
                  expected_dims: int, guard: BudgetGuard, breaker: Breaker, run_id: str,
                  resplit: Callable[[TextItem], list[TextItem]],
                  journal: Callable[[Delivery, dict], None] | None = None,
-                 recall: Callable[[str], tuple[dict, pa.Table] | None] | None = None,
+                 recall: Callable[[str], tuple[dict, list[str], list[int], np.ndarray] | None] | None = None,
                  intend: Callable[[str, int, int], None] | None = None,
                  concurrency: AimdLimiter | None = None, quota: TokenBucketLimiter | None = None):
         self._client, self._model, self._dimensions = client, model, dimensions

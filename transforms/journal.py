@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.known import Known
-from transforms.schemas import required, vector_type
+from transforms.schemas import required
 
 JOURNAL_DIR = "_journal"
 INTENT_SUFFIX = ".intent.json"
@@ -39,25 +39,35 @@ def journal_dir(output_dir: str, run_id: str | None = None) -> str:
 
 def write_entry(output_dir: str, run_id: str, request_row: dict, shas: list[str], n_tokens: list[int],
                 vectors: np.ndarray, shares_micro: list[int]) -> str:
-    dims = vectors.shape[1]
+    rows = np.ascontiguousarray(vectors, dtype="<f4")
     row = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in request_row.items()}
-    schema = pa.schema([*_SCHEMA_FIELDS, required("embedding", vector_type(dims))],
+    # A vector is one fixed-size binary value, its float32 bytes: Parquet writes a float list
+    # with nesting levels per float, 3x the CPU on the hot path (docs/BENCH.md). Short-lived,
+    # so no compression, dictionary attempt or statistics either.
+    vector_type = pa.binary(4 * rows.shape[1])
+    schema = pa.schema([*_SCHEMA_FIELDS, required("embedding", vector_type)],
                        metadata={b"request": json.dumps(row).encode()})
     table = pa.Table.from_arrays([
         pa.array(shas, pa.string()), pa.array(n_tokens, pa.int32()), pa.array(shares_micro, pa.int64()),
-        pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32, copy=False).reshape(-1)),
-                                          type=vector_type(dims)),
+        pa.FixedSizeBinaryArray.from_buffers(vector_type, len(rows), [None, pa.py_buffer(rows)]),
     ], schema=schema)
-    buf = io.BytesIO()
-    # Short-lived and written on the hot path: no compression, no dictionary attempt and no
-    # statistics on float vectors (most of the writing time).
-    pq.write_table(table, buf, compression="none", use_dictionary=False, write_statistics=False)
     final = FileSystems.join(journal_dir(output_dir, run_id), f"{request_row['request_id']}.parquet")
     temp = f"{final}.tmp-{uuid.uuid4().hex}"
     with FileSystems.create(temp) as fh:
-        fh.write(buf.getvalue())
+        pq.write_table(table, fh, compression="none", use_dictionary=False, write_statistics=False)
     FileSystems.rename([temp], [final])
     return final
+
+
+def entry_vectors(table: pa.Table) -> np.ndarray:
+    """An entry's (rows, dims) float32 vectors: raw bytes per row, or a float list in entries
+    written before that."""
+    column = table.column("embedding").combine_chunks()
+    if pa.types.is_fixed_size_binary(column.type):
+        width = column.type.byte_width
+        return np.frombuffer(column.buffers()[1], dtype="<f4", count=len(column) * width // 4,
+                             offset=column.offset * width).reshape(len(column), width // 4)
+    return column.flatten().to_numpy().reshape(len(column), column.type.list_size)
 
 
 def write_intent(output_dir: str, run_id: str, request_id: str, tokens: int, worst_case_micro: int) -> None:
@@ -96,10 +106,15 @@ def _read(path: str) -> tuple[dict, pa.Table]:
     return json.loads(table.schema.metadata[b"request"]), table
 
 
-def read_entry(output_dir: str, run_id: str, request_id: str) -> tuple[dict, pa.Table] | None:
-    """This run's entry for REQUEST_ID, if an earlier attempt of the bundle already paid for it."""
+def read_entry(output_dir: str, run_id: str, request_id: str) -> tuple[dict, list[str], list[int], np.ndarray] | None:
+    """This run's entry for REQUEST_ID, if an earlier attempt of the bundle already paid for it:
+    (request row, text_sha256 of each input, its share_micro, the vectors)."""
     path = FileSystems.join(journal_dir(output_dir, run_id), f"{request_id}.parquet")
-    return _read(path) if FileSystems.exists(path) else None
+    if not FileSystems.exists(path):
+        return None
+    row, table = _read(path)
+    return (row, table.column("text_sha256").to_pylist(), table.column("share_micro").to_pylist(),
+            entry_vectors(table))
 
 
 def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
@@ -135,11 +150,11 @@ def load_unwritten(output_dir: str, written_requests: set[str], model: str, dims
     decided per text, when it meets what DIR already holds (transforms/known.py)."""
     known, request_rows = [], []
     for request, table in read_entries(output_dir):
-        if request["model"] != model or table.schema.field("embedding").type.list_size != dims:
+        vectors = entry_vectors(table)
+        if request["model"] != model or vectors.shape[1] != dims:
             continue  # another model's vectors are never another model's answer
         if request["request_id"] not in written_requests:
             request_rows.append(request)
-        vectors = table.column("embedding").combine_chunks().flatten().to_numpy().astype("<f4").reshape(-1, dims)
         for i, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
                                              table.column("share_micro").to_pylist())):
             known.append((sha, Known(vectors[i].tobytes(), request["request_id"], share)))

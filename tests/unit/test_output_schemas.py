@@ -53,22 +53,36 @@ def _journal_entry(tmp_path, run_id="run-1", request_id="r1"):
     return journal.write_entry(str(tmp_path), run_id, row, ["a" * 64, "b" * 64], [3, 4], vectors, [10, 20])
 
 
-def test_journal_entries_are_required_too(tmp_path):
+def test_journal_entries_are_required_and_hold_each_vector_as_its_float32_bytes(tmp_path):
     schema = pq.read_schema(_journal_entry(tmp_path))
     assert not any(f.nullable for f in schema)
-    assert not schema.field("embedding").type.value_field.nullable
+    assert schema.field("embedding").type == pa.binary(4 * DIMS)
+    row, shas, shares, vectors = journal.read_entry(str(tmp_path), "run-1", "r1")
+    assert (row["request_id"], shas, shares) == ("r1", ["a" * 64, "b" * 64], [10, 20])
+    assert vectors.dtype == np.float32 and vectors.tolist() == np.arange(2 * DIMS).reshape(2, DIMS).tolist()
 
 
-def test_a_journal_written_before_the_change_is_still_read(tmp_path):
-    """An entry whose columns and elements are nullable, as every entry was before."""
-    path = _journal_entry(tmp_path)
+def _as_float_lists(path, nullable: bool):
+    """Rewrite an entry as earlier versions wrote it: vectors as float lists (once nullable)."""
     new = pq.read_table(path)
-    old_schema = pa.schema([pa.field("text_sha256", pa.string()), pa.field("n_tokens", pa.int32()),
-                            pa.field("share_micro", pa.int64()),
-                            pa.field("embedding", pa.list_(pa.float32(), DIMS))], metadata=new.schema.metadata)
-    pq.write_table(new.cast(old_schema), path)
-    assert pq.read_schema(path).field("embedding").type.value_field.nullable
+    vectors = journal.entry_vectors(new)
+    fields = [pa.field(f.name, f.type, nullable) for f in new.schema if f.name != "embedding"]
+    value = pa.field("item", pa.float32(), nullable)
+    fields.append(pa.field("embedding", pa.list_(value, DIMS), nullable))
+    old = pa.Table.from_arrays([*new.columns[:-1], pa.FixedSizeListArray.from_arrays(
+        pa.array(vectors.reshape(-1)), type=pa.list_(value, DIMS))],
+        schema=pa.schema(fields, metadata=new.schema.metadata))
+    pq.write_table(old, path)
+
+
+@pytest.mark.parametrize("nullable", [True, False], ids=["nullable", "required"])
+def test_a_journal_written_by_an_earlier_version_is_still_read(tmp_path, nullable):
+    path = _journal_entry(tmp_path)
+    _as_float_lists(path, nullable)
+    assert pa.types.is_fixed_size_list(pq.read_schema(path).field("embedding").type)
     known, rows = journal.load_unwritten(str(tmp_path), set(), "m", DIMS)
     assert [r["request_id"] for r in rows] == ["r1"]
     assert [(sha, k.share_micro) for sha, k in known] == [("a" * 64, 10), ("b" * 64, 20)]
     assert np.frombuffer(known[1][1].vector, dtype="<f4").tolist() == list(range(DIMS, 2 * DIMS))
+    assert journal.read_entry(str(tmp_path), "run-1", "r1")[3].tolist() == np.arange(2 * DIMS).reshape(2, DIMS).tolist()
+    assert journal.load_unwritten(str(tmp_path), set(), "m", DIMS + 1) == ([], [])   # other dimensions
