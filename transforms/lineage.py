@@ -45,7 +45,10 @@ def embeddings_table(items: Sequence[TextItem], vectors: np.ndarray, request_ids
         costs += apportion_micro(shares_micro[i], [1] * len(item.refs))
         rows_of_item += [i] * len(item.refs)
     n = len(refs)
-    flat = np.ascontiguousarray(vectors[np.asarray(rows_of_item, dtype=np.int64)], dtype=np.float32).reshape(-1)
+    # a text shared by several rows repeats its vector; otherwise (the usual case) no copy
+    one_each = all(len(item.refs) == 1 for item in items)
+    rows = vectors if one_each else vectors[np.asarray(rows_of_item, dtype=np.int64)]
+    flat = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1)
     cols = _ref_columns(refs, shas, model, kept)
     cols.update({
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()),
