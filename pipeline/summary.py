@@ -16,7 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline import history
 from transforms import journal
 from transforms.apportion import from_micro, to_micro
-from transforms.embed_runner import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
+from transforms.send import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_PARTIAL = 0, 1, 2, 3, 4
 

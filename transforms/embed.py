@@ -27,7 +27,7 @@ from service.tokenizer import get_encoding
 from transforms import journal
 from transforms.budget import BudgetGuard
 from transforms.caps import AccountWatch, cap_usages
-from transforms.embed_runner import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
+from transforms.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.lineage import embeddings_table, pending_table
 from transforms.progress import Progress
 from transforms.ratelimit import AimdLimiter, TokenBucketLimiter

@@ -26,7 +26,7 @@ import time
 # matches names the category; order matters where paths nest.
 CATEGORIES = (
     ("tokenise (tiktoken)", ("tiktoken/",)),
-    ("split/pack logic", ("transforms/splitting.py", "transforms/packing.py", "transforms/dedupe.py")),
+    ("split/pack logic", ("transforms/splitting.py", "transforms/pack.py", "transforms/dedupe.py")),
     ("sha256", ("hashlib", ":_sha")),
     ("json encode", ("json/encoder.py",)),
     ("json decode", ("json/decoder.py", "json/__init__.py:loads")),

@@ -5,7 +5,7 @@ here only the pure parts: re-splitting an over-long input."""
 from __future__ import annotations
 
 from service.tokenizer import get_encoding
-from transforms.embed_runner import resplit
+from transforms.send import resplit
 from transforms.records import ChunkRef, TextItem
 from transforms.splitting import SplitConfig, Splitter
 
@@ -48,7 +48,7 @@ def test_a_request_already_in_this_runs_journal_is_not_paid_again(tmp_path):
     from service.credentials import ApiKey
     from transforms import journal
     from transforms.budget import BudgetGuard
-    from transforms.embed_runner import Breaker, RequestRunner, request_key
+    from transforms.send import Breaker, RequestRunner, request_key
 
     batch = [_item("first text"), _item("second text")._replace(text_sha256="sha2")]
     rid = request_key("r1", "m", None, batch)

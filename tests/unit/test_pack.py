@@ -4,7 +4,7 @@ from typing import NamedTuple
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from transforms.packing import Packer
+from transforms.pack import Packer
 
 
 @st.composite
