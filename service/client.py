@@ -208,28 +208,29 @@ def decode_vectors(data: Any, n_inputs: int) -> tuple[np.ndarray, str]:
     return vectors, encoding
 
 
-def _decode_base64(encoded: list[str]) -> np.ndarray:
-    """float32 rows of base64 strings. Strings of one length without padding decode as one
-    (the usual case: 1536 or 3072 floats are a whole number of base64 quanta), a third
-    cheaper than a call per vector; anything else is decoded string by string."""
-    whole = len({len(e) for e in encoded}) == 1 and not any(e.endswith("=") for e in encoded)
+def _b64(text: str) -> bytes:
     try:
-        if whole:
-            raw = binascii.a2b_base64("".join(encoded), strict_mode=True)
-        else:
-            parts = [binascii.a2b_base64(e, strict_mode=True) for e in encoded]
+        return binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError):  # ValueError: not ASCII
         raise _Invalid("an embedding is not valid base64", undecodable=True) from None
-    if not whole:
-        _same_length([len(p) for p in parts], "bytes")
-        raw = b"".join(parts)
-    width = len(raw) // len(encoded)
+
+
+def _decode_base64(encoded: list[str]) -> np.ndarray:
+    """float32 rows of base64 strings, decoded one by one into one buffer: no decoded copy of a
+    whole answer besides the matrix, which is writable (callers may normalise in place)."""
+    width = len(_b64(encoded[0]))
+    matrix = bytearray(width * len(encoded))
+    view = memoryview(matrix)
+    for row, text in enumerate(encoded):
+        vector = _b64(text)
+        if len(vector) != width:
+            _same_length([len(_b64(e)) for e in encoded], "bytes")
+        view[row * width:(row + 1) * width] = vector
     if width == 0:
         raise _Invalid("vectors are empty")
     if width % 4:
         raise _Invalid(f"base64 vectors of {width} bytes are not float32 arrays", undecodable=True)
-    # a copy: callers own the matrix (normalising in place, say); frombuffer alone is read-only
-    return np.frombuffer(raw, dtype="<f4").reshape(len(encoded), width // 4).copy()
+    return np.frombuffer(matrix, dtype="<f4").reshape(len(encoded), width // 4)
 
 
 def _same_length(lengths: list[int], unit: str) -> None:
@@ -415,6 +416,7 @@ class EmbeddingsClient:
         usage, problem = None, None
         try:
             doc = self._json(reply)
+            reply.body = b""   # parsed: the answer's bytes (5 MB for 2048 vectors) are not kept beside it
             usage = parse_usage(doc)
             vectors, used = decode_vectors(doc.get("data"), len(inputs))
             if dimensions is not None and vectors.shape[1] != dimensions:

@@ -101,7 +101,7 @@ def b64(vec):
     return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
 
 
-@pytest.mark.parametrize("dims", [6, 8])   # 24 bytes: whole base64 quanta, decoded at once; 32: padded
+@pytest.mark.parametrize("dims", [6, 8])   # 24 bytes: whole base64 quanta; 32: padded
 def test_base64_and_float_decode_to_the_same_matrix_in_index_order(dims):
     rng = np.random.default_rng(0)
     m = rng.standard_normal((3, dims)).astype(np.float32)
@@ -144,7 +144,7 @@ def test_base64_that_is_not_float32_is_flagged_undecodable():
     with pytest.raises(_Invalid, match="not valid base64") as info:
         decode_vectors([{"index": 0, "embedding": "%%%"}], 1)
     assert info.value.undecodable
-    good = b64(range(6))   # a bad character inside strings that are decoded at once
+    good = b64(range(6))   # a bad character in a later vector
     with pytest.raises(_Invalid, match="not valid base64"):
         decode_vectors([{"index": 0, "embedding": good}, {"index": 1, "embedding": good[:5] + "%" + good[6:]}], 2)
     with pytest.raises(_Invalid, match="not valid base64"):
