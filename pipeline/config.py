@@ -20,6 +20,7 @@ class ClientSettings:
     read_timeout_s: float = 60.0
     pool_size: int = 32
     encoding_format: str = "base64"
+    max_decoding: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +125,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
     if not 0 < settings.pack.fill_target <= 1:
         raise ConfigError(f"{where}:pack.fill_target must be in (0, 1]")
     positive = {"embed.max_in_flight": settings.embed.max_in_flight, "client.max_attempts": settings.client.max_attempts,
-                "client.pool_size": settings.client.pool_size, "pack.max_open_requests": settings.pack.max_open_requests,
+                "client.pool_size": settings.client.pool_size, "client.max_decoding": settings.client.max_decoding,
+                "pack.max_open_requests": settings.pack.max_open_requests,
                 "client.connect_timeout_s": settings.client.connect_timeout_s,
                 "client.read_timeout_s": settings.client.read_timeout_s, "client.max_total_s": settings.client.max_total_s}
     if bad := [name for name, value in positive.items() if value <= 0]:

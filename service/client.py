@@ -13,6 +13,7 @@ from __future__ import annotations
 import binascii
 import dataclasses
 import email.utils
+import functools
 import json
 import logging
 import math
@@ -233,6 +234,48 @@ def _decode_base64(encoded: list[str]) -> np.ndarray:
     return np.frombuffer(matrix, dtype="<f4").reshape(len(encoded), width // 4)
 
 
+@dataclasses.dataclass
+class _Answer:
+    """A 2xx embeddings body, parsed while its decoding slot was held (the body is not kept).
+    PROBLEM is what breaks the spec, as text: an exception would keep the body's frames alive."""
+    usage: Usage | None = None
+    vectors: np.ndarray | None = None
+    encoding: str | None = None
+    model: Any = None
+    problem: str | None = None
+    undecodable: bool = False
+
+
+def _json_object(body: bytes, status: int, headers: Mapping[str, str]) -> Mapping[str, Any]:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        doc = _NOT_JSON   # the decode error quotes the body: keep it out of any exception chain
+    if doc is _NOT_JSON:
+        ctype = headers.get("content-type", "unknown type").split(";")[0]
+        raise _Invalid(f"HTTP {status} with a non-JSON body ({ctype}, {len(body)} bytes)")
+    if not isinstance(doc, Mapping):
+        raise _Invalid(f"HTTP {status} body is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _parse_answer(body: bytes, status: int, headers: Mapping[str, str], n_inputs: int,
+                  dimensions: int | None) -> _Answer:
+    """An embeddings answer: usage, the (n_inputs, d) vectors, the encoding the server used."""
+    answer = _Answer()
+    try:
+        doc = _json_object(body, status, headers)
+        del body   # parsed: the bytes (5 MB for 2048 vectors) are not kept beside the parse
+        answer.usage = parse_usage(doc)
+        answer.vectors, answer.encoding = decode_vectors(doc.get("data"), n_inputs)
+        if dimensions is not None and answer.vectors.shape[1] != dimensions:
+            raise _Invalid(f"asked for {dimensions} dimensions, got {answer.vectors.shape[1]}")
+        answer.model = doc.get("model")
+    except _Invalid as exc:
+        answer.vectors, answer.problem, answer.undecodable = None, str(exc), exc.undecodable
+    return answer
+
+
 def _same_length(lengths: list[int], unit: str) -> None:
     if len(set(lengths)) != 1:
         raise _Invalid(f"vectors differ in length: {min(lengths)}..{max(lengths)} {unit}")
@@ -263,6 +306,7 @@ class _Outcome:
     body: bytes = b""
     error: EmbeddingsError | None = None
     sent: bool = True
+    answer: _Answer | None = None
 
 
 @dataclasses.dataclass
@@ -273,6 +317,7 @@ class _Reply:
     attempts: int
     uncertain_attempts: int
     latency_ms: float
+    answer: _Answer | None = None
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -348,14 +393,14 @@ class EmbeddingsClient:
 
     def __init__(self, base_url: str, api_key: ApiKey, *, account_segment: str = "service",
                  retry: RetryPolicy = RetryPolicy(), pool_size: int = 32,
-                 encoding_format: str = "base64"):
+                 encoding_format: str = "base64", max_decoding: int = 2):
         if not isinstance(api_key, ApiKey):
             raise TypeError("api_key must be a service.credentials.ApiKey")
         check_base_url(base_url)
         if encoding_format not in ("base64", "float"):
             raise ValueError(f"encoding_format must be 'base64' or 'float', got {encoding_format!r}")
-        if pool_size < 1:
-            raise ValueError("pool_size must be >= 1")
+        if pool_size < 1 or max_decoding < 1:
+            raise ValueError("pool_size and max_decoding must be >= 1")
         self.base_url = base_url.rstrip("/")
         self.account_segment = account_segment.strip("/")
         self.retry = retry
@@ -364,6 +409,9 @@ class EmbeddingsClient:
         self._auth = _BearerAuth(api_key)
         self._timeout = (retry.connect_timeout_s, retry.read_timeout_s)
         self._fallback_lock = threading.Lock()
+        # Answers read and decoded at once: each holds its bytes, the parsed JSON and the
+        # vectors meanwhile (~15 MB for 2048 vectors of 1536 floats); the others wait unread.
+        self._decoding = threading.BoundedSemaphore(max_decoding)
         self._session = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_size,
                                                 max_retries=0)
@@ -412,26 +460,17 @@ class EmbeddingsClient:
         if dimensions is not None:
             payload["dimensions"] = dimensions
         reply = self._call("POST", "/embeddings", request_id,
-                           json.dumps(payload, ensure_ascii=False).encode("utf-8"), on_retry)
-        usage, problem = None, None
-        try:
-            doc = self._json(reply)
-            reply.body = b""   # parsed: the answer's bytes (5 MB for 2048 vectors) are not kept beside it
-            usage = parse_usage(doc)
-            vectors, used = decode_vectors(doc.get("data"), len(inputs))
-            if dimensions is not None and vectors.shape[1] != dimensions:
-                raise _Invalid(f"asked for {dimensions} dimensions, got {vectors.shape[1]}")
-        except _Invalid as exc:
-            problem = exc
-        if problem is not None:   # raised outside `except`: no chained context holding the body
-            if problem.undecodable:
+                           json.dumps(payload, ensure_ascii=False).encode("utf-8"), on_retry,
+                           functools.partial(_parse_answer, n_inputs=len(inputs), dimensions=dimensions))
+        answer = reply.answer
+        if answer.problem is not None:
+            if answer.undecodable:
                 self._use_float("its base64 vectors were not float32 arrays")
-            raise self._invalid(str(problem), reply, request_id, usage)
-        if used == "float" and self.encoding_format == "base64":
+            raise self._invalid(answer.problem, reply, request_id, answer.usage)
+        if answer.encoding == "float" and self.encoding_format == "base64":
             self._use_float("it answered a base64 request with float lists")
-        answered_model = doc.get("model")
-        return EmbedResult(model=answered_model if isinstance(answered_model, str) else model,
-                           vectors=vectors, usage=usage, request_id=request_id,
+        return EmbedResult(model=answer.model if isinstance(answer.model, str) else model,
+                           vectors=answer.vectors, usage=answer.usage, request_id=request_id,
                            attempts=reply.attempts, latency_ms=reply.latency_ms,
                            status=reply.status, uncertain_attempts=reply.uncertain_attempts)
 
@@ -447,16 +486,17 @@ class EmbeddingsClient:
     # -- the one retry loop ---------------------------------------------------------------
 
     def _call(self, method: str, path: str, request_id: str, body: bytes | None = None,
-              on_retry: Callable[[int], None] | None = None) -> _Reply:
+              on_retry: Callable[[int], None] | None = None,
+              parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None = None) -> _Reply:
         url = self.base_url + path
         started = time.monotonic()
         attempts = uncertain = 0
         while True:
             attempts += 1
-            outcome = self._attempt(method, url, body, request_id)
+            outcome = self._attempt(method, url, body, request_id, parse)
             if outcome.error is None and 200 <= outcome.status < 300:
                 return _Reply(outcome.headers, outcome.body, outcome.status, attempts, uncertain,
-                              (time.monotonic() - started) * 1000)
+                              (time.monotonic() - started) * 1000, outcome.answer)
             retry_after = None
             if outcome.error is not None:
                 error = outcome.error
@@ -485,7 +525,9 @@ class EmbeddingsClient:
                 on_retry(outcome.status if outcome.error is None else 0)
             time.sleep(wait)
 
-    def _attempt(self, method: str, url: str, body: bytes | None, request_id: str) -> _Outcome:
+    def _attempt(self, method: str, url: str, body: bytes | None, request_id: str,
+                 parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None = None) -> _Outcome:
+        """One HTTP exchange. A 2xx body is read and PARSEd in one of the decoding slots."""
         headers = {"Accept": "application/json", "X-Request-Id": request_id}
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -494,11 +536,14 @@ class EmbeddingsClient:
                                              auth=self._auth, timeout=self._timeout,
                                              allow_redirects=False, stream=True)
             with response:
-                content = _read_body(response)
+                got = {k.lower(): v for k, v in response.headers.items()}
+                if parse is None or not 200 <= response.status_code < 300:
+                    return _Outcome(status=response.status_code, body=_read_body(response), headers=got)
+                with self._decoding:
+                    answer = parse(_read_body(response), response.status_code, got)
         except requests.RequestException as exc:
             return _transport_error(exc, url, self._timeout, request_id)
-        return _Outcome(status=response.status_code, body=content,
-                        headers={k.lower(): v for k, v in response.headers.items()})
+        return _Outcome(status=response.status_code, headers=got, answer=answer)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -508,24 +553,10 @@ class EmbeddingsClient:
         reply = self._call("GET", f"/{self.account_segment}/{endpoint}", request_id)
         problem = None
         try:
-            return build(self._json(reply))
+            return build(_json_object(reply.body, reply.status, reply.headers))
         except _Invalid as exc:
             problem = exc
         raise self._invalid(str(problem), reply, request_id, None)
-
-    @staticmethod
-    def _json(reply: _Reply) -> Mapping[str, Any]:
-        try:
-            doc = json.loads(reply.body)
-        except (ValueError, UnicodeDecodeError):
-            doc = _NOT_JSON   # the decode error quotes the body: keep it out of any exception chain
-        if doc is _NOT_JSON:
-            ctype = reply.headers.get("content-type", "unknown type").split(";")[0]
-            raise _Invalid(f"HTTP {reply.status} with a non-JSON body "
-                           f"({ctype}, {len(reply.body)} bytes)")
-        if not isinstance(doc, Mapping):
-            raise _Invalid(f"HTTP {reply.status} body is a JSON {type(doc).__name__}, not an object")
-        return doc
 
     @staticmethod
     def _invalid(message: str, reply: _Reply, request_id: str | None,

@@ -27,10 +27,10 @@ from service.tokenizer import get_encoding
 from transforms import journal
 from transforms.budget import BudgetGuard
 from transforms.caps import AccountWatch, cap_usages
-from transforms.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.lineage import embeddings_table, pending_table
 from transforms.progress import Progress
 from transforms.ratelimit import AimdLimiter, TokenBucketLimiter
+from transforms.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.splitting import SplitConfig, Splitter
 
 log = logging.getLogger("embedpipe.embed")
@@ -51,6 +51,7 @@ class EmbedConfig:
     retry: RetryPolicy
     pool_size: int
     encoding_format: str
+    max_decoding: int
     max_in_flight: int
     balance_before: float | None
     spendable_rub: float | None
@@ -115,7 +116,7 @@ class _EmbedDoFn(beam.DoFn):
         cfg = self._cfg
         self._client = EmbeddingsClient(cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
                                         retry=cfg.retry, pool_size=cfg.pool_size,
-                                        encoding_format=cfg.encoding_format)
+                                        encoding_format=cfg.encoding_format, max_decoding=cfg.max_decoding)
         self._shared = shared = _Shared.for_run(cfg)
         self._progress = Progress.for_run(cfg.output_dir, cfg.run_id, cfg.progress_interval_s)
         encoding = get_encoding()

@@ -331,6 +331,30 @@ def test_body_that_stalls_past_the_read_timeout_is_a_timeout(canned):
     assert (info.value.attempts, info.value.uncertain_attempts) == (2, 2)
 
 
+def test_answers_are_read_and_decoded_at_most_max_decoding_at_once(canned, monkeypatch):
+    import service.client as client_module
+    busy, most, lock = [0], [0], threading.Lock()
+    decode = client_module.decode_vectors
+
+    def slow_decode(data, n):
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        time.sleep(0.05)
+        try:
+            return decode(data, n)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(client_module, "decode_vectors", slow_decode)
+    with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=FAST, max_decoding=2) as c:
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: c.embed("m", [f"text {i}"]), range(16)))
+    assert [r.vectors.shape for r in results] == [(1, 4)] * 16
+    assert 1 <= most[0] <= 2
+
+
 def test_connection_refused_is_retried_and_certain():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
