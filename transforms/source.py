@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import coders  # noqa: F401  (registers the coder of pa.Table)
+
 Partition = Mapping[str, "str | None"]
 
 
@@ -58,8 +60,10 @@ def row_groups(entry: tuple[str, dict]):
 
 
 # Rows per table out of a row group: a writer's default row group (1Mi rows in pyarrow) would
-# otherwise be one element, split as a whole and held at once; this keeps a table a few MB.
-BATCH_ROWS = 2048
+# otherwise be one element, split as a whole and held at once. 512 rows of ~2 KB documents
+# hold about one request's text: the Split step then keeps ~1 MB of texts and chunks at a time,
+# and Beam's per-table cost stays negligible (2,000 tables for a million documents).
+BATCH_ROWS = 512
 
 
 def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str]):
@@ -93,4 +97,4 @@ class ReadParquetTables(beam.PTransform):
                 | "Files" >> beam.Create(self._entries)
                 | "RowGroups" >> beam.FlatMap(row_groups)
                 | "Spread" >> beam.Reshuffle()
-                | "ReadRowGroup" >> beam.FlatMap(read_row_group, self._columns))
+                | "ReadRowGroup" >> beam.FlatMap(read_row_group, self._columns).with_output_types(pa.Table))
