@@ -20,7 +20,8 @@ from typing import ClassVar, NamedTuple
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from transforms.records import ChunkRef, TextItem
+from transforms import coders  # noqa: F401  (registers the coder of Request)
+from transforms.records import ChunkRef, Request, TextItem
 
 
 def _chunk_entries(keyed_doc):
@@ -173,4 +174,4 @@ class SealClaims(beam.PTransform):
     def expand(self, requests):
         run_id = self._run_id
         return requests | "Seal" >> beam.Map(
-            lambda request: tuple(Claims.for_run(run_id).seal(i) for i in request))
+            lambda request: Request(Claims.for_run(run_id).seal(i) for i in request)).with_output_types(Request)

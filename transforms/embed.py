@@ -24,6 +24,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import KeySource
 from service.tokenizer import get_encoding
+from transforms import coders  # noqa: F401  (registers the coder of pa.Table)
 from transforms import journal
 from transforms.budget import BudgetGuard
 from transforms.caps import AccountWatch, cap_usages
@@ -209,6 +210,6 @@ class EmbedRequests(beam.PTransform):
         self._cfg = cfg
 
     def expand(self, requests):
-        return requests | "Embed" >> beam.ParDo(_EmbedDoFn(self._cfg)).with_outputs(
+        return requests | "Embed" >> beam.ParDo(_EmbedDoFn(self._cfg)).with_output_types(pa.Table).with_outputs(
             REQUESTS, FAILED, PENDING, main="embeddings")
 

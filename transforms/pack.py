@@ -23,8 +23,11 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
+from transforms import coders  # noqa: F401  (registers the coder of Request)
+from transforms.records import Request
 
-class _Request:
+
+class _Bin:
     __slots__ = ("items", "sizes", "tokens")
 
     def __init__(self):
@@ -52,7 +55,7 @@ class Packer:
         self._max_inputs, self._max_tokens = max_inputs, max_tokens
         self._full_tokens = fill_target * max_tokens
         self._max_open = max_open_bins
-        self._open: list[_Request] = []
+        self._open: list[_Bin] = []
 
     def add(self, item: Any, n_tokens: int) -> list[list[Any]]:
         """Place the item; returns the requests this closed (usually none, at most one)."""
@@ -82,16 +85,16 @@ class Packer:
             self._first_fit(packed, n).put(item, n)
         return [r.items for r in packed]
 
-    def _first_fit(self, requests: list[_Request], n_tokens: int) -> _Request:
+    def _first_fit(self, requests: list[_Bin], n_tokens: int) -> _Bin:
         """The first request with room for N_TOKENS and an input, else a new one appended."""
         request = next((r for r in requests if r.tokens + n_tokens <= self._max_tokens
                         and len(r.items) < self._max_inputs), None)
         if request is None:
-            request = _Request()
+            request = _Bin()
             requests.append(request)
         return request
 
-    def _fill(self, request: _Request) -> float:
+    def _fill(self, request: _Bin) -> float:
         return max(request.tokens / self._max_tokens, len(request.items) / self._max_inputs)
 
 
@@ -107,23 +110,23 @@ class _PackDoFn(beam.DoFn):
     def process(self, item):
         for request in self._packer.add(item, item.n_tokens):
             self._requests.inc()
-            yield tuple(request)
+            yield Request(request)
 
     def finish_bundle(self):
         for request in self._packer.flush():
             self._requests.inc()
-            yield WindowedValue(tuple(request), MIN_TIMESTAMP, [GlobalWindow()])
+            yield WindowedValue(Request(request), MIN_TIMESTAMP, [GlobalWindow()])
 
 
 class PackRequests(beam.PTransform):
-    """TextItem -> tuple of TextItems, one per embeddings request."""
+    """TextItem -> Request (a tuple of TextItems), one per embeddings request."""
 
     def __init__(self, max_inputs: int, max_tokens: int, fill_target: float, max_open: int):
         super().__init__()
         self._fn = _PackDoFn(max_inputs, max_tokens, fill_target, max_open)
 
     def expand(self, items):
-        return items | "Pack" >> beam.ParDo(self._fn)
+        return items | "Pack" >> beam.ParDo(self._fn).with_output_types(Request)
 
 
 def request_totals(requests):

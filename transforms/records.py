@@ -25,6 +25,11 @@ class TextItem(NamedTuple):
     refs: tuple  # of ChunkRef
 
 
+class Request(tuple):
+    """The TextItems of one embeddings request (transforms/coders.py sizes it cheaply)."""
+    __slots__ = ()
+
+
 class Rejected(NamedTuple):
     """A row or chunk that will not be embedded, with a short reason code."""
     doc_id: str | None
