@@ -163,7 +163,9 @@ class Claims:
     @classmethod
     def for_run(cls, run_id: str) -> "Claims":
         with cls._lock:
-            return cls._by_run.setdefault(run_id, cls())
+            if run_id not in cls._by_run:
+                cls._by_run[run_id] = cls()
+            return cls._by_run[run_id]
 
     @classmethod
     def discard(cls, run_id: str) -> "Claims | None":
@@ -238,5 +240,8 @@ class SealClaims(beam.PTransform):
 
     def expand(self, requests):
         run_id = self._run_id
-        return requests | "Seal" >> beam.Map(
-            lambda request: Request(Claims.for_run(run_id).seal(i) for i in request)).with_output_types(Request)
+        def seal(request: Request) -> Request:
+            claims = Claims.for_run(run_id)
+            return Request(claims.seal(item) for item in request)
+
+        return requests | "Seal" >> beam.Map(seal).with_output_types(Request)

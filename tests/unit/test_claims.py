@@ -98,3 +98,18 @@ def test_sent_rows_keep_a_text_in_about_55_bytes():
     tracemalloc.stop()
     assert rows.get(keys[123]).endswith(b"doc-0000123") and rows.get(keys[n + 7]).endswith(b"doc-%07d" % (n + 7))
     assert (second - first) / n < 70   # 24 in the arrays, 2 + 27 of row; a dict of bytes took ~160
+
+
+def test_a_runs_claims_are_built_once():
+    """Every sealed request asks for the run's claims: building one each time (2 MB of bitmap)
+    cost 0.7 s of CPU on 20,000 documents."""
+    built = []
+
+    class Counting(Claims):
+        def __init__(self):
+            built.append(1)
+            super().__init__()
+
+    assert Counting.for_run("run-c") is Counting.for_run("run-c")
+    assert len(built) == 1
+    Counting.discard("run-c")
