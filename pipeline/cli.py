@@ -93,7 +93,7 @@ def cmd_beam_options(argv: list[str]) -> int:
 
 def cmd_demo(argv: list[str]) -> int:
     from pipeline.demo import main as demo_main
-    return demo_main(argv)
+    return demo_main(argv, cmd_plan, cmd_run)
 
 
 def cmd_report(argv: list[str]) -> int:

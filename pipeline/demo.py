@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -34,8 +35,8 @@ def nearest(output_dir: Path, corpus: Path, doc_id: str, k: int = 5) -> list[tup
     return [(float(scores[i]), ids[i], heading[ids[i]]) for i in best]
 
 
-def main(argv: list[str]) -> int:
-    from pipeline.cli import cmd_plan, cmd_run
+def main(argv: list[str], cmd_plan: Callable[[list[str]], int], cmd_run: Callable[[list[str]], int]) -> int:
+    """The CLI's own plan and run commands are passed in (the CLI imports this module)."""
     ap = argparse.ArgumentParser(prog="embedpipe demo")
     ap.add_argument("--workdir", default="demo")
     args = ap.parse_args(argv)

@@ -66,11 +66,12 @@ def write_late_copies(output_dir: str, run_id: str, late: Sequence[LateRef], kep
             with FileSystems.open(source) as fh:
                 pf = pq.ParquetFile(fh)
                 for g in range(pf.metadata.num_row_groups):
-                    group = pf.read_row_group(g)
-                    rows = group.filter(pc.is_in(_keys(group), value_set=wanted))
-                    if not rows.num_rows:
+                    # the keys first: a row group is read whole (its vectors) only when it holds a first row
+                    keys = pf.read_row_group(g, columns=["doc_id", "chunk_index"])
+                    mask = pc.is_in(_keys(keys), value_set=wanted)
+                    if not pc.any(mask).as_py():
                         continue
-                    copies = _copies(rows, late_by_first, kept)
+                    copies = _copies(pf.read_row_group(g).filter(mask), late_by_first, kept)
                     if writer is None:
                         sink = FileSystems.create(path)
                         writer = pq.ParquetWriter(sink, pf.schema_arrow, compression=codec)

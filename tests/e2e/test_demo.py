@@ -2,7 +2,7 @@
 through the sandbox, and a nearest-neighbour query whose answers a reader sees are related."""
 from __future__ import annotations
 
-from pipeline import demo
+from pipeline import cli, demo
 from pipeline.python_docs_corpus import passages
 
 # The passage about "for" statements belongs with the other statements that steer a block:
@@ -21,7 +21,7 @@ def test_the_corpus_is_a_few_hundred_passages_of_every_topic():
 
 def test_the_demo_runs_and_its_neighbours_are_about_control_flow(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", "")  # the demo sets its own key: restored afterwards
-    assert demo.main(["--workdir", str(tmp_path)]) == 0
+    assert cli.main(["demo", "--workdir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert f"== passages nearest to {demo.QUERY_ID} ==" in printed
     neighbours = demo.nearest(tmp_path / "out", tmp_path / "corpus.parquet", demo.QUERY_ID)
