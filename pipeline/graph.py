@@ -22,7 +22,7 @@ from transforms import schemas
 from transforms.dedupe import ChunkEntries, GroupDistinctTexts, SealClaims, StreamDistinctTexts
 from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
-from transforms.known import CARRIED, PIECES, REUSED, AntiJoinKnown, Known, SkipDelivered, reused_tables
+from transforms.known import CARRIED, PIECES, REUSED, AntiJoinKnown, SkipDelivered, reused_tables
 from transforms.pack import PackRequests
 from transforms.read import REJECTED, ReadDocuments, ReadPending
 from transforms.splitting import SplitConfig
@@ -36,7 +36,7 @@ class KnownSources:
     """What earlier runs already paid for (see transforms/known.py)."""
     resume_glob: str | None = None
     known_globs: tuple[str, ...] = ()
-    journal: tuple[tuple[str, Known], ...] = ()
+    journal: tuple[str, ...] = ()             # entries of killed runs (paths; read by the job)
     journal_requests: tuple[dict, ...] = ()
     pending_glob: str | None = None         # --resume without --input: the last run's pending rows
     carried_files: tuple[str, ...] = ()     # failed files of earlier runs that stay current then

@@ -11,7 +11,7 @@ from pipeline.graph import KnownSources
 from pipeline.inputs import InputInfo, UsageError
 from pipeline.job import Job
 from pipeline.summary import read_columns, run_files
-from transforms.journal import journal_dir, load_unwritten
+from transforms.journal import journal_dir, unwritten
 
 
 def _check_same_model(path: str, job: Job) -> None:
@@ -100,8 +100,8 @@ def known_sources(job: Job) -> KnownSources:
             _check_same_model(path, job)
         if existing:
             resume_glob = FileSystems.join(opts.output, "embeddings-*.parquet")
-        journal, journal_requests = load_unwritten(opts.output, written_request_ids(opts.output),
-                                                   job.model.name, job.dimensions)
+        journal, journal_requests = unwritten(opts.output, written_request_ids(opts.output),
+                                              job.model.name, job.dimensions)
     for glob in opts.known:
         matches = FileSystems.match([glob])[0].metadata_list
         if not matches:

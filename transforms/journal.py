@@ -15,14 +15,12 @@ import io
 import json
 import os
 import uuid
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.known import Known
 from transforms.schemas import required
 
 JOURNAL_DIR = "_journal"
@@ -100,7 +98,8 @@ def read_intents(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
     return intents
 
 
-def _read(path: str) -> tuple[dict, pa.Table]:
+def read_path(path: str) -> tuple[dict, pa.Table]:
+    """(request row, table of sha/n_tokens/share_micro/embedding) of the entry at PATH."""
     with FileSystems.open(path) as fh:
         table = pq.read_table(io.BytesIO(fh.read()))
     return json.loads(table.schema.metadata[b"request"]), table
@@ -112,16 +111,9 @@ def read_entry(output_dir: str, run_id: str, request_id: str) -> tuple[dict, lis
     path = FileSystems.join(journal_dir(output_dir, run_id), f"{request_id}.parquet")
     if not FileSystems.exists(path):
         return None
-    row, table = _read(path)
+    row, table = read_path(path)
     return (row, table.column("text_sha256").to_pylist(), table.column("share_micro").to_pylist(),
             entry_vectors(table))
-
-
-def read_entries(output_dir: str) -> Iterator[tuple[dict, pa.Table]]:
-    """(request row, table of sha/n_tokens/share_micro/embedding) for every whole entry."""
-    pattern = FileSystems.join(journal_dir(output_dir), "*", "*.parquet")
-    for match in FileSystems.match([pattern])[0].metadata_list:
-        yield _read(match.path)
 
 
 def read_requests(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
@@ -144,19 +136,23 @@ def discard(output_dir: str, run_id: str) -> None:
             os.rmdir(folder)
 
 
-def load_unwritten(output_dir: str, written_requests: set[str], model: str, dims: int):
-    """What journals in OUTPUT_DIR hold for MODEL at DIMS: ((sha, Known) pairs, the request
-    rows that no requests file has yet). Whether a text's share is still to be written is
-    decided per text, when it meets what DIR already holds (transforms/known.py)."""
-    known, request_rows = [], []
-    for request, table in read_entries(output_dir):
-        vectors = entry_vectors(table)
-        if request["model"] != model or vectors.shape[1] != dims:
+def _dims(vector_type: pa.DataType) -> int:
+    """Floats per vector: a fixed-size binary of float32 bytes, or (earlier entries) a float list."""
+    return vector_type.byte_width // 4 if pa.types.is_fixed_size_binary(vector_type) else vector_type.list_size
+
+
+def unwritten(output_dir: str, written_requests: set[str], model: str, dims: int) -> tuple[list[str], list[dict]]:
+    """The journal entries in OUTPUT_DIR for MODEL at DIMS: (their paths, the request rows that
+    no requests file has yet). Footers only: the vectors are read where they are used, by the
+    job (transforms/known.py), never gathered in the driver."""
+    paths, request_rows = [], []
+    for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*.parquet"), ".parquet", set()):
+        with FileSystems.open(path) as fh:
+            schema = pq.read_schema(fh)
+        request = json.loads(schema.metadata[b"request"])
+        if request["model"] != model or _dims(schema.field("embedding").type) != dims:
             continue  # another model's vectors are never another model's answer
+        paths.append(path)
         if request["request_id"] not in written_requests:
             request_rows.append(request)
-        for i, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
-                                             table.column("share_micro").to_pylist())):
-            known.append((sha, Known(vectors[i].tobytes(), request["request_id"], share)))
-    return known, request_rows
-
+    return paths, request_rows

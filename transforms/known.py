@@ -6,12 +6,13 @@ scales like any shuffle instead of holding a set in memory):
   (SkipDelivered, by doc_id and chunk_index); other rows with the same text get that vector
   at no cost.
 - the journal of a run that was killed: paid for but never written out. Its rows are written
-  now, with the original request id and cost share.
+  now, with the original request id and cost share. The entries are read by the job, one
+  file at a time; the driver only lists them.
 - `--known GLOB`: embeddings files of other runs, reused at no cost.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -19,6 +20,7 @@ import pyarrow as pa
 from apache_beam.io.parquetio import ReadAllFromParquetBatched, ReadFromParquetBatched
 from apache_beam.metrics import Metrics
 
+from transforms import journal
 from transforms.lineage import embeddings_table
 from transforms.read import pending_entries
 from transforms.records import Rejected, TextItem
@@ -47,6 +49,15 @@ class _KnownRows(beam.DoFn):
         for i, (sha, model, request_id) in enumerate(zip(*cols)):
             if model == self._model:
                 yield sha, Known(vectors[i].tobytes(), request_id, 0)
+
+
+def journal_known(path: str) -> Iterator[tuple[str, Known]]:
+    """A journal entry's texts: (sha, their vector, the request that paid, its share)."""
+    request, table = journal.read_path(path)
+    vectors = journal.entry_vectors(table)
+    for i, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
+                                         table.column("share_micro").to_pylist())):
+        yield sha, Known(vectors[i].tobytes(), request["request_id"], share)
 
 
 PIECES, CARRIED = "pieces", "carried"
@@ -133,15 +144,16 @@ class AntiJoinKnown(beam.PTransform):
     """TextItems x known vectors -> main: TextItems still to send; `reused`: (TextItem, Known)."""
 
     def __init__(self, model: str, dims: int, resume_glob: str | None, known_globs: Sequence[str],
-                 journal_entries: Sequence[tuple[str, Known]]):
+                 journal_paths: Sequence[str]):
         super().__init__()
         self._model, self._dims = model, dims
         self._sources = ([resume_glob] if resume_glob else []) + list(known_globs)
-        self._journal = list(journal_entries)
+        self._journal = list(journal_paths)
 
     def expand(self, items):
         p = items.pipeline
-        known = [p | "Journal" >> beam.Create(self._journal)]
+        known = [p | "JournalEntries" >> beam.Create(self._journal) | "SpreadEntries" >> beam.Reshuffle()
+                 | "ReadJournal" >> beam.FlatMap(journal_known)]
         for i, glob in enumerate(self._sources):
             known.append(p | f"ReadKnown{i}" >> ReadFromParquetBatched(
                 glob, columns=["text_sha256", "model", "request_id", "embedding"])
