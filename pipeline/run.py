@@ -19,8 +19,7 @@ from pipeline.scan import scan_input, scan_pending
 from pipeline.watch import progress_lines
 from service import errors
 from service.client import EmbeddingsClient
-from transforms import journal, progress
-from transforms.dedupe import Claims
+from transforms import journal, progress, runscoped
 
 log = logging.getLogger("embedpipe")
 
@@ -81,7 +80,7 @@ def _execute(job: Job, started: dt.datetime) -> tuple[int, dict]:
              spendable.binding)
     fits, decided_by = ((True, "allow_partial") if opts.allow_partial
                         else measure.fits(job, info, known, scan, spendable, price, margin))
-    streaming = graph.streams(job, known)
+    streaming = graph.streams(job)
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     graph.build(pipeline, job, info, known, duplicate_ids=scan.duplicate_ids, streaming=streaming, fits=fits,
                 balance_before=before.balance, spendable_rub=spendable, price_per_token_rub=price, margin=margin)
@@ -95,7 +94,7 @@ def _execute(job: Job, started: dt.datetime) -> tuple[int, dict]:
                         f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
                         "again with --resume.") from None
     finally:
-        claims = Claims.discard(job.run_id)
+        claims = runscoped.discard(job.run_id).get("claims")
     if claims is not None:
         late.write_late_copies(opts.output, job.run_id, claims.late, job.keep_columns, s.write.codec)
     after = _account_after(job)

@@ -12,16 +12,16 @@ Two ways, chosen by the runner:
 """
 from __future__ import annotations
 
-import hashlib
 import struct
 import threading
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms import coders  # noqa: F401  (registers the coder of Request)
+from transforms import runscoped
+from transforms.keyindex import KeyIndex, key16
 from transforms.records import ChunkRef, Request, TextItem
 
 
@@ -84,101 +84,22 @@ def _unpack_first(packed: bytes) -> tuple:
     return packed[_FIRST.size:].decode("utf-8", "surrogatepass"), chunk_index, token_start
 
 
-_LENGTH = struct.Struct("<H")
-_HALVES = struct.Struct("<QQ")
-
-
-class SentRows:
-    """Sent texts by their 16-byte key, each with its first row (bytes), in ~55 bytes a text
-    where a dict of bytes took ~160 (a million texts: 55 MB, not 160): the keys sorted in two
-    uint64 arrays, the rows back to back in one bytearray. The latest keys wait in a small dict
-    until MERGE_EVERY of them are merged into the arrays. Most lookups are of texts not sent
-    (every new text's): a bitmap of 24 bits of each key answers those without a search."""
-
-    MERGE_EVERY = 4096
-    _SEEN_BITS = 24
-
-    def __init__(self):
-        self._seen = bytearray(1 << (self._SEEN_BITS - 3))   # 2 MB
-        self._hi = np.empty(0, np.uint64)
-        self._lo = np.empty(0, np.uint64)
-        self._at = np.empty(0, np.int64)     # where each key's row starts in _rows
-        self._recent: dict[bytes, int] = {}
-        self._rows = bytearray()
-
-    def __len__(self) -> int:
-        return len(self._hi) + len(self._recent)
-
-    def _bit(self, key: bytes) -> tuple[int, int]:
-        slot = int.from_bytes(key[:3], "little")
-        return slot >> 3, 1 << (slot & 7)
-
-    def put(self, key: bytes, row: bytes) -> None:
-        byte, bit = self._bit(key)
-        self._seen[byte] |= bit
-        self._recent[key] = len(self._rows)
-        self._rows += _LENGTH.pack(len(row)) + row
-        if len(self._recent) >= self.MERGE_EVERY:
-            self._merge()
-
-    def get(self, key: bytes) -> bytes | None:
-        byte, bit = self._bit(key)
-        if not self._seen[byte] & bit:
-            return None
-        at = self._recent.get(key)
-        if at is None:
-            hi, lo = (np.uint64(half) for half in _HALVES.unpack(key))
-            i = int(np.searchsorted(self._hi, hi))
-            while i < len(self._hi) and self._hi[i] == hi and self._lo[i] != lo:
-                i += 1   # another key with the same first 8 bytes: next to it, in order
-            if i == len(self._hi) or self._hi[i] != hi:
-                return None
-            at = int(self._at[i])
-        (length,) = _LENGTH.unpack_from(self._rows, at)
-        return bytes(self._rows[at + _LENGTH.size:at + _LENGTH.size + length])
-
-    def _merge(self) -> None:
-        halves = np.frombuffer(b"".join(self._recent), dtype="<u8").reshape(-1, 2)
-        at = np.fromiter(self._recent.values(), np.int64, len(self._recent))
-        order = np.argsort(halves[:, 0], kind="stable")
-        hi, lo, at = halves[order, 0].astype(np.uint64), halves[order, 1].astype(np.uint64), at[order]
-        where = np.searchsorted(self._hi, hi)   # sorted too: the merged keys stay sorted
-        self._hi, self._lo = np.insert(self._hi, where, hi), np.insert(self._lo, where, lo)
-        self._at = np.insert(self._at, where, at)
-        self._recent.clear()
-
-
 class Claims:
     """The distinct texts one process has seen in a run (pure logic, thread-safe)."""
-
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-    _by_run: ClassVar[dict] = {}
 
     def __init__(self):
         self._mutex = threading.Lock()
         self._open: dict[bytes, list[ChunkRef]] = {}   # claimed, not yet sent: rows sharing it
-        self._sent = SentRows()                        # sent: its first row, _pack_first()
+        self._sent = KeyIndex()                        # sent: its first row, _pack_first()
         self.late: list[LateRef] = []
 
     @classmethod
     def for_run(cls, run_id: str) -> "Claims":
-        with cls._lock:
-            if run_id not in cls._by_run:
-                cls._by_run[run_id] = cls()
-            return cls._by_run[run_id]
-
-    @classmethod
-    def discard(cls, run_id: str) -> "Claims | None":
-        with cls._lock:
-            return cls._by_run.pop(run_id, None)
-
-    @staticmethod
-    def _key(sha: str) -> bytes:
-        return bytes.fromhex(sha)[:16] if len(sha) == 64 else hashlib.sha256(sha.encode()).digest()[:16]
+        return runscoped.shared(run_id, "claims", cls)
 
     def add(self, sha: str, ref: ChunkRef) -> bool:
         """True when REF is the text's first row (the caller sends the text)."""
-        key = self._key(sha)
+        key = key16(sha)
         with self._mutex:
             if (rows := self._open.get(key)) is not None:
                 rows.append(ref)
@@ -191,7 +112,7 @@ class Claims:
 
     def seal(self, item: TextItem) -> TextItem:
         """The text is being sent: every row that claimed it so far shares it; later ones are late."""
-        key = self._key(item.text_sha256)
+        key = key16(item.text_sha256)
         with self._mutex:
             rows = self._open.pop(key, None)
             if rows is None:  # not claimed here (a re-sent or foreign item): leave it as it is

@@ -1,0 +1,30 @@
+"""Objects shared by every DoFn instance of one worker process for one run.
+
+The streaming steps keep per-run state in memory (claims of sent texts, what earlier runs
+delivered or hold): one copy per process, built on first use, and discarded by the driver
+once the job is done (on the local runner the workers are the driver's own process).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.RLock()   # a build may ask for another shared object
+_by_run: dict[str, dict[str, object]] = {}
+
+
+def shared(run_id: str, name: str, build: Callable[[], T]) -> T:
+    """RUN_ID's object called NAME in this process, built by BUILD the first time."""
+    with _lock:
+        objects = _by_run.setdefault(run_id, {})
+        if name not in objects:
+            objects[name] = build()
+        return objects[name]
+
+
+def discard(run_id: str) -> dict[str, object]:
+    """Forget RUN_ID's objects; returns them (the driver reads some after the job)."""
+    with _lock:
+        return _by_run.pop(run_id, {})
