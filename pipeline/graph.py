@@ -1,10 +1,11 @@
-"""The job's Beam graph: Read -> Split -> Dedupe -> (anti-join known) -> Pack -> Embed -> Write.
+"""The job's Beam graph: Read -> Split -> (skip delivered) -> Dedupe -> (reuse known) -> Pack ->
+Embed -> Write.
 
-On the local runner in one process, a fresh run streams: texts and vectors go from Read to
-Write in one fused stage and nothing large crosses a stage boundary (the FnApiRunner holds
-such a PCollection in memory whole). Runs that join earlier outputs (--resume, --known),
---doc-vectors, and runners with several worker processes group by text instead
-(transforms/dedupe.py says why).
+On the local runner in one process, a run streams: texts and vectors go from Read to Write
+in one fused stage and nothing large crosses a stage boundary (the FnApiRunner holds such a
+PCollection in memory whole); what earlier runs delivered or hold (--resume, --known) is
+indexed by digest in the process. --doc-vectors and runners with several worker processes
+group by text instead (transforms/dedupe.py says why).
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from pipeline.inputs import InputInfo
 from pipeline.job import Job
 from pipeline.runner import is_local
 from transforms import schemas
-from transforms.dedupe import ChunkEntries, GroupDistinctTexts, SealClaims, StreamDistinctTexts
+from transforms.dedupe import ChunkEntries, GroupDistinctTexts, SealClaims, SealReused, StreamDistinctTexts
+from transforms.delivered import CARRIED, PIECES, SkipDelivered, SkipDeliveredStream
 from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
-from transforms.known import CARRIED, PIECES, REUSED, AntiJoinKnown, SkipDelivered, reused_tables
+from transforms.known import REUSED, AntiJoinKnown, FetchReused, ReuseKnownStream, reused_tables
 from transforms.pack import PackRequests
 from transforms.read import REJECTED, ReadDocuments, ReadPending
 from transforms.splitting import SplitConfig
@@ -47,11 +49,15 @@ class KnownSources:
     def any(self) -> bool:
         return bool(self.resume_glob or self.known_globs or self.journal)
 
+    @property
+    def embeddings_globs(self) -> list[str]:
+        return ([self.resume_glob] if self.resume_glob else []) + list(self.known_globs)
 
-def streams(job: Job, known: KnownSources) -> bool:
+
+def streams(job: Job) -> bool:
     """Whether this run can dedupe in one process (StreamDistinctTexts) and so stream."""
     in_process = job.opts.view_as(DirectOptions).direct_running_mode != "multi_processing"
-    return is_local(job.opts) and in_process and not known.any and not job.opts.doc_vectors
+    return is_local(job.opts) and in_process and not job.opts.doc_vectors
 
 
 def _without_text(entry):
@@ -79,18 +85,23 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
                                            (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None)
         docs, rejected = read["docs"], read[REJECTED]
         if known.resume_glob:
-            skipped = docs | "SkipDelivered" >> SkipDelivered(
-                known.resume_glob, known.last_pending, known.last_failed, [f.name for f in info.kept_fields])
-            docs = skipped.docs
+            delivered = (known.resume_glob, known.last_pending, known.last_failed, [f.name for f in info.kept_fields])
+            skipped = docs | "SkipDelivered" >> (SkipDeliveredStream(job.run_id, *delivered) if streaming
+                                                 else SkipDelivered(*delivered))
+            docs = skipped["docs"]
             rejected = (rejected, skipped[CARRIED]) | "WithCarried" >> beam.Flatten()
         entries = docs | "Chunks" >> ChunkEntries()
-        if known.resume_glob:
+        if known.resume_glob and not streaming:  # streaming: the pieces come among the docs
             entries = (entries, skipped[PIECES]) | "WithPieces" >> beam.Flatten()
     if count_only:
         entries = entries | "WithoutText" >> beam.Map(_without_text)
     items = entries | "Dedupe" >> (StreamDistinctTexts(job.run_id) if streaming else GroupDistinctTexts())
     reused = None
-    if known.any:
+    if known.any and streaming:
+        joined = items | "ReuseKnown" >> ReuseKnownStream(job.run_id, model.name, job.dimensions,
+                                                          known.embeddings_globs, known.journal)
+        items, reused = joined["items"], joined[REUSED] | "SealReused" >> SealReused(job.run_id)
+    elif known.any:
         joined = items | "AntiJoinKnown" >> AntiJoinKnown(model.name, job.dimensions, known.resume_glob,
                                                          known.known_globs, known.journal)
         items, reused = joined.items, joined[REUSED]
@@ -134,18 +145,27 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
     out = requests | "Embed" >> EmbedRequests(embed_cfg)
 
     embeddings, request_rows = out.embeddings, out[REQUESTS]
+    codec = s.write.codec
     if reused is not None:
         dims, run_id, now = job.dimensions, job.run_id, dt.datetime.now(dt.timezone.utc)
-        reused_tables_ = (reused
-                          | "BatchReused" >> beam.BatchElements(min_batch_size=1, max_batch_size=REUSED_PER_TABLE)
-                          | "ReusedTables" >> beam.Map(reused_tables, dims, emb_schema, model.name, run_id,
-                                                       kept, now))
-        embeddings = (embeddings, reused_tables_) | "AllEmbeddings" >> beam.Flatten()
+        if streaming:
+            reused_tables_ = reused | "FetchReused" >> FetchReused(
+                run_id, model.name, dims, known.embeddings_globs, known.journal, emb_schema, kept, now,
+                REUSED_PER_TABLE)
+        else:
+            reused_tables_ = (reused
+                              | "BatchReused" >> beam.BatchElements(min_batch_size=1, max_batch_size=REUSED_PER_TABLE)
+                              | "ReusedTables" >> beam.Map(reused_tables, dims, emb_schema, model.name, run_id,
+                                                           kept, now))
+        # files of their own: a Flatten with the sent vectors is held whole on the local runner
+        reused_tables_ | "WriteReused" >> WriteTables(opts.output, "embeddings", job.run_id, emb_schema, codec,
+                                                      part="reused")
+        if opts.doc_vectors:
+            embeddings = (embeddings, reused_tables_) | "AllEmbeddings" >> beam.Flatten()
         journaled = p | "JournaledRequests" >> beam.Create(_journal_request_rows(known.journal_requests))
         request_rows = (request_rows, journaled) | "AllRequests" >> beam.Flatten()
 
-    codec = s.write.codec
-    embeddings | "WriteEmbeddings" >> WriteTables(opts.output, "embeddings", job.run_id, emb_schema, codec)
+    out.embeddings | "WriteEmbeddings" >> WriteTables(opts.output, "embeddings", job.run_id, emb_schema, codec)
     request_rows | "WriteRequests" >> WriteRows(opts.output, "requests", job.run_id, schemas.REQUESTS, codec)
     failed = out[FAILED] if rejected is None else (rejected, out[FAILED]) | "AllFailed" >> beam.Flatten()
     (failed

@@ -166,3 +166,22 @@ class SealClaims(beam.PTransform):
             return Request(claims.seal(item) for item in request)
 
         return requests | "Seal" >> beam.Map(seal).with_output_types(Request)
+
+
+class SealReused(beam.PTransform):
+    """(TextItem, where its vector is) taken from an earlier run -> the same, the text carrying
+    every row that claimed it so far; rows that come later are late, as for a sent text."""
+
+    def __init__(self, run_id: str):
+        super().__init__()
+        self._run_id = run_id
+
+    def expand(self, reused):
+        run_id = self._run_id
+
+        def seal(pair):
+            item, where = pair
+            return Claims.for_run(run_id).seal(item), where
+
+        return reused | "Seal" >> beam.Map(seal)
+

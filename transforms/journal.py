@@ -98,10 +98,10 @@ def read_intents(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
     return intents
 
 
-def read_path(path: str) -> tuple[dict, pa.Table]:
-    """(request row, table of sha/n_tokens/share_micro/embedding) of the entry at PATH."""
+def read_path(path: str, columns: list[str] | None = None) -> tuple[dict, pa.Table]:
+    """(request row, table of sha/n_tokens/share_micro/embedding, or COLUMNS) of the entry at PATH."""
     with FileSystems.open(path) as fh:
-        table = pq.read_table(io.BytesIO(fh.read()))
+        table = pq.read_table(io.BytesIO(fh.read()), columns=columns)
     return json.loads(table.schema.metadata[b"request"]), table
 
 

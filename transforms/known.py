@@ -1,29 +1,39 @@
 """Never pay twice: texts whose vectors already exist are taken from there, not sent again.
 
-Sources, keyed by text_sha256 and anti-joined with this run's texts (CoGroupByKey, so it
-scales like any shuffle instead of holding a set in memory):
+Sources, keyed by text_sha256:
 - `--resume`: the embeddings files already in DIR. Rows delivered there are skipped
-  (SkipDelivered, by doc_id and chunk_index); other rows with the same text get that vector
-  at no cost.
+  (transforms/delivered.py); other rows with the same text get that vector at no cost.
 - the journal of a run that was killed: paid for but never written out. Its rows are written
   now, with the original request id and cost share. The entries are read by the job, one
   file at a time; the driver only lists them.
 - `--known GLOB`: embeddings files of other runs, reused at no cost.
+
+Two ways, as for dedupe (transforms/dedupe.py):
+- AntiJoinKnown: a CoGroupByKey of this run's texts with every known vector; exact on any
+  runner, but on the local runner both sides are held in memory, vectors included.
+- ReuseKnownStream (one process): the process reads the sources' digests, never their
+  vectors, into a KnownIndex (~50 bytes a text) once; texts pass through it as they stream,
+  and a reused text's vector is read afterwards from where the index says it is, a row
+  group at a time (FetchReused), so neither texts nor vectors gather.
 """
 from __future__ import annotations
 
+import collections
+import struct
 from typing import Iterator, NamedTuple, Sequence
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.parquetio import ReadAllFromParquetBatched, ReadFromParquetBatched
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.parquetio import ReadFromParquetBatched
 from apache_beam.metrics import Metrics
 
-from transforms import journal
+from transforms import coders, journal, runscoped  # noqa: F401  (coders: the coder of pa.Table)
+from transforms.keyindex import KeyIndex, key16
 from transforms.lineage import embeddings_table
-from transforms.read import pending_entries
-from transforms.records import Rejected, TextItem
+from transforms.records import TextItem
 
 REUSED = "reused"
 
@@ -58,66 +68,6 @@ def journal_known(path: str) -> Iterator[tuple[str, Known]]:
     for i, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
                                          table.column("share_micro").to_pylist())):
         yield sha, Known(vectors[i].tobytes(), request["request_id"], share)
-
-
-PIECES, CARRIED = "pieces", "carried"
-
-
-def _delivered_pairs(table: pa.Table):
-    yield from zip(table.column("doc_id").to_pylist(), table.column("chunk_index").to_pylist())
-
-
-def _pending_by_doc(table: pa.Table, kept_names: tuple):
-    for sha, (text, n_tokens, ref) in pending_entries(table, kept_names):
-        yield ref.doc_id, (ref.chunk_index, (sha, (text, n_tokens, ref)))
-
-
-def _failed_chunks(table: pa.Table):
-    for row in table.to_pylist():
-        if row["doc_id"] is not None and row["chunk_index"] is not None:
-            yield row["doc_id"], Rejected(row["doc_id"], row["chunk_index"], row["reason"], row["detail"])
-
-
-def _undelivered(joined):
-    doc_id, groups = joined
-    done = set(groups["done"])
-    pending = [(i, entry) for i, entry in groups["pending"] if i in done]
-    failed = [r for r in groups["failed"] if r.chunk_index in done]
-    for chunks, kept in groups["docs"]:
-        left = tuple(c for c in chunks if c.chunk_index not in done)
-        if left:
-            yield doc_id, (left, kept)
-    # A chunk re-split after an over-length answer may be partly delivered: its other pieces
-    # are in the last run's pending rows (sent now) or failed rows (which stay current).
-    for _, entry in pending:
-        yield beam.pvalue.TaggedOutput(PIECES, entry)
-    for rejected in failed:
-        yield beam.pvalue.TaggedOutput(CARRIED, rejected)
-
-
-class SkipDelivered(beam.PTransform):
-    """(doc_id, (chunks, kept)) minus the chunks DIR's embeddings already hold, by
-    (doc_id, chunk_index): what was delivered is known by row, whatever text it was sent as.
-    Tagged `pieces`: the last run's pending pieces of partly delivered chunks, as chunk
-    entries; tagged `carried`: their failed pieces."""
-
-    def __init__(self, embeddings_glob: str, last_pending: Sequence[str], last_failed: Sequence[str],
-                 kept_names: Sequence[str]):
-        super().__init__()
-        self._glob, self._kept = embeddings_glob, tuple(kept_names)
-        self._pending, self._failed = list(last_pending), list(last_failed)
-
-    def expand(self, docs):
-        p = docs.pipeline
-        done = (p | "ReadDelivered" >> ReadFromParquetBatched(self._glob, columns=["doc_id", "chunk_index"])
-                | "DeliveredPairs" >> beam.FlatMap(_delivered_pairs))
-        pending = (p | "LastPending" >> beam.Create(self._pending) | "ReadPending" >> ReadAllFromParquetBatched()
-                   | "PendingByDoc" >> beam.FlatMap(_pending_by_doc, self._kept))
-        failed = (p | "LastFailed" >> beam.Create(self._failed) | "ReadFailed" >> ReadAllFromParquetBatched()
-                  | "FailedChunks" >> beam.FlatMap(_failed_chunks))
-        return ({"docs": docs, "done": done, "pending": pending, "failed": failed}
-                | "CoGroupByDoc" >> beam.CoGroupByKey()
-                | "Undelivered" >> beam.FlatMap(_undelivered).with_outputs(PIECES, CARRIED, main="docs"))
 
 
 class _AntiJoin(beam.DoFn):
@@ -171,3 +121,171 @@ def reused_tables(batch: Sequence[tuple[TextItem, Known]], dims: int, schema: pa
     vectors = np.frombuffer(b"".join(k.vector for _, k in batch), dtype="<f4").reshape(len(batch), dims)
     return embeddings_table(items, vectors, [k.request_id for _, k in batch],
                             [k.share_micro for _, k in batch], schema, model, run_id, kept, embedded_at)
+
+
+# -- one process, streaming -------------------------------------------------------------------
+
+class ReuseRef(NamedTuple):
+    """Where a known text's vector is (KnownIndex.files[file], row group, row), the request
+    that paid for it and the share its rows carry."""
+    file: int
+    row_group: int
+    row: int
+    request_id: str | None
+    share_micro: int
+
+
+_ENTRY = struct.Struct("<iiiiq")   # request id's number, file, row group, row, share
+
+
+class KnownIndex:
+    """The known texts of a run, by digest: the place of each one's vector, never the vector.
+    As AntiJoinKnown decides: a journaled share wins (the text was paid and never written),
+    the largest if several; it is 0 when DIR already holds the text under that request."""
+
+    def __init__(self, model: str, dims: int, embeddings_globs: Sequence[str], journal_paths: Sequence[str]):
+        patterns = list(embeddings_globs)
+        self.files = sorted({m.path for result in FileSystems.match(patterns) for m in result.metadata_list}
+                            if patterns else ())
+        self._journal_from = len(self.files)
+        self.files += list(journal_paths)
+        self._request_ids: list[str | None] = []
+        self._request_numbers: dict[str | None, int] = {}
+        self._texts = KeyIndex()
+        self._written = KeyIndex() if journal_paths else None   # (text, request) pairs in files
+        for file in range(self._journal_from):
+            self._add_embeddings(file, model, dims)
+        for file in range(self._journal_from, len(self.files)):
+            self._add_journal_entry(file)
+
+    def _number(self, request_id: str | None) -> int:
+        if request_id not in self._request_numbers:
+            self._request_numbers[request_id] = len(self._request_ids)
+            self._request_ids.append(request_id)
+        return self._request_numbers[request_id]
+
+    def _add_embeddings(self, file: int, model: str, dims: int) -> None:
+        with FileSystems.open(self.files[file]) as fh:
+            parquet = pq.ParquetFile(fh)
+            if parquet.schema_arrow.field("embedding").type.list_size != dims:
+                return
+            for g in range(parquet.metadata.num_row_groups):
+                table = parquet.read_row_group(g, columns=["text_sha256", "model", "request_id"])
+                columns = (table.column(c).to_pylist() for c in ("text_sha256", "model", "request_id"))
+                for row, (sha, row_model, request_id) in enumerate(zip(*columns)):
+                    if row_model != model:
+                        continue
+                    key = key16(sha)
+                    if key not in self._texts:
+                        self._texts.put(key, _ENTRY.pack(self._number(request_id), file, g, row, 0))
+                    if self._written is not None:
+                        self._written.put(key16(f"{sha}\x00{request_id}"))
+
+    def _add_journal_entry(self, file: int) -> None:
+        request, table = journal.read_path(self.files[file], ["text_sha256", "share_micro"])
+        number = self._number(request["request_id"])
+        for row, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
+                                               table.column("share_micro").to_pylist())):
+            key = key16(sha)
+            held = self._texts.get(key)
+            if held is None or _ENTRY.unpack(held)[4] < share:
+                self._texts.put(key, _ENTRY.pack(number, file, 0, row, share))
+
+    def lookup(self, sha: str) -> ReuseRef | None:
+        held = self._texts.get(key16(sha))
+        if held is None:
+            return None
+        number, file, row_group, row, share = _ENTRY.unpack(held)
+        request_id = self._request_ids[number]
+        if share and key16(f"{sha}\x00{request_id}") in self._written:
+            share = 0   # DIR holds this text under that request: its share is written there
+        return ReuseRef(file, row_group, row, request_id, share)
+
+    def vectors(self, file: int, row_group: int) -> np.ndarray:
+        """The float32 vectors of one row group of an embeddings file, or of a journal entry."""
+        if file >= self._journal_from:
+            return journal.entry_vectors(journal.read_path(self.files[file], ["embedding"])[1])
+        with FileSystems.open(self.files[file]) as fh:
+            column = pq.ParquetFile(fh).read_row_group(row_group, columns=["embedding"]).column(0)
+        column = column.combine_chunks()
+        return column.flatten().to_numpy(zero_copy_only=False).astype("<f4").reshape(len(column), -1)
+
+
+def _known_index(run_id: str, model: str, dims: int, embeddings_globs: Sequence[str],
+                 journal_paths: Sequence[str]) -> KnownIndex:
+    return runscoped.shared(run_id, "known", lambda: KnownIndex(model, dims, embeddings_globs, journal_paths))
+
+
+class _ReuseKnown(beam.DoFn):
+    def __init__(self, run_id: str, sources: tuple):
+        self._run_id, self._sources = run_id, sources
+        self._reused = Metrics.counter("embedpipe", "chunks_reused")
+
+    def setup(self):
+        self._index = _known_index(self._run_id, *self._sources)
+
+    def process(self, item: TextItem):
+        ref = self._index.lookup(item.text_sha256)
+        if ref is None:
+            yield item
+        else:
+            self._reused.inc(len(item.refs))
+            yield beam.pvalue.TaggedOutput(REUSED, (item, ref))
+
+
+class ReuseKnownStream(beam.PTransform):
+    """TextItem -> main: the TextItems still to send; `reused`: (TextItem, ReuseRef)."""
+
+    def __init__(self, run_id: str, model: str, dims: int, embeddings_globs: Sequence[str],
+                 journal_paths: Sequence[str]):
+        super().__init__()
+        self._fn = _ReuseKnown(run_id, (model, dims, tuple(embeddings_globs), tuple(journal_paths)))
+
+    def expand(self, items):
+        return items | "ReuseKnown" >> beam.ParDo(self._fn).with_outputs(REUSED, main="items")
+
+
+class _ReusedTables(beam.DoFn):
+    """Batches of (TextItem, ReuseRef) -> embeddings tables, each row group read once a batch;
+    the last few stay cached (a resumed run meets its texts in the order it paid for them)."""
+
+    CACHED = 4
+
+    def __init__(self, run_id: str, sources: tuple, table_args: tuple):
+        self._run_id, self._sources, self._table_args = run_id, sources, table_args
+
+    def setup(self):
+        self._index = _known_index(self._run_id, *self._sources)
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+
+    def _vectors(self, place: tuple[int, int]) -> np.ndarray:
+        if place in self._cache:
+            self._cache.move_to_end(place)
+        else:
+            self._cache[place] = self._index.vectors(*place)
+            if len(self._cache) > self.CACHED:
+                self._cache.popitem(last=False)
+        return self._cache[place]
+
+    def process(self, batch):
+        batch = sorted(batch, key=lambda pair: (pair[1].file, pair[1].row_group, pair[1].row))
+        vectors = np.stack([self._vectors((ref.file, ref.row_group))[ref.row] for _, ref in batch])
+        yield embeddings_table([item for item, _ in batch], vectors, [ref.request_id for _, ref in batch],
+                               [ref.share_micro for _, ref in batch], *self._table_args)
+
+
+class FetchReused(beam.PTransform):
+    """(TextItem, ReuseRef) -> embeddings tables with the known vectors."""
+
+    def __init__(self, run_id: str, model: str, dims: int, embeddings_globs: Sequence[str],
+                 journal_paths: Sequence[str], schema: pa.Schema, kept, embedded_at, per_table: int):
+        super().__init__()
+        sources = (model, dims, tuple(embeddings_globs), tuple(journal_paths))
+        self._fn = _ReusedTables(run_id, sources, (schema, model, run_id, kept, embedded_at))
+        self._per_table = per_table
+
+    def expand(self, reused):
+        return (reused
+                | "BatchReused" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._per_table)
+                | "ReusedTables" >> beam.ParDo(self._fn).with_output_types(pa.Table))
+

@@ -12,8 +12,8 @@ from apache_beam.io.filesystems import CompressionTypes, FileSystems
 ROWS_PER_TABLE = 5000  # batching of small rows into Arrow tables; not a user-facing number
 
 
-def output_prefix(output_dir: str, kind: str, run_id: str) -> str:
-    return FileSystems.join(output_dir, f"{kind}-{run_id}")
+def output_prefix(output_dir: str, kind: str, run_id: str, part: str | None = None) -> str:
+    return FileSystems.join(output_dir, f"{kind}-{run_id}" + (f"-{part}" if part else ""))
 
 
 class _ParquetSink(filebasedsink.FileBasedSink):
@@ -43,11 +43,14 @@ class _ParquetSink(filebasedsink.FileBasedSink):
 
 
 class WriteTables(beam.PTransform):
-    """PCollection of pyarrow Tables (already in SCHEMA) -> Parquet files."""
+    """PCollection of pyarrow Tables (already in SCHEMA) -> Parquet files; PART names a second
+    set of files of the same kind (`embeddings-<run>-reused-...`): on the local runner a Flatten
+    is held in memory whole, so large outputs get a sink each instead."""
 
-    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: str):
+    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: str,
+                 part: str | None = None):
         super().__init__()
-        self._sink = _ParquetSink(output_prefix(output_dir, kind, run_id), schema, codec)
+        self._sink = _ParquetSink(output_prefix(output_dir, kind, run_id, part), schema, codec)
 
     def expand(self, tables):
         return tables | beam.io.Write(self._sink)

@@ -24,6 +24,12 @@ LATENCY_MS = 300
 JOURNALED_BEFORE_KILL = 3
 
 
+# Resumes stream on the local runner (transforms/delivered.py, transforms/known.py: indexes in
+# the process); with several worker processes they group by doc id and text hash instead.
+# Both must pay for nothing twice.
+WAYS = {"streaming": (), "grouping": ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")}
+
+
 @pytest.fixture
 def env_key(monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
@@ -58,7 +64,8 @@ def kill_midway(tmp_path: Path, sandbox_factory, rows: list[dict]) -> tuple[Path
     return corpus, models, out, slow
 
 
-def test_killed_run_resumes_without_paying_twice(tmp_path, sandbox_factory, env_key):
+@pytest.mark.parametrize("way", WAYS)
+def test_killed_run_resumes_without_paying_twice(tmp_path, sandbox_factory, env_key, way):
     rows = corpus_rows(n_short=120, n_long=2)
     corpus, models, out, slow = kill_midway(tmp_path, sandbox_factory, rows)
     journal = read_journal(out)
@@ -68,7 +75,7 @@ def test_killed_run_resumes_without_paying_twice(tmp_path, sandbox_factory, env_
     assert not list(out.glob("embeddings-*.parquet")), "killed before any output was written"
 
     sb = start_sandbox(sandbox_factory, models, db=slow.db)     # same ledger and balance, no latency
-    assert run(corpus, out, sb, models, "--resume") == 0
+    assert run(corpus, out, sb, models, "--resume", *WAYS[way]) == 0
     charges = ledger(sb)
     assert len(charges) > len(before)
     assert billed_twice(charges) == {}
@@ -94,7 +101,8 @@ def test_killed_run_resumes_without_paying_twice(tmp_path, sandbox_factory, env_
 
 
 
-def test_known_vectors_are_reused_at_no_cost_and_another_model_is_refused(tmp_path, sandbox_factory, env_key):
+@pytest.mark.parametrize("way", WAYS)
+def test_known_vectors_are_reused_at_no_cost_and_another_model_is_refused(tmp_path, sandbox_factory, env_key, way):
     first_rows = corpus_rows(n_short=60, n_long=1, prefix="a-")
     models = write_models(tmp_path / "models.yaml")
     sb = start_sandbox(sandbox_factory, models)
@@ -108,7 +116,7 @@ def test_known_vectors_are_reused_at_no_cost_and_another_model_is_refused(tmp_pa
     rows += corpus_rows(n_short=20, n_long=0, seed=11, prefix="new-")[:20]
     second = tmp_path / "second"
     assert run(write_corpus(tmp_path / "b.parquet", rows), second, sb, models,
-               "--known", str(first / "embeddings-*.parquet")) == 0
+               "--known", str(first / "embeddings-*.parquet"), *WAYS[way]) == 0
     charges = ledger(sb)
     new_charges = charges[len(paid):]
     assert new_charges, "the new texts were sent"
@@ -168,7 +176,8 @@ def test_running_again_into_a_finished_directory_does_not_pay_twice(tmp_path, sa
     assert_every_row_once(out, rows)
 
 
-def test_resume_knows_chunks_the_service_made_us_split(tmp_path, sandbox_factory, env_key):
+@pytest.mark.parametrize("way", WAYS)
+def test_resume_knows_chunks_the_service_made_us_split(tmp_path, sandbox_factory, env_key, way):
     """The service counts 30% more tokens than the client: long chunks come back over-length and
     are re-split and paid as pieces. A later --resume must know them as delivered."""
     rows = corpus_rows(n_short=20, n_long=2)
@@ -179,7 +188,7 @@ def test_resume_knows_chunks_the_service_made_us_split(tmp_path, sandbox_factory
     paid = ledger(sb)
     emb = current(out, "embeddings")
     assert emb.num_rows > sum(1 for r in rows if r["text"])        # some chunks arrived in pieces
-    assert run(corpus, out, sb, models, "--resume") == 0
+    assert run(corpus, out, sb, models, "--resume", *WAYS[way]) == 0
     print(f"\nresume after re-split: {len(ledger(sb)) - len(paid)} more charges")
     assert ledger(sb) == paid
     assert_every_row_once(out, rows)
