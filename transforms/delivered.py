@@ -99,11 +99,11 @@ def _parquet_files(pattern_or_paths: str | Sequence[str]) -> list[str]:
     return sorted(m.path for result in FileSystems.match(patterns) for m in result.metadata_list)
 
 
-def _row_groups(path: str, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+def _row_groups(path: str, columns: Sequence[str]) -> Iterator[pa.Table]:
     with FileSystems.open(path) as fh:
         parquet = pq.ParquetFile(fh)
         for g in range(parquet.metadata.num_row_groups):
-            yield parquet.read_row_group(g, columns=None if columns is None else list(columns))
+            yield parquet.read_row_group(g, columns=list(columns))
 
 
 def delivered_index(embeddings_glob: str) -> KeyIndex:
@@ -141,21 +141,30 @@ class _SkipDeliveredChunks(beam.DoFn):
         if not runscoped.shared(self._run_id, "pieces", threading.Lock).acquire(blocking=False):
             return   # another bundle of this run in this process sent them (never released)
         for kind, path in self._last_files:
-            for table in _row_groups(path):
-                for out in (self._pieces(table) if kind == "pending" else self._carried(table)):
-                    yield out
+            for table in self._rows_of_delivered_chunks(path):
+                yield from (self._pieces(table) if kind == "pending" else self._carried(table))
+
+    def _rows_of_delivered_chunks(self, path: str) -> Iterator[pa.Table]:
+        """PATH's rows of chunks DIR delivered, a row group at a time: the keys first, the rest
+        (texts: a budget-stopped run's pending rows can be most of the corpus) only on a match."""
+        with FileSystems.open(path) as fh:
+            parquet = pq.ParquetFile(fh)
+            for g in range(parquet.metadata.num_row_groups):
+                keys = parquet.read_row_group(g, columns=["doc_id", "chunk_index"])
+                mask = [doc_id is not None and index is not None and row_key(doc_id, index) in self._delivered
+                        for doc_id, index in _delivered_pairs(keys)]
+                if any(mask):
+                    yield parquet.read_row_group(g).filter(pa.array(mask))
 
     def _pieces(self, table: pa.Table):
         for sha, (text, n_tokens, ref) in pending_entries(table, self._kept):
-            if row_key(ref.doc_id, ref.chunk_index) in self._delivered:
-                chunk = Chunk(ref.doc_id, ref.chunk_index, ref.chunk_count, ref.token_start, ref.token_end,
-                              n_tokens, text, sha)
-                yield WindowedValue((ref.doc_id, ((chunk,), ref.kept)), MIN_TIMESTAMP, [GlobalWindow()])
+            chunk = Chunk(ref.doc_id, ref.chunk_index, ref.chunk_count, ref.token_start, ref.token_end,
+                          n_tokens, text, sha)
+            yield WindowedValue((ref.doc_id, ((chunk,), ref.kept)), MIN_TIMESTAMP, [GlobalWindow()])
 
     def _carried(self, table: pa.Table):
-        for doc_id, rejected in _failed_chunks(table):
-            if row_key(doc_id, rejected.chunk_index) in self._delivered:
-                yield beam.pvalue.TaggedOutput(CARRIED, WindowedValue(rejected, MIN_TIMESTAMP, [GlobalWindow()]))
+        for _, rejected in _failed_chunks(table):
+            yield beam.pvalue.TaggedOutput(CARRIED, WindowedValue(rejected, MIN_TIMESTAMP, [GlobalWindow()]))
 
 
 class SkipDeliveredStream(beam.PTransform):
