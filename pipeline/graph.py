@@ -67,11 +67,14 @@ def _without_text(entry):
 
 def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources = KnownSources(), *,
                     duplicate_ids: Mapping[str, int], streaming: bool, progress: bool = False,
-                    count_only: bool = False):
-    """Read -> Split -> Dedupe -> anti-join -> Pack, shared by `run` and `plan`:
-    (rejected rows or None, reused (TextItem, Known) pairs or None, requests). COUNT_ONLY drops
-    the texts before they are grouped (plan and the exact preflight only count)."""
+                    count_only: bool = False, scope: str | None = None):
+    """Read -> Split -> (skip delivered) -> Dedupe -> (reuse known) -> Pack, shared by `run` and
+    `plan`: (rejected rows or None, reused (TextItem, Known or ReuseRef) pairs or None, requests).
+    COUNT_ONLY drops the texts before they are grouped (plan and the exact preflight only
+    count). SCOPE names the in-process state of a streaming pipeline (transforms/runscoped.py):
+    the run id, or another for a counting pipeline, whose claims must not be the run's."""
     opts, model, s = job.opts, job.model, job.settings
+    scope = scope or job.run_id
     rejected = None
     if known.pending_glob:
         entries = p | "ReadPending" >> ReadPending(known.pending_glob, [f.name for f in info.kept_fields])
@@ -86,7 +89,7 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
         docs, rejected = read["docs"], read[REJECTED]
         if known.resume_glob:
             delivered = (known.resume_glob, known.last_pending, known.last_failed, [f.name for f in info.kept_fields])
-            skipped = docs | "SkipDelivered" >> (SkipDeliveredStream(job.run_id, *delivered) if streaming
+            skipped = docs | "SkipDelivered" >> (SkipDeliveredStream(scope, *delivered) if streaming
                                                  else SkipDelivered(*delivered))
             docs = skipped["docs"]
             rejected = (rejected, skipped[CARRIED]) | "WithCarried" >> beam.Flatten()
@@ -95,12 +98,12 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
             entries = (entries, skipped[PIECES]) | "WithPieces" >> beam.Flatten()
     if count_only:
         entries = entries | "WithoutText" >> beam.Map(_without_text)
-    items = entries | "Dedupe" >> (StreamDistinctTexts(job.run_id) if streaming else GroupDistinctTexts())
+    items = entries | "Dedupe" >> (StreamDistinctTexts(scope) if streaming else GroupDistinctTexts())
     reused = None
     if known.any and streaming:
-        joined = items | "ReuseKnown" >> ReuseKnownStream(job.run_id, model.name, job.dimensions,
+        joined = items | "ReuseKnown" >> ReuseKnownStream(scope, model.name, job.dimensions,
                                                           known.embeddings_globs, known.journal)
-        items, reused = joined["items"], joined[REUSED] | "SealReused" >> SealReused(job.run_id)
+        items, reused = joined["items"], joined[REUSED] | "SealReused" >> SealReused(scope)
     elif known.any:
         joined = items | "AntiJoinKnown" >> AntiJoinKnown(model.name, job.dimensions, known.resume_glob,
                                                          known.known_globs, known.journal)
@@ -108,7 +111,7 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSou
     requests = items | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
                                                       s.pack.fill_target, s.pack.max_open_requests)
     if streaming:
-        requests = requests | "SealClaims" >> SealClaims(job.run_id)
+        requests = requests | "SealClaims" >> SealClaims(scope)
     return rejected, reused, requests
 
 
