@@ -31,7 +31,7 @@ class SplitSettings:
 
 @dataclasses.dataclass(frozen=True)
 class PackSettings:
-    fill_target: float = 0.95
+    fill_target: float = 0.99
     max_open_requests: int = 16
 
 

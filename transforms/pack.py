@@ -46,7 +46,7 @@ class Packer:
     request_tokens). fill_target: close a request once this fraction of max_tokens is used.
     max_open_bins: requests being filled at once (memory, and how long an item may wait)."""
 
-    def __init__(self, max_inputs: int, max_tokens: int, fill_target: float = 0.95,
+    def __init__(self, max_inputs: int, max_tokens: int, fill_target: float = 0.99,
                  max_open_bins: int = 16):
         if max_inputs < 1 or max_tokens < 1 or max_open_bins < 1:
             raise ValueError("max_inputs, max_tokens and max_open_bins must be >= 1")
