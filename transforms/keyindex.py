@@ -1,4 +1,4 @@
-"""KeyIndex: 16-byte keys (digests) -> short byte rows, in ~30 bytes a key plus its row.
+"""KeyIndex: 16-byte keys (digests) -> byte rows, in ~32 bytes a key plus its row.
 
 What a run must remember per text or per row (the streaming dedupe's sent texts, the rows an
 earlier run delivered, the vectors earlier runs hold) grows with the corpus; a dict of bytes
@@ -14,7 +14,7 @@ import struct
 
 import numpy as np
 
-_LENGTH = struct.Struct("<H")
+_LENGTH = struct.Struct("<I")   # a row holds a doc_id, which has no length limit
 _HALVES = struct.Struct("<QQ")
 
 
