@@ -41,6 +41,11 @@ class _ParquetSink(filebasedsink.FileBasedSink):
         writer.close()
         handle.close()
 
+    def pre_finalize(self, init_result, writer_results):
+        """Delete nothing. Beam clears files matching this sink's final names first, and
+        `embeddings-<run>-*-of-00001` matches this run's `embeddings-<run>-reused-...` file as
+        well; run ids are unique, so there is never an earlier output of this sink to clear."""
+
 
 class WriteTables(beam.PTransform):
     """PCollection of pyarrow Tables (already in SCHEMA) -> Parquet files; PART names a second
