@@ -26,17 +26,32 @@ def _keys(table: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(table.column("doc_id"), pc.fill_null(index, ""), "\x00")
 
 
-def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str]) -> pa.Table:
-    """One row per late ref of each row in ROWS, re-addressed to the late row."""
+def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str], seen: set) -> pa.Table:
+    """One row per late ref of each row in ROWS, re-addressed to the late row. A chunk may hold
+    rows of several texts (pieces an earlier run left pending, resumed one by one): a late ref
+    takes only the rows inside its first row's token span, the pieces of that text. Failed rows
+    have no span: a late row takes each distinct failure once (SEEN, across calls)."""
+    spans = "token_start" in rows.column_names
+    if spans:
+        starts = rows.column("token_start").to_pylist()
+    else:
+        outcomes = list(zip(rows.column("reason").to_pylist(), rows.column("detail").to_pylist()))
     take, lates = [], []
     for i, key in enumerate(_keys(rows).to_pylist()):
         for late in late_by_first[key]:
+            if spans and not late.first[2] <= starts[i] < late.first[3]:
+                continue   # a row of another text of the same chunk
+            if not spans:
+                outcome = (late.ref.doc_id, late.ref.chunk_index, *outcomes[i])
+                if outcome in seen:
+                    continue
+                seen.add(outcome)
             take.append(i)
             lates.append(late)
     out = rows.take(pa.array(take, pa.int64()))
     values = {"doc_id": [late.ref.doc_id for late in lates],
               "chunk_index": [late.ref.chunk_index for late in lates]}
-    if "token_start" in out.column_names:  # embeddings and pending rows: a span of the late row's doc
+    if spans:  # embeddings and pending rows: a span of the late row's doc
         shift = [late.ref.token_start - late.first[2] for late in lates]
         values.update(chunk_count=[late.ref.chunk_count for late in lates],
                       token_start=[s + d for s, d in zip(out.column("token_start").to_pylist(), shift)],
@@ -61,6 +76,7 @@ def write_late_copies(output_dir: str, run_id: str, late: Sequence[LateRef], kep
     wanted = pa.array(list(late_by_first), pa.string())
     written = 0
     for kind in KINDS:
+        seen: set = set()
         writer, path = None, FileSystems.join(output_dir, f"{kind}-{run_id}-late-00000-of-00001.parquet")
         for source in run_files(output_dir, kind, run_id):
             with FileSystems.open(source) as fh:
@@ -71,7 +87,7 @@ def write_late_copies(output_dir: str, run_id: str, late: Sequence[LateRef], kep
                     mask = pc.is_in(_keys(keys), value_set=wanted)
                     if not pc.any(mask).as_py():
                         continue
-                    copies = _copies(pf.read_row_group(g).filter(mask), late_by_first, kept)
+                    copies = _copies(pf.read_row_group(g).filter(mask), late_by_first, kept, seen)
                     if writer is None:
                         sink = FileSystems.create(path)
                         writer = pq.ParquetWriter(sink, pf.schema_arrow, compression=codec)

@@ -64,24 +64,24 @@ class GroupDistinctTexts(beam.PTransform):
 
 class LateRef(NamedTuple):
     """A row whose text was already sent when it arrived: it takes a copy of what became of
-    the text's first row (FIRST: doc_id, chunk_index, token_start)."""
+    the text's first row (FIRST: doc_id, chunk_index, token_start, token_end)."""
     ref: ChunkRef
     text_sha256: str
     first: tuple
 
 
-_FIRST = struct.Struct("<qq")
+_FIRST = struct.Struct("<qqq")
 
 
 def _pack_first(ref: ChunkRef) -> bytes:
     """One bytes object instead of a tuple, a str and an int: every distinct text of a run
     keeps one until the end."""
-    return _FIRST.pack(ref.chunk_index, ref.token_start) + ref.doc_id.encode("utf-8", "surrogatepass")
+    return _FIRST.pack(ref.chunk_index, ref.token_start, ref.token_end) + ref.doc_id.encode("utf-8", "surrogatepass")
 
 
 def _unpack_first(packed: bytes) -> tuple:
-    chunk_index, token_start = _FIRST.unpack_from(packed)
-    return packed[_FIRST.size:].decode("utf-8", "surrogatepass"), chunk_index, token_start
+    chunk_index, token_start, token_end = _FIRST.unpack_from(packed)
+    return packed[_FIRST.size:].decode("utf-8", "surrogatepass"), chunk_index, token_start, token_end
 
 
 class Claims:

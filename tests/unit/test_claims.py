@@ -25,7 +25,7 @@ def test_rows_join_an_open_claim_and_late_rows_point_at_the_first():
     sealed = claims.seal(TextItem(SHA, "text", 5, (ref("b", 1, 10),)))
     assert sealed.refs == (ref("a", 2, 20), ref("b", 1, 10))  # sorted: the first row is the smallest
     assert claims.add(SHA, ref("c")) is False
-    assert claims.late == [LateRef(ref("c"), SHA, ("a", 2, 20))]
+    assert claims.late == [LateRef(ref("c"), SHA, ("a", 2, 20, 25))]
 
 
 def test_an_item_not_claimed_here_is_left_alone():
