@@ -17,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.summary import run_files
 from transforms.dedupe import LateRef
+from transforms.source import matching_rows
 
 KINDS = ("embeddings", "pending", "failed")
 
@@ -74,25 +75,22 @@ def write_late_copies(output_dir: str, run_id: str, late: Sequence[LateRef], kep
     for ref in late:
         late_by_first[f"{ref.first[0]}\x00{ref.first[1]}"].append(ref)
     wanted = pa.array(list(late_by_first), pa.string())
+
+    def wanted_rows(keys: pa.Table) -> pa.Array:
+        return pc.is_in(_keys(keys), value_set=wanted)
+
     written = 0
     for kind in KINDS:
         seen: set = set()
         writer, path = None, FileSystems.join(output_dir, f"{kind}-{run_id}-late-00000-of-00001.parquet")
         for source in run_files(output_dir, kind, run_id):
-            with FileSystems.open(source) as fh:
-                pf = pq.ParquetFile(fh)
-                for g in range(pf.metadata.num_row_groups):
-                    # the keys first: a row group is read whole (its vectors) only when it holds a first row
-                    keys = pf.read_row_group(g, columns=["doc_id", "chunk_index"])
-                    mask = pc.is_in(_keys(keys), value_set=wanted)
-                    if not pc.any(mask).as_py():
-                        continue
-                    copies = _copies(pf.read_row_group(g).filter(mask), late_by_first, kept, seen)
-                    if writer is None:
-                        sink = FileSystems.create(path)
-                        writer = pq.ParquetWriter(sink, pf.schema_arrow, compression=codec)
-                    writer.write_table(copies)
-                    written += copies.num_rows
+            for rows in matching_rows(source, ["doc_id", "chunk_index"], wanted_rows):
+                copies = _copies(rows, late_by_first, kept, seen)
+                if writer is None:
+                    sink = FileSystems.create(path)
+                    writer = pq.ParquetWriter(sink, rows.schema, compression=codec)
+                writer.write_table(copies)
+                written += copies.num_rows
         if writer is not None:
             writer.close()
             sink.close()

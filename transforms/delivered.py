@@ -28,6 +28,7 @@ from transforms import runscoped
 from transforms.keyindex import KeyIndex, key16
 from transforms.read import pending_entries
 from transforms.records import Rejected
+from transforms.source import matching_rows
 from transforms.splitting import Chunk
 
 PIECES, CARRIED = "pieces", "carried"
@@ -145,16 +146,12 @@ class _SkipDeliveredChunks(beam.DoFn):
                 yield from (self._pieces(table) if kind == "pending" else self._carried(table))
 
     def _rows_of_delivered_chunks(self, path: str) -> Iterator[pa.Table]:
-        """PATH's rows of chunks DIR delivered, a row group at a time: the keys first, the rest
-        (texts: a budget-stopped run's pending rows can be most of the corpus) only on a match."""
-        with FileSystems.open(path) as fh:
-            parquet = pq.ParquetFile(fh)
-            for g in range(parquet.metadata.num_row_groups):
-                keys = parquet.read_row_group(g, columns=["doc_id", "chunk_index"])
-                mask = [doc_id is not None and index is not None and row_key(doc_id, index) in self._delivered
-                        for doc_id, index in _delivered_pairs(keys)]
-                if any(mask):
-                    yield parquet.read_row_group(g).filter(pa.array(mask))
+        """PATH's rows of chunks DIR delivered; texts are read only where a row group holds one
+        (a budget-stopped run's pending rows can be most of the corpus)."""
+        def delivered(keys: pa.Table) -> pa.Array:
+            return pa.array([doc_id is not None and index is not None and row_key(doc_id, index) in self._delivered
+                             for doc_id, index in _delivered_pairs(keys)], pa.bool_())
+        return matching_rows(path, ["doc_id", "chunk_index"], delivered)
 
     def _pieces(self, table: pa.Table):
         for sha, (text, n_tokens, ref) in pending_entries(table, self._kept):

@@ -11,10 +11,11 @@ dictionary-encoded strings), so the steps after it see one type whatever wrote t
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -46,6 +47,17 @@ def normalise(column: pa.ChunkedArray) -> pa.ChunkedArray:
 def open_parquet(path: str):
     return FileSystems.open(path, mime_type="application/octet-stream",
                             compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def matching_rows(path: str, key_columns: Sequence[str], match: Callable[[pa.Table], pa.Array]):
+    """PATH's rows for which MATCH (of a table of KEY_COLUMNS) is true, a row group at a time:
+    the key columns are read first, the whole row group (texts, vectors) only where a row matches."""
+    with open_parquet(path) as fh:
+        parquet = pq.ParquetFile(fh)
+        for g in range(parquet.metadata.num_row_groups):
+            mask = match(parquet.read_row_group(g, columns=list(key_columns)))
+            if pc.any(mask).as_py():
+                yield parquet.read_row_group(g).filter(mask)
 
 
 def row_groups(entry: tuple[str, dict]):
