@@ -48,22 +48,25 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
 
 def cmd_run(argv: list[str]) -> int:
     from pipeline.run import execute
-    code, report = execute(resolve(_options(argv), need_output=True))
-    print(json.dumps({k: report[k] for k in ("run_id", "documents", "chunks", "embedded", "failed",
-                                             "pending", "requests", "prompt_tokens", "cost_rub",
-                                             "pending_reasons", "failed_reasons", "metrics",
-                                             "exit_code")}, indent=2))
+    job = resolve(_options(argv), need_output=True)
+    opts = job.opts
+    code, report = execute(job)
+    shown = report if opts.json else {k: report[k] for k in (
+        "run_id", "documents", "changes", "chunks", "embedded", "failed", "pending", "requests", "prompt_tokens",
+        "cost_rub", "pending_reasons", "failed_reasons", "current", "exit_code")}
+    print(json.dumps(shown, indent=2, default=str))
     messages = {
-        EXIT_FAILED: "stopped early: {why}. The unsent chunks are in pending-*.parquet; fix the cause "
-                     "and run again with --resume.",
+        EXIT_FAILED: "stopped early: {why}. The unsent chunks are pending in {output} (summary.json lists "
+                     "the files); fix the cause and run {again}: nothing is paid twice.",
         EXIT_DOES_NOT_FIT: "the estimate does not fit the spendable amount ({binding} binds): nothing "
                            "was sent. Raise that limit or the balance, or pass --allow-partial.",
-        4: "the budget ran out: the rest is in pending-*.parquet; run again with --resume when there "
-           "is more budget (under --daily-cap-rub: on the service's next day).",
+        4: "the budget ran out: the rest is pending in {output} (summary.json lists the files); run "
+           "{again} when there is more budget (under --daily-cap-rub: on the service's next day).",
     }
     if code in messages:
         why = ", ".join(report["pending_reasons"]) or "see summary.json"
-        log.error(messages[code].format(why=why, binding=report["caps"].get("binding_limit")))
+        log.error(messages[code].format(why=why, binding=report["caps"].get("binding_limit"), output=opts.output,
+                                        again=job.again))
     return code
 
 
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("the service could not be used: %s", exc)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        log.error("interrupted; run again with --resume to continue without paying twice")
+        log.error("interrupted; run the same command again to continue, with --resume if it has neither "
+                  "--resume nor --sync: nothing is paid twice")
         return EXIT_FAILED
 
 

@@ -56,9 +56,18 @@ class RateLimitSettings:
     tokens_per_minute: int = 0
 
 
+PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
+
+
 @dataclasses.dataclass(frozen=True)
 class WriteSettings:
     codec: str = "zstd"
+    vector_codec: str = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewSettings:
+    keep: int = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +85,7 @@ class RunSettings:
     budget: BudgetSettings = BudgetSettings()
     rate_limits: RateLimitSettings = RateLimitSettings()
     write: WriteSettings = WriteSettings()
+    views: ViewSettings = ViewSettings()
     lock: LockSettings = LockSettings()
 
     def replace(self, section: str, **changes: Any) -> "RunSettings":
@@ -120,6 +130,9 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
     types = {f.name: type(f.default) for f in dataclasses.fields(RunSettings)}
     settings = RunSettings(**{name: _section(types[name], doc.get(name), f"{where}:{name}")
                               for name in sections})
+    for name in ("codec", "vector_codec"):
+        if getattr(settings.write, name).lower() not in PARQUET_CODECS:
+            raise ConfigError(f"{where}:write.{name} must be one of {', '.join(PARQUET_CODECS)}")
     if settings.client.encoding_format not in ("base64", "float"):
         raise ConfigError(f"{where}:client.encoding_format must be base64 or float")
     if not 0 < settings.pack.fill_target <= 1:
@@ -128,7 +141,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "client.pool_size": settings.client.pool_size, "client.max_decoding": settings.client.max_decoding,
                 "pack.max_open_requests": settings.pack.max_open_requests,
                 "client.connect_timeout_s": settings.client.connect_timeout_s,
-                "client.read_timeout_s": settings.client.read_timeout_s, "client.max_total_s": settings.client.max_total_s}
+                "client.read_timeout_s": settings.client.read_timeout_s, "client.max_total_s": settings.client.max_total_s,
+                "views.keep": settings.views.keep}
     if bad := [name for name, value in positive.items() if value <= 0]:
         raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
     if settings.budget.price_margin < 1:

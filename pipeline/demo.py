@@ -24,7 +24,7 @@ QUERY_ID = "for:0"   # the sandbox's vectors are lexical: passages that share it
 def nearest(output_dir: Path, corpus: Path, doc_id: str, k: int = 5) -> list[tuple[float, str, str]]:
     """The K passages whose vectors are closest (cosine) to DOC_ID's first chunk, other than
     itself: (score, id, the passage's first line)."""
-    table = pq.read_table(sorted(output_dir.glob("embeddings-*.parquet")),
+    table = pq.read_table(sorted((output_dir / "current").glob("embeddings-*.parquet")),
                           columns=["doc_id", "chunk_index", "embedding"])
     matrix = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
     ids, chunks = table.column("doc_id").to_pylist(), table.column("chunk_index").to_pylist()

@@ -1,15 +1,15 @@
-"""The job's Beam graph: Read -> Split -> (skip delivered) -> Dedupe -> (reuse known) -> Pack ->
-Embed -> Write.
+"""The job's Beam graph: Read (only what changed against DIR's view) -> Split -> Dedupe ->
+(reuse what any store paid for) -> Pack -> Embed -> Write, into the run's directory of DIR's
+history; the commit after the job (pipeline/outdir) makes it the current view.
 
 On the local runner in one process, a run streams: texts and vectors go from Read to Write
 in one fused stage and nothing large crosses a stage boundary (the FnApiRunner holds such a
-PCollection in memory whole); what earlier runs delivered or hold (--resume, --known) is
-indexed by digest in the process. --doc-vectors and runners with several worker processes
-group by text instead (transforms/dedupe.py says why).
+PCollection in memory whole); the view's document index and the known texts are indexed by
+digest in the process. --doc-vectors and runners with several worker processes group by text
+instead (transforms/dedupe.py says why).
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from typing import Mapping, Sequence
 
@@ -18,40 +18,20 @@ from apache_beam.options.pipeline_options import DirectOptions
 
 from pipeline.inputs import InputInfo
 from pipeline.job import Job
+from pipeline.prior import Prior
 from pipeline.runner import is_local
 from transforms import schemas
+from transforms.changes import CHANGES_SCHEMA
 from transforms.dedupe import ChunkEntries, GroupDistinctTexts, SealClaims, SealReused, StreamDistinctTexts
-from transforms.delivered import CARRIED, PIECES, SkipDelivered, SkipDeliveredStream
 from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
-from transforms.known import REUSED, AntiJoinKnown, FetchReused, ReuseKnownStream, reused_tables
+from transforms.known import REUSED, AntiJoinKnown, FetchReused, KnownStores, ReuseKnownStream, reused_tables
 from transforms.pack import PackRequests
-from transforms.read import REJECTED, ReadDocuments, ReadPending
+from transforms.read import CHANGED, REJECTED, ReadDocuments, ReadPending, ViewRef
 from transforms.splitting import SplitConfig
 from transforms.write import WriteRows, WriteTables
 
 REUSED_PER_TABLE = 1000
-
-
-@dataclasses.dataclass(frozen=True)
-class KnownSources:
-    """What earlier runs already paid for (see transforms/known.py)."""
-    resume_glob: str | None = None
-    known_globs: tuple[str, ...] = ()
-    journal: tuple[str, ...] = ()             # entries of killed runs (paths; read by the job)
-    journal_requests: tuple[dict, ...] = ()
-    pending_glob: str | None = None         # --resume without --input: the last run's pending rows
-    carried_files: tuple[str, ...] = ()     # failed files of earlier runs that stay current then
-    last_pending: tuple[str, ...] = ()      # --resume with --input: the last run's pending and
-    last_failed: tuple[str, ...] = ()       # failed files, for chunks that are partly delivered
-
-    @property
-    def any(self) -> bool:
-        return bool(self.resume_glob or self.known_globs or self.journal)
-
-    @property
-    def embeddings_globs(self) -> list[str]:
-        return ([self.resume_glob] if self.resume_glob else []) + list(self.known_globs)
 
 
 def streams(job: Job) -> bool:
@@ -65,71 +45,68 @@ def _without_text(entry):
     return sha, ("", n_tokens, ref)
 
 
-def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources = KnownSources(), *,
+def _known_stores(job: Job, prior: Prior, scope: str) -> KnownStores:
+    return KnownStores(scope, job.model.name, job.dimensions, prior.known, prior.journal)
+
+
+def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = Prior(), *,
                     duplicate_ids: Mapping[str, int], streaming: bool, progress: bool = False,
                     count_only: bool = False, scope: str | None = None):
-    """Read -> Split -> (skip delivered) -> Dedupe -> (reuse known) -> Pack, shared by `run` and
-    `plan`: (rejected rows or None, reused (TextItem, Known or ReuseRef) pairs or None, requests).
-    COUNT_ONLY drops the texts before they are grouped (plan and the exact preflight only
-    count). SCOPE names the in-process state of a streaming pipeline (transforms/runscoped.py):
-    the run id, or another for a counting pipeline, whose claims must not be the run's."""
+    """Read -> Split -> Dedupe -> (reuse known) -> Pack, shared by `run` and `plan`: (rejected
+    rows or None, changed documents, reused (TextItem, Known or ReuseRef) pairs or None,
+    requests). COUNT_ONLY drops the texts before they are grouped (plan and the exact
+    preflight only count). SCOPE names the in-process state of a pipeline
+    (transforms/runscoped.py): the run id, or another for a counting pipeline, whose claims
+    must not be the run's."""
     opts, model, s = job.opts, job.model, job.settings
     scope = scope or job.run_id
     rejected = None
-    if known.pending_glob:
-        entries = p | "ReadPending" >> ReadPending(known.pending_glob, [f.name for f in info.kept_fields])
+    if not opts.input:
+        read = p | "ReadPending" >> ReadPending(prior.pending, info.columns, [f.name for f in info.kept_fields])
+        entries = read["entries"]
     else:
         read = p | "Read" >> ReadDocuments(info.files, info.partition_mappings, opts.id_column,
                                            opts.text_column, job.keep_columns,
                                            SplitConfig(max_tokens=model.chunk_tokens,
                                                        overlap_tokens=s.split.overlap_tokens,
                                                        boundary_window=s.split.boundary_window),
-                                           duplicate_ids,
+                                           duplicate_ids, ViewRef(prior.docindex, job.signature, scope),
                                            (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None)
-        docs, rejected = read["docs"], read[REJECTED]
-        if known.resume_glob:
-            delivered = (known.resume_glob, known.last_pending, known.last_failed, [f.name for f in info.kept_fields])
-            skipped = docs | "SkipDelivered" >> (SkipDeliveredStream(scope, *delivered) if streaming
-                                                 else SkipDelivered(*delivered))
-            docs = skipped["docs"]
-            rejected = (rejected, skipped[CARRIED]) | "WithCarried" >> beam.Flatten()
-        entries = docs | "Chunks" >> ChunkEntries()
-        if known.resume_glob and not streaming:  # streaming: the pieces come among the docs
-            entries = (entries, skipped[PIECES]) | "WithPieces" >> beam.Flatten()
+        rejected = read[REJECTED]
+        entries = read["docs"] | "Chunks" >> ChunkEntries()
     if count_only:
         entries = entries | "WithoutText" >> beam.Map(_without_text)
     items = entries | "Dedupe" >> (StreamDistinctTexts(scope) if streaming else GroupDistinctTexts())
     reused = None
-    if known.any and streaming:
-        joined = items | "ReuseKnown" >> ReuseKnownStream(scope, model.name, job.dimensions,
-                                                          known.embeddings_globs, known.journal)
+    if prior.reuses and streaming:
+        joined = items | "ReuseKnown" >> ReuseKnownStream(_known_stores(job, prior, scope))
         items, reused = joined["items"], joined[REUSED] | "SealReused" >> SealReused(scope)
-    elif known.any:
-        joined = items | "AntiJoinKnown" >> AntiJoinKnown(model.name, job.dimensions, known.resume_glob,
-                                                         known.known_globs, known.journal)
+    elif prior.reuses:
+        joined = items | "AntiJoinKnown" >> AntiJoinKnown(model.name, job.dimensions, prior.known, prior.journal)
         items, reused = joined.items, joined[REUSED]
     requests = items | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
                                                       s.pack.fill_target, s.pack.max_open_requests)
     if streaming:
         requests = requests | "SealClaims" >> SealClaims(scope)
-    return rejected, reused, requests
+    return rejected, read[CHANGED], reused, requests
 
 
 def _journal_request_rows(rows: Sequence[dict]) -> list[dict]:
     return [{**r, "started_at": dt.datetime.fromisoformat(r["started_at"])} for r in rows]
 
 
-def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
+def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: str, *,
           duplicate_ids: Mapping[str, int], streaming: bool, fits: bool,
           balance_before: float | None, spendable_rub: float | None, price_per_token_rub: float,
           margin: float) -> None:
+    """The job; its outputs go to RUN_DIR (DIR's history of this run)."""
     opts, model, s = job.opts, job.model, job.settings
     meta = schemas.metadata(model.name, job.dimensions, job.run_id)
     kept = info.kept_fields
     emb_schema = schemas.embeddings(job.dimensions, kept, meta)
     pending_schema = schemas.pending(kept, meta)
-    rejected, reused, requests = packed_requests(p, job, info, known, duplicate_ids=duplicate_ids,
-                                                 streaming=streaming, progress=True)
+    rejected, changed, reused, requests = packed_requests(p, job, info, prior, duplicate_ids=duplicate_ids,
+                                                          streaming=streaming, progress=True)
     embed_cfg = EmbedConfig(
         base_url=opts.base_url, account_segment=opts.account_segment, key_source=job.key_source,
         model=model.name, dimensions=opts.dimensions, expected_dims=job.dimensions, run_id=job.run_id,
@@ -144,38 +121,38 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, known: KnownSources, *,
         progress_interval_s=s.embed.progress_interval_s,
         requests_per_minute=s.rate_limits.requests_per_minute,
         tokens_per_minute=s.rate_limits.tokens_per_minute, embeddings_schema=emb_schema,
-        pending_schema=pending_schema, kept=kept, fits=fits)
+        pending_schema=pending_schema, kept=kept, known=_known_stores(job, prior, job.run_id), fits=fits)
     out = requests | "Embed" >> EmbedRequests(embed_cfg)
 
     embeddings, request_rows = out.embeddings, out[REQUESTS]
-    codec = s.write.codec
+    codec = job.codec
     if reused is not None:
         dims, run_id, now = job.dimensions, job.run_id, dt.datetime.now(dt.timezone.utc)
         if streaming:
-            reused_tables_ = reused | "FetchReused" >> FetchReused(
-                run_id, model.name, dims, known.embeddings_globs, known.journal, emb_schema, kept, now,
-                REUSED_PER_TABLE)
+            reused_tables_ = reused | "FetchReused" >> FetchReused(_known_stores(job, prior, run_id), run_id,
+                                                                   emb_schema, kept, now, REUSED_PER_TABLE)
         else:
             reused_tables_ = (reused
                               | "BatchReused" >> beam.BatchElements(min_batch_size=1, max_batch_size=REUSED_PER_TABLE)
                               | "ReusedTables" >> beam.Map(reused_tables, dims, emb_schema, model.name, run_id,
                                                            kept, now))
         # files of their own: a Flatten with the sent vectors is held whole on the local runner
-        reused_tables_ | "WriteReused" >> WriteTables(opts.output, "embeddings", job.run_id, emb_schema, codec,
+        reused_tables_ | "WriteReused" >> WriteTables(run_dir, "embeddings", job.run_id, emb_schema, codec,
                                                       part="reused")
         if opts.doc_vectors:
             embeddings = (embeddings, reused_tables_) | "AllEmbeddings" >> beam.Flatten()
-        journaled = p | "JournaledRequests" >> beam.Create(_journal_request_rows(known.journal_requests))
+        journaled = p | "JournaledRequests" >> beam.Create(_journal_request_rows(prior.journal_requests))
         request_rows = (request_rows, journaled) | "AllRequests" >> beam.Flatten()
 
-    out.embeddings | "WriteEmbeddings" >> WriteTables(opts.output, "embeddings", job.run_id, emb_schema, codec)
-    request_rows | "WriteRequests" >> WriteRows(opts.output, "requests", job.run_id, schemas.REQUESTS, codec)
+    out.embeddings | "WriteEmbeddings" >> WriteTables(run_dir, "embeddings", job.run_id, emb_schema, codec)
+    request_rows | "WriteRequests" >> WriteRows(run_dir, "requests", job.run_id, schemas.REQUESTS, codec)
     failed = out[FAILED] if rejected is None else (rejected, out[FAILED]) | "AllFailed" >> beam.Flatten()
     (failed
-     | "WriteFailed" >> WriteRows(opts.output, "failed", job.run_id, schemas.FAILED, codec,
+     | "WriteFailed" >> WriteRows(run_dir, "failed", job.run_id, schemas.FAILED, codec,
                                   extra={"run_id": job.run_id}))
-    out[PENDING] | "WritePending" >> WriteTables(opts.output, "pending", job.run_id, pending_schema, codec)
+    out[PENDING] | "WritePending" >> WriteTables(run_dir, "pending", job.run_id, pending_schema, codec)
+    changed | "WriteChanges" >> WriteRows(run_dir, "changes", job.run_id, CHANGES_SCHEMA, codec)
     if opts.doc_vectors:
         (embeddings | "DocumentVectors" >> DocumentVectors(model.name, job.run_id)
-         | "WriteDocuments" >> WriteRows(opts.output, "documents", job.run_id,
+         | "WriteDocuments" >> WriteRows(run_dir, "documents", job.run_id,
                                          documents_schema(job.dimensions, meta), codec))

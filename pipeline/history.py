@@ -1,7 +1,8 @@
-"""DIR's history: a record of every run's start, and the reconciliation of money over all of them.
+"""The reconciliation of money over DIR's whole history.
 
-Each run writes DIR/_runs/<run_id>.json before its first paid request (balance, key budget,
-stats) and completes it when it finishes. summary.json then reconciles since the FIRST start:
+Each run records its start before its first paid request (balance, key budget, stats:
+pipeline/outdir/records.py) and completes it when it finishes. summary.json then reconciles
+since the FIRST start:
 
     balance delta = Σ rows + lost + others + unexplained
 
@@ -28,55 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
-import os
-import socket
-import uuid
 
-from apache_beam.io.filesystems import FileSystems
-
+from pipeline.outdir.records import read_records
 from transforms import journal
 from transforms.apportion import from_micro, to_micro
 
-RUNS_DIR = "_runs"
 MAX_SUBSET_BITS = 50_000_000  # exact matching of a gap by candidates: a bitset per candidate
-
-
-def _record_path(output_dir: str, run_id: str) -> str:
-    return FileSystems.join(output_dir, RUNS_DIR, f"{run_id}.json")
-
-
-def _write(path: str, record: dict) -> None:
-    temp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(temp) as fh:
-        fh.write(json.dumps(record, default=str).encode())
-    FileSystems.rename([temp], [path])
-
-
-def record_start(output_dir: str, run_id: str, model: str, resume: bool, account: dict) -> None:
-    """Durable before the run's first paid request: DIR's reconciliation starts here."""
-    _write(_record_path(output_dir, run_id), {
-        "run_id": run_id, "model": model, "resume": resume, "host": socket.gethostname(), "pid": os.getpid(),
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(), **account})
-
-
-def record_finish(output_dir: str, run_id: str, account_after: dict, unanswered: list[dict]) -> None:
-    """The run's final balance, and its requests that got no answer (their intents go with the
-    journal): the history still knows what they may have cost."""
-    path = _record_path(output_dir, run_id)
-    with FileSystems.open(path) as fh:
-        record = json.loads(fh.read())
-    record.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), after=account_after,
-                  unanswered=unanswered)
-    _write(path, record)
-
-
-def read_records(output_dir: str) -> list[dict]:
-    records = []
-    for m in FileSystems.match([FileSystems.join(output_dir, RUNS_DIR, "*.json")])[0].metadata_list:
-        with FileSystems.open(m.path) as fh:
-            records.append(json.loads(fh.read()))
-    return sorted(records, key=lambda r: r["started_at"])
 
 
 def _time(value) -> float | None:

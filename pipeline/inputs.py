@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
-import uuid
 from typing import Sequence
 
 import pyarrow as pa
@@ -28,6 +27,7 @@ class InputInfo:
     # partitions[i]: the hive partition values of files[i] ((key, value or None), ...); empty
     # when the input is not partitioned. ReadParquetTables takes them as they are.
     partitions: tuple[tuple[tuple[str, str | None], ...], ...] = ()
+    columns: tuple[str, ...] = ()   # of pending rows, when they are the input (--resume alone)
 
     @property
     def partition_mappings(self) -> list[dict] | None:
@@ -139,17 +139,3 @@ def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence
         kept_fields = fields if kept_fields is None else tuple(
             f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields))
     return InputInfo(tuple(files), rows, kept_fields or (), tuple(partitions) if keys else ())
-
-
-def check_output_writable(output_dir: str) -> None:
-    probe = FileSystems.join(output_dir, f".write-probe-{uuid.uuid4().hex}")
-    try:
-        FileSystems.mkdirs(output_dir)
-    except Exception:  # exists already: fine, the probe below decides
-        pass
-    try:
-        with FileSystems.create(probe) as fh:
-            fh.write(b"ok")
-        FileSystems.delete([probe])
-    except Exception as exc:
-        raise UsageError(f"--output {output_dir}: not writable ({exc})") from None

@@ -14,9 +14,14 @@ from pipeline.options import EmbedPipeOptions
 from service.catalog import ConfigError, ModelSpec, get_model, load_models, parse_models
 from service.client import RetryPolicy, check_base_url
 from service.credentials import KeySource
-from transforms import schemas
+from service.tokenizer import ENCODING_NAME
+from transforms import changes, schemas
 from transforms.caps import Caps
 from transforms.splitting import SplitConfig
+from transforms.write import Codec
+
+# What a run may do to an output directory that holds results (README, "Scheduled runs").
+FRESH, RESUME, SYNC = "fresh", "resume", "sync"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +35,26 @@ class Job:
     @property
     def dimensions(self) -> int:
         return self.opts.dimensions or self.model.dimensions
+
+    @property
+    def mode(self) -> str:
+        return SYNC if self.opts.sync else RESUME if self.opts.resume else FRESH
+
+    @property
+    def again(self) -> str:
+        """What to run to continue this run (advice that must work when followed verbatim)."""
+        return "the same command again" + (" with --resume" if self.mode == FRESH else "")
+
+    @property
+    def signature(self) -> bytes:
+        """What shapes a document's chunks and rows (transforms/changes.py)."""
+        s = self.settings.split
+        return changes.signature(ENCODING_NAME, self.model.chunk_tokens, s.overlap_tokens, s.boundary_window,
+                                 self.keep_columns)
+
+    @property
+    def codec(self) -> Codec:
+        return Codec(self.settings.write.codec, self.settings.write.vector_codec)
 
     def initial_margin(self, price_learned: bool) -> float:
         """Worst case per token over the price: before responses show the price, a wrong
@@ -84,6 +109,9 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
     missing = [flag for flag, value in (("--model", opts.model), ("--base-url", opts.base_url)) if not value]
     if not opts.input and not (need_output and opts.resume):  # run --resume can take DIR's pending rows
         missing.insert(0, "--input")
+    if opts.sync and opts.resume:
+        raise UsageError("--sync and --resume are two ways of one run: --sync when the input is the whole "
+                         "corpus (documents it no longer has leave DIR), --resume when it is a part")
     if need_output and not opts.output:
         missing.append("--output")
     if missing:

@@ -12,12 +12,12 @@ from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.summary import run_files
+from pipeline.outdir import OutputDir
 from transforms.dedupe import LateRef
 from transforms.source import matching_rows
+from transforms.write import Codec, open_writer
 
 KINDS = ("embeddings", "pending", "failed")
 
@@ -66,8 +66,8 @@ def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str], seen: set)
     return out
 
 
-def write_late_copies(output_dir: str, run_id: str, late: Sequence[LateRef], kept: Sequence[str],
-                      codec: str) -> int:
+def write_late_copies(out: OutputDir, run_id: str, late: Sequence[LateRef], kept: Sequence[str],
+                      codec: Codec) -> int:
     """Write the late rows' copies beside this run's files; returns the number of rows written."""
     if not late:
         return 0
@@ -82,13 +82,13 @@ def write_late_copies(output_dir: str, run_id: str, late: Sequence[LateRef], kep
     written = 0
     for kind in KINDS:
         seen: set = set()
-        writer, path = None, FileSystems.join(output_dir, f"{kind}-{run_id}-late-00000-of-00001.parquet")
-        for source in run_files(output_dir, kind, run_id):
+        writer, path = None, FileSystems.join(out.run_dir(run_id), f"{kind}-{run_id}-late-00000-of-00001.parquet")
+        for source in out.history_files(kind, run_id):
             for rows in matching_rows(source, ["doc_id", "chunk_index"], wanted_rows):
                 copies = _copies(rows, late_by_first, kept, seen)
                 if writer is None:
                     sink = FileSystems.create(path)
-                    writer = pq.ParquetWriter(sink, rows.schema, compression=codec)
+                    writer = open_writer(sink, rows.schema, codec)
                 writer.write_table(copies)
                 written += copies.num_rows
         if writer is not None:

@@ -8,9 +8,10 @@ import logging
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipeline.graph import KnownSources, packed_requests, streams
+from pipeline.graph import packed_requests, streams
 from pipeline.inputs import InputInfo
 from pipeline.job import Job
+from pipeline.prior import Prior
 from pipeline.runner import counters, make_runner
 from pipeline.scan import Scan
 from transforms import preflight, runscoped
@@ -27,15 +28,15 @@ def _count_totals(totals):
         Metrics.counter("embedpipe", name).inc(value)
 
 
-def exact_totals(job: Job, info: InputInfo, known: KnownSources, scan: Scan, price: float,
+def exact_totals(job: Job, info: InputInfo, prior: Prior, scan: Scan, price: float,
                  margin: float) -> dict[str, int]:
-    """Beam counters of a counting pipeline: documents, plan_* totals, plan_worst_case_micro.
-    It streams as the run would (a resume's delivered rows and known texts indexed, not
-    grouped), with claims and indexes of its own, discarded afterwards."""
+    """Beam counters of a counting pipeline: documents, documents_<change>, plan_* totals,
+    plan_worst_case_micro. It streams as the run would (the view's document index and the
+    known texts indexed, not grouped), with claims and indexes of its own, discarded afterwards."""
     p = beam.Pipeline(runner=make_runner(job.opts), options=job.opts)
     scope = f"{job.run_id}-count"
-    _, _, requests = packed_requests(p, job, info, known, duplicate_ids=scan.duplicate_ids,
-                                     streaming=streams(job), count_only=True, scope=scope)
+    _, _, _, requests = packed_requests(p, job, info, prior, duplicate_ids=scan.duplicate_ids,
+                                        streaming=streams(job), count_only=True, scope=scope)
     request_totals(requests) | "Count" >> beam.Map(_count_totals)
     (requests | "WorstCase" >> WorstCaseMicro(price, margin)
      | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))
@@ -56,12 +57,12 @@ def bound_micro(job: Job, scan: Scan, price: float, margin: float) -> int:
                                             s.overlap_tokens, price, margin)
 
 
-def fits(job: Job, info: InputInfo, known: KnownSources, scan: Scan, spendable_rub: float | None,
+def fits(job: Job, info: InputInfo, prior: Prior, scan: Scan, spendable_rub: float | None,
          price: float, margin: float) -> tuple[bool, str]:
     """(does the run fit the spendable amount, how that was decided)."""
     if preflight.fits(bound_micro(job, scan, price, margin), spendable_rub):
         return True, "bound"
     log.info("preflight: an upper bound of the cost does not fit the spendable amount; counting the "
              "tokens exactly first (nothing is sent)")
-    worst = exact_totals(job, info, known, scan, price, margin).get("plan_worst_case_micro", 0)
+    worst = exact_totals(job, info, prior, scan, price, margin).get("plan_worst_case_micro", 0)
     return preflight.fits(worst, spendable_rub), "exact"

@@ -77,8 +77,12 @@ class EmbedPipeOptions(PipelineOptions):
             help="when the estimate exceeds the budget, embed what fits and exit 4")
         add("--max_in_flight", "--max-in-flight", dest="max_in_flight", type=int, default=None,
             help="concurrent requests per worker (default from configs/pipeline.yaml)")
+        add("--sync", action="store_true",
+            help="the input is the whole corpus: --output becomes exactly it (edited documents "
+                 "embedded again, removed ones leave); nothing is paid twice")
         add("--resume", action="store_true",
-            help="skip texts already delivered (or journaled) in --output")
+            help="bring the input's documents up to date in --output, keep the others; "
+                 "without --input: send --output's pending rows")
         add("--known", action="append", default=[],
             help="earlier runs' embeddings files whose vectors are reused (repeatable)")
         add("--dimensions", type=int, default=None, help="ask the service for shorter vectors")

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from pipeline import account as acct
 from pipeline.inputs import InputInfo, inspect_input
-from pipeline.job import Job
+from pipeline.job import RESUME, Job
 from pipeline.measure import TOTALS, exact_totals
-from pipeline.resume import known_sources, learned_price
+from pipeline.outdir import OutputDir
+from pipeline.prior import prior, removed
 from pipeline.run import client_for
 from pipeline.scan import Scan, scan_input
 from transforms import preflight
 from transforms.apportion import from_micro
+from transforms.changes import CHANGES
 
 
 def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None = None,
@@ -19,16 +21,20 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
     if account is None:
         with client_for(job) as client:
             account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
-    learned = learned_price(opts.output, model.name)
+    out = OutputDir(opts.output) if opts.output else None
+    learned = out.learned_price(model.name) if out else None
     price = learned if learned is not None else model.price_per_token
     scan = scan or scan_input(info, opts.id_column, opts.text_column)
-    metrics = exact_totals(job, info, known_sources(job), scan, price, job.initial_margin(learned is not None))
+    before = prior(job, out, checked=False)
+    metrics = exact_totals(job, info, before, scan, price, job.initial_margin(learned is not None))
     requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in TOTALS)
+    changes = {c: metrics.get(f"documents_{c}", 0) for c in CHANGES}
+    changes["removed"] = 0 if job.mode == RESUME else len(removed(before, scan.ids))
     spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
     estimate = round(tokens * price, 6)
     return {
         "model": model.name, "files": len(info.files), "documents": metrics.get("documents", 0),
-        "chunks": chunks, "distinct_chunks": inputs, "requests": requests_n, "prompt_tokens": tokens,
+        "changes": changes, "chunks": chunks, "distinct_chunks": inputs, "requests": requests_n, "prompt_tokens": tokens,
         "price_rub_per_1m_tokens": round(price * 1e6, 6),
         "price_source": "learned from earlier requests" if learned is not None else "configs/models.yaml estimate",
         "estimated_cost_rub": estimate, "balance_rub": account.balance, "key_budget_rub": account.budget,
@@ -46,7 +52,9 @@ def _cap(p: dict, cap: str, usage: str) -> str | None:
 
 
 def render(p: dict) -> str:
+    changes = " / ".join(str(p["changes"][k]) for k in ("added", "edited", "removed", "unchanged", "resumed"))
     rows = [("model", p["model"]), ("files / documents", f"{p['files']} / {p['documents']}"),
+            ("added / edited / removed / unchanged / resumed", changes),
             ("chunks (distinct texts)", f"{p['chunks']} ({p['distinct_chunks']})"),
             ("requests", p["requests"]), ("prompt tokens", p["prompt_tokens"]),
             ("price RUB per 1M tokens", f"{p['price_rub_per_1m_tokens']} ({p['price_source']})"),

@@ -1,7 +1,7 @@
 """`python -m pipeline report DIR`: what DIR's embeddings cost, per model, and a picture of it.
 
-Reads only the files summary.json lists as DIR's current state (a resume leaves superseded
-files beside them), through Beam's FileSystems so that gs:// and s3:// work like local paths.
+Reads DIR's current view (pipeline/outdir): every request DIR's runs made, and the chunks DIR
+serves now, through Beam's FileSystems so that gs:// and s3:// work like local paths.
 The table needs nothing beyond the project; DIR/report.png needs matplotlib, an optional
 extra (`pip install 'embedpipe[report]'`), imported only when drawing.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import logging
 
 import pyarrow as pa
@@ -19,7 +18,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.inputs import UsageError
 from pipeline.options import unknown_flags, use_filesystems
-from pipeline.summary import EXIT_OK, read_columns
+from pipeline.outdir import OutputDir, read_tables
+from pipeline.summary import EXIT_OK
 from transforms.apportion import from_micro, to_micro
 
 log = logging.getLogger("embedpipe")
@@ -29,18 +29,14 @@ HEADER = ("model", "requests", "tokens", "RUB", "RUB per 1M tokens", "retries")
 
 
 def current_files(output_dir: str, kind: str) -> list[str]:
-    path = FileSystems.join(output_dir, "summary.json")
-    try:
-        with FileSystems.open(path) as fh:
-            summary = json.loads(fh.read())
-    except Exception as exc:  # missing or unreadable: not a run directory (yet)
-        raise UsageError(f"{path}: cannot read the run summary ({exc}); is {output_dir} a run's --output?") \
-            from None
-    return [FileSystems.join(output_dir, name) for name in summary["files"] if name.startswith(kind + "-")]
+    out = OutputDir(output_dir)
+    if out.view is None:
+        raise UsageError(f"{output_dir} has no current view (no run finished there): is it a run's --output?")
+    return [out.join(path) for path in out.view.paths(kind)]
 
 
 def load(paths: list[str], columns: list[str]) -> pa.Table | None:
-    tables = read_columns(paths, columns)
+    tables = read_tables(paths, columns)
     # files written before the columns were declared required are nullable: unify, do not refuse
     return pa.concat_tables(tables, promote_options="default") if tables else None
 

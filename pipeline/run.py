@@ -1,4 +1,10 @@
-"""`run`: validate, read the account, run the Beam job, reconcile, write summary.json."""
+"""`run`: check, read the account, run the Beam job, commit DIR's new view, reconcile, write
+summary.json.
+
+One path for every run: a first run, a retry, a resume after a kill or a budget stop, the
+next day's run on a changed corpus. What differs is only what DIR's current view holds
+(pipeline/prior.py) and whether documents the input no longer has leave it (--sync).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -6,20 +12,23 @@ import datetime as dt
 import logging
 
 import apache_beam as beam
-import pyarrow.compute as pc
+import pyarrow as pa
 
 from pipeline import account as acct
 from pipeline import graph, history, late, measure, summary
-from pipeline.lock import OutputLock
-from pipeline.inputs import check_output_writable, inspect_input
-from pipeline.job import Job
-from pipeline.resume import check_fresh_output, known_sources, learned_price, pending_input
+from pipeline.inputs import inspect_input
+from pipeline.job import RESUME, Job
+from pipeline.outdir import OutputDir, layout
+from pipeline.outdir.commit import RunFiles
+from pipeline.outdir.view import View
+from pipeline.prior import Prior, pending_input, prior, removed
 from pipeline.runner import counters, make_runner
 from pipeline.scan import scan_input, scan_pending
 from pipeline.watch import progress_lines
 from service import errors
 from service.client import EmbeddingsClient
 from transforms import journal, progress, runscoped
+from transforms.rewrite import RewriteFiles
 
 log = logging.getLogger("embedpipe")
 
@@ -45,70 +54,97 @@ def _account_after(job: Job) -> acct.Account:
         return acct.Account(None, None, None)
 
 
-def _timing(output_dir: str, run_id: str, started: dt.datetime) -> dict:
-    """When the job started and when its first request left (streaming: within seconds)."""
-    tables = summary.read_columns(summary.run_files(output_dir, "requests", run_id), ["started_at", "run_id"])
-    firsts = [pc.min(t.filter(pc.equal(t.column("run_id"), run_id)).column("started_at")).as_py() for t in tables]
-    first = min((f for f in firsts if f is not None), default=None)
-    return {"started_at": started.isoformat(), "first_request_at": first and first.isoformat(),
-            "seconds_to_first_request": first and round((first - started).total_seconds(), 3)}
-
-
 def execute(job: Job) -> tuple[int, dict]:
     started = dt.datetime.now(dt.timezone.utc)
-    check_output_writable(job.opts.output)
-    with OutputLock(job.opts.output, job.run_id, job.settings.lock):
-        return _execute(job, started)
+    out = OutputDir(job.opts.output)
+    out.check_writable()
+    with out.lock(job.run_id, job.settings.lock):
+        out.adopt_earlier_layout()
+        out.repair_link()
+        return _execute(job, out, started)
 
 
-def _execute(job: Job, started: dt.datetime) -> tuple[int, dict]:
-    opts, s = job.opts, job.settings
-    check_fresh_output(job)
-    info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
-            else pending_input(job)[0])
-    scan = (scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files))
-    known = known_sources(job)
-    with client_for(job) as client:
-        before = acct.read_account(client, need_stats=bool(job.caps.by_name()))
-    history.record_start(opts.output, job.run_id, job.model.name, opts.resume, before.as_dict())
-    spendable = acct.spendable(before, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
-    learned = learned_price(opts.output)
-    price = learned if learned is not None else job.model.price_per_token
-    margin = job.initial_margin(learned is not None)
-    log.info("run %s: %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB (%s binds)",
-             job.run_id, len(info.files), info.rows, job.model.name, before.balance or 0, spendable,
-             spendable.binding)
-    fits, decided_by = ((True, "allow_partial") if opts.allow_partial
-                        else measure.fits(job, info, known, scan, spendable, price, margin))
-    streaming = graph.streams(job)
+def _template(job: Job, before: Prior, info) -> View:
+    """The view's identity: --resume alone keeps the view's signature and kept columns."""
+    if not job.opts.input and before.view is not None:
+        return before.view
+    return View("", job.model.name, job.dimensions, job.signature.hex(), tuple(f.name for f in info.kept_fields),
+                {})
+
+
+def _run_job(job: Job, info, before: Prior, scan, **embed) -> dict[str, int]:
+    opts = job.opts
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    graph.build(pipeline, job, info, known, duplicate_ids=scan.duplicate_ids, streaming=streaming, fits=fits,
-                balance_before=before.balance, spendable_rub=spendable, price_per_token_rub=price, margin=margin)
+    graph.build(pipeline, job, info, before, OutputDir(opts.output).run_dir(job.run_id),
+                duplicate_ids=scan.duplicate_ids, streaming=graph.streams(job), **embed)
     try:
-        with progress_lines(opts.output, job.run_id, scan.rows, s.embed.progress_interval_s):
+        with progress_lines(opts.output, job.run_id, scan.rows, job.settings.embed.progress_interval_s):
             result = pipeline.run()
             result.wait_until_finish()
     except Exception as exc:  # a worker's error arrives wrapped by the runner
         last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
                         f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
-                        "again with --resume.") from None
+                        f"{job.again}: nothing is paid twice.") from None
     finally:
         claims = runscoped.discard(job.run_id).get("claims")
     if claims is not None:
-        late.write_late_copies(opts.output, job.run_id, claims.late, job.keep_columns, s.write.codec)
+        late.write_late_copies(OutputDir(opts.output), job.run_id, claims.late, job.keep_columns, job.codec)
+    return counters(result)
+
+
+def _rewriter(job: Job):
+    """Files of the view whose rows change are rewritten by a Beam job on the run's runner
+    (on Dataflow its workers, not the launcher, read and write them)."""
+    def rewrite(tasks, rules) -> None:
+        p = beam.Pipeline(runner=make_runner(job.opts), options=job.opts)
+        p | "Tasks" >> beam.Create(tasks) | "Rewrite" >> RewriteFiles(rules, job.codec)
+        p.run().wait_until_finish()
+    return rewrite
+
+
+def _run_files(out: OutputDir, run_id: str) -> dict[str, list[str]]:
+    kinds = ("changes",) + layout.READER_KINDS
+    return {kind: [out.relative(p) for p in out.history_files(kind, run_id)] for kind in kinds}
+
+
+def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]:
+    opts, s = job.opts, job.settings
+    before = prior(job, out)
+    info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
+            else pending_input(before))
+    scan = scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files)
+    missing = removed(before, scan.ids) if opts.input else pa.array([], pa.string())
+    gone = pa.array([], pa.string()) if job.mode == RESUME else missing   # --resume keeps them
+    with client_for(job) as client:
+        account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
+    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict())
+    spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
+    learned = out.learned_price(job.model.name)
+    price = learned if learned is not None else job.model.price_per_token
+    margin = job.initial_margin(learned is not None)
+    log.info("run %s (%s): %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB (%s binds)",
+             job.run_id, job.mode, len(info.files), info.rows, job.model.name, account.balance or 0, spendable,
+             spendable.binding)
+    fits, decided_by = ((True, "allow_partial") if opts.allow_partial
+                        else measure.fits(job, info, before, scan, spendable, price, margin))
+    metrics = _run_job(job, info, before, scan, fits=fits, balance_before=account.balance,
+                       spendable_rub=spendable, price_per_token_rub=price, margin=margin)
+    view = out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(opts.input), gone),
+                      _template(job, before, info), job.codec, _rewriter(job))
     after = _account_after(job)
-    metrics = counters(result)
     report = summary.build_summary(
-        output_dir=opts.output, run_id=job.run_id, model=job.model.name,
-        documents=metrics.get("documents", 0), account_before=before.as_dict(),
-        account_after=after.as_dict(),
+        out, view, run_id=job.run_id, model=job.model.name, metrics=metrics, removed=len(gone),
+        account_before=account.as_dict(), account_after=after.as_dict(),
         estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable, "preflight": decided_by},
-        metrics=metrics, catalogue_price=job.model.price_per_token, carried_files=known.carried_files,
-        caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding})
-    report["timing"] = _timing(opts.output, job.run_id, started)
-    summary.write_summary(opts.output, report)
-    history.record_finish(opts.output, job.run_id, after.as_dict(), report["reconciliation"]["unanswered"])
+        catalogue_price=job.model.price_per_token,
+        caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started)
+    out.write_summary(report)
+    out.record_finish(job.run_id, after.as_dict(), report["reconciliation"]["unanswered"])
     journal.discard(opts.output, job.run_id)
     progress.discard(opts.output, job.run_id)
+    out.collect_garbage(s.views.keep)
+    if len(missing) and not len(gone):
+        log.info("%d documents of %s are not in this input and stay current (--resume); pass --sync when the "
+                 "input is the whole corpus", len(missing), opts.output)
     return report["exit_code"], report

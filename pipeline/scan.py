@@ -29,6 +29,7 @@ class Scan:
     duplicate_ids: dict          # id (as the output writes it) -> how often it occurs
     tokens_bound: int            # >= the cl100k tokens of the distinct texts: their UTF-8 bytes
                                  # (a token is at least one byte), or pending rows' own counts
+    ids: pa.Array = dataclasses.field(default_factory=lambda: pa.array([], pa.string()))  # distinct
 
 
 def _ids_as_strings(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -74,12 +75,13 @@ def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
             bound = _text_bytes_bound(pf, text_column)
             text_bytes += bound if bound is not None else _measured_text_bytes(pf, text_column)
     counts = pc.value_counts(pa.chunked_array(ids, pa.string())) if ids else None
-    duplicates = {}
+    duplicates, distinct = {}, pa.array([], pa.string())
     if counts is not None and len(counts):
         repeated = counts.filter(pc.greater(counts.field("counts"), 1))
         duplicates = {v: n for v, n in zip(repeated.field("values").to_pylist(),
                                            repeated.field("counts").to_pylist()) if v is not None}
-    return Scan(rows, duplicates, text_bytes)
+        distinct = counts.field("values")
+    return Scan(rows, duplicates, text_bytes, distinct)
 
 
 def scan_pending(files: Sequence[str]) -> Scan:

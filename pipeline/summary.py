@@ -1,37 +1,24 @@
-"""summary.json: totals, reconciliation (pipeline/history.py) and the list of current files,
-written last, atomically.
+"""summary.json: what this run did and changed, what DIR's current view holds now, the
+reconciliation over DIR's whole history (pipeline/history.py) and the files of the view.
 
 Built from the output files themselves (the durable truth), not from in-memory counters.
 """
 from __future__ import annotations
 
 import collections
-import json
-import uuid
+import datetime as dt
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
 
 from pipeline import history
+from pipeline.outdir import OutputDir, read_tables
+from pipeline.outdir.view import View
 from transforms import journal
 from transforms.apportion import from_micro, to_micro
+from transforms.changes import ADDED, EDITED, RESUMED, UNCHANGED
 from transforms.send import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_PARTIAL = 0, 1, 2, 3, 4
-
-
-def run_files(output_dir: str, kind: str, run_id: str | None = None) -> list[str]:
-    pattern = FileSystems.join(output_dir, f"{kind}-{run_id or '*'}-*.parquet")
-    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-
-
-def read_columns(paths: list[str], columns: list[str]):
-    tables = []
-    for path in paths:
-        with FileSystems.open(path) as fh:
-            tables.append(pq.read_table(fh, columns=columns))
-    return tables
 
 
 def _sum_micro(tables, column: str) -> int:
@@ -42,11 +29,11 @@ REQUEST_COLUMNS = ["request_id", "model", "total_tokens", "cost_rub", "balance_a
                    "status", "started_at", "run_id"]
 
 
-def _all_requests(output_dir: str) -> list[dict]:
-    """Every request row in DIR: the requests files, then journaled ones not written yet."""
-    rows = {r["request_id"]: r for t in read_columns(run_files(output_dir, "requests"), REQUEST_COLUMNS)
+def _all_requests(out: OutputDir) -> list[dict]:
+    """Every request row in DIR: the history's requests files, then journaled ones not written yet."""
+    rows = {r["request_id"]: r for t in read_tables(out.history_files("requests"), REQUEST_COLUMNS)
             for r in t.to_pylist()}
-    for r in journal.read_requests(output_dir, skip=set(rows)):
+    for r in journal.read_requests(out.path, skip=set(rows)):
         rows[r["request_id"]] = r
     return list(rows.values())
 
@@ -76,32 +63,59 @@ def exit_code(pending_reasons: dict[str, int]) -> int:
     return EXIT_OK
 
 
-def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
-                  account_before: dict, account_after: dict, estimate: dict, metrics: dict,
-                  catalogue_price: float, carried_files: tuple[str, ...] = (), caps: dict | None = None) -> dict:
-    emb = read_columns(run_files(output_dir, "embeddings", run_id), ["cost_rub", "request_id"])
-    req = read_columns(run_files(output_dir, "requests", run_id),
-                       ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id"])
-    failed = read_columns(run_files(output_dir, "failed", run_id), ["reason"])
-    pending = read_columns(run_files(output_dir, "pending", run_id), ["reason"])
+def _changes(out: OutputDir, run_id: str, metrics: dict, removed: int) -> dict:
+    """Documents added, edited, removed, unchanged, and resumed (the version DIR was building:
+    its pending chunks sent now), against the view before this run."""
+    seen: dict[str, set] = collections.defaultdict(set)
+    for t in read_tables(out.history_files("changes", run_id), ["doc_id", "change"]):
+        for doc_id, change in zip(t.column("doc_id").to_pylist(), t.column("change").to_pylist()):
+            seen[change].add(doc_id)
+    return {ADDED: len(seen[ADDED]), EDITED: len(seen[EDITED]), "removed": removed,
+            UNCHANGED: metrics.get(f"documents_{UNCHANGED}", 0), RESUMED: len(seen[RESUMED])}
+
+
+def _current(out: OutputDir, view: View) -> dict:
+    """What the view holds: documents (with an id, plus rows without one), and rows."""
+    no_id = sum(pc.sum(pc.is_null(t.column("doc_id"))).as_py() or 0
+                for t in read_tables([out.join(p) for p in view.paths("failed")], ["doc_id"]))
+    embedded, failed, pending = (view.rows(k) for k in ("embeddings", "failed", "pending"))
+    return {"view": view.view, "documents": view.documents + no_id, "chunks": embedded + failed + pending,
+            "embedded": embedded, "failed": failed, "pending": pending,
+            "staged": view.rows("staged-embeddings") + view.rows("staged-failed")}
+
+
+def _timing(requests: list, started: dt.datetime) -> dict:
+    """When the job started and when its first request left (streaming: within seconds)."""
+    firsts = [pc.min(t.column("started_at")).as_py() for t in requests if t.num_rows]
+    first = min((f for f in firsts if f is not None), default=None)
+    return {"started_at": started.isoformat(), "first_request_at": first and first.isoformat(),
+            "seconds_to_first_request": first and round((first - started).total_seconds(), 3)}
+
+
+def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metrics: dict, removed: int,
+                  account_before: dict, account_after: dict, estimate: dict, catalogue_price: float,
+                  caps: dict, started: dt.datetime) -> dict:
+    def mine(kind: str, columns: list[str]):
+        return read_tables(out.history_files(kind, run_id), columns)
+
+    emb = mine("embeddings", ["cost_rub", "request_id"])
+    req = mine("requests", ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id", "started_at"])
+    failed, pending = mine("failed", ["reason"]), mine("pending", ["reason"])
     req_micro = _sum_micro(req, "cost_rub")
     # requests journaled by a killed earlier run, paid before this run's balance was read
     carried = [t.filter(pc.not_equal(t.column("run_id"), run_id)) for t in req]
     carried_micro = _sum_micro(carried, "cost_rub")
     answered = sum(pc.sum(pc.equal(t.column("status"), 200)).as_py() or 0 for t in req)
     retried = sum(pc.sum(pc.greater(t.column("attempts"), 1)).as_py() or 0 for t in req)
-    rows_by_request = _micro_by_request(read_columns(run_files(output_dir, "embeddings"), ["cost_rub", "request_id"]))
-    recon = history.reconcile(output_dir, run_id=run_id, requests=_all_requests(output_dir),
+    rows_by_request = _micro_by_request(read_tables(out.history_files("embeddings"), ["cost_rub", "request_id"]))
+    recon = history.reconcile(out.path, run_id=run_id, requests=_all_requests(out),
                               rows_by_request=rows_by_request, account_after=account_after,
                               catalogue_price=catalogue_price)
     recon["carried_over_from_journal_rub"] = from_micro(carried_micro)
-    before, after = account_before.get("balance"), account_after.get("balance")
     pending_reasons = _reasons(pending)
-    current = (run_files(output_dir, "embeddings") + run_files(output_dir, "requests")
-               + run_files(output_dir, "failed", run_id) + run_files(output_dir, "pending", run_id)
-               + run_files(output_dir, "documents", run_id))
+    own = [t.filter(pc.equal(t.column("run_id"), run_id)) for t in req]
     return {
-        "run_id": run_id, "model": model, "documents": documents,
+        "run_id": run_id, "model": model, "documents": metrics.get("documents", 0),
         "chunks": sum(t.num_rows for t in emb) + sum(t.num_rows for t in failed) + sum(t.num_rows for t in pending),
         "embedded": sum(t.num_rows for t in emb), "failed": sum(t.num_rows for t in failed),
         "pending": sum(t.num_rows for t in pending), "failed_reasons": _reasons(failed),
@@ -109,18 +123,10 @@ def build_summary(*, output_dir: str, run_id: str, model: str, documents: int,
         "requests_answered": answered, "requests_retried": retried,
         "prompt_tokens": sum(pc.sum(t.column("prompt_tokens")).as_py() or 0 for t in req),
         "cost_rub": from_micro(req_micro - carried_micro), "estimate": estimate,
-        "balance_before": before, "balance_after": after,
+        "changes": _changes(out, run_id, metrics, removed), "current": _current(out, view),
+        "balance_before": account_before.get("balance"), "balance_after": account_after.get("balance"),
         "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),
-        "caps": caps or {},   # the caps set, and the limit that bound at the start
+        "caps": caps,   # the caps set, and the limit that bound at the start
         "reconciliation": recon, "metrics": metrics, "exit_code": exit_code(pending_reasons),
-        "files": list(carried_files) + [FileSystems.split(f)[1] for f in current],
+        "timing": _timing(own, started), "files": view.reader_files,
     }
-
-
-def write_summary(output_dir: str, summary: dict) -> str:
-    final = FileSystems.join(output_dir, "summary.json")
-    temp = f"{final}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(temp) as fh:
-        fh.write(json.dumps(summary, indent=2, default=str).encode())
-    FileSystems.rename([temp], [final])  # replaces an earlier summary in one step (os.rename)
-    return final

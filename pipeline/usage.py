@@ -12,12 +12,12 @@ from pipeline.options import EmbedPipeOptions
 
 GROUPS = {
     "input": ("input", "id_column", "text_column", "keep_columns"),
-    "output": ("output", "resume", "known", "doc_vectors"),
+    "output": ("output", "sync", "resume", "known", "doc_vectors"),
     "model": ("model", "dimensions", "models_config"),
     "budget": ("max_spend_rub", "daily_cap_rub", "monthly_cap_rub", "allow_partial"),
     "service": ("base_url", "api_key_file", "api_key_secret", "account_segment"),
 }
-NOT_FOR = {"plan": ("allow_partial", "doc_vectors", "max_in_flight"), "run": ("json",)}
+NOT_FOR = {"plan": ("allow_partial", "doc_vectors", "max_in_flight")}
 METAVARS = {"input": "PATH", "output": "DIR", "known": "GLOB", "keep_columns": "A,B",
             "id_column": "NAME", "text_column": "NAME", "model": "MODEL", "base_url": "URL",
             "dimensions": "N", "max_in_flight": "N", "overlap_tokens": "N", "profile": "NAME",

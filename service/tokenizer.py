@@ -45,8 +45,11 @@ def parse_ranks(data: bytes, expected_sha256: str = CL100K_SHA256) -> dict[bytes
     return ranks
 
 
+ENCODING_NAME = "cl100k_base"
+
+
 @functools.cache
-def get_encoding(name: str = "cl100k_base") -> tiktoken.Encoding:
+def get_encoding(name: str = ENCODING_NAME) -> tiktoken.Encoding:
     """The encoding, built once per process. Count with encode_ordinary*: special-token text
     such as '<|endoftext|>' in a document is plain text to us, as it is to the service."""
     if name != "cl100k_base":

@@ -86,7 +86,7 @@ def run_recipe(python: str | Path, name: str, workdir: Path) -> dict[str, list]:
 
 def expected(workdir: Path) -> dict[str, list]:
     """The answers, computed from the files row by row in plain Python."""
-    emb = [r for f in sorted((workdir / "out").glob("embeddings-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    emb = [r for f in sorted((workdir / "out" / "current").glob("embeddings-*.parquet")) for r in pq.read_table(f).to_pylist()]
     texts = {r["id"]: r["text"] for r in pq.read_table(workdir / "corpus").to_pylist()}
     query = next(r["embedding"] for r in emb if (r["doc_id"], r["chunk_index"]) == QUERY)
 

@@ -28,6 +28,7 @@ from transforms import coders  # noqa: F401  (registers the coder of pa.Table)
 from transforms import journal
 from transforms.budget import BudgetGuard
 from transforms.caps import AccountWatch, cap_usages
+from transforms.known import KnownStores, known_vector
 from transforms.lineage import embeddings_table, pending_table
 from transforms.progress import Progress
 from transforms.ratelimit import AimdLimiter, TokenBucketLimiter
@@ -68,6 +69,7 @@ class EmbedConfig:
     embeddings_schema: pa.Schema
     pending_schema: pa.Schema
     kept: tuple
+    known: KnownStores | None = None  # where pieces of a re-split text are looked up first
     fits: bool = True               # the driver's preflight; False: send nothing, all pending
 
 
@@ -130,7 +132,8 @@ class _EmbedDoFn(beam.DoFn):
             recall=lambda request_id: journal.read_entry(cfg.output_dir, cfg.run_id, request_id),
             intend=lambda request_id, tokens, worst: journal.write_intent(cfg.output_dir, cfg.run_id, request_id,
                                                                           tokens, worst),
-            concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None)
+            concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
+            known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None)
         self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight, thread_name_prefix="embed")
 
     def start_bundle(self):

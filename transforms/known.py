@@ -1,8 +1,8 @@
 """Never pay twice: texts whose vectors already exist are taken from there, not sent again.
 
 Sources, keyed by text_sha256:
-- `--resume`: the embeddings files already in DIR. Rows delivered there are skipped
-  (transforms/delivered.py); other rows with the same text get that vector at no cost.
+- DIR's history: every embeddings row an earlier run wrote, current or not (an unchanged
+  chunk of an edited document, a text a removed document had): reused at no cost.
 - the journal of a run that was killed: paid for but never written out. Its rows are written
   now, with the original request id and cost share. The entries are read by the job, one
   file at a time; the driver only lists them.
@@ -26,16 +26,30 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.parquetio import ReadFromParquetBatched
 from apache_beam.metrics import Metrics
 
 from transforms import coders, journal, runscoped  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.keyindex import KeyIndex, key16
 from transforms.lineage import embeddings_table
 from transforms.records import TextItem
+from transforms.source import ReadParquetTables, open_parquet
 
 REUSED = "reused"
+KNOWN_COLUMNS = ["text_sha256", "model", "request_id", "embedding"]
+
+
+class KnownStores(NamedTuple):
+    """Where the vectors already paid for are, for one run (SCOPE: its in-process index):
+    embeddings FILES and journal entries, of MODEL at DIMS only."""
+    scope: str
+    model: str
+    dims: int
+    files: tuple[str, ...]
+    journal: tuple[str, ...]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.files or self.journal)
 
 
 class Known(NamedTuple):
@@ -93,22 +107,18 @@ class _AntiJoin(beam.DoFn):
 class AntiJoinKnown(beam.PTransform):
     """TextItems x known vectors -> main: TextItems still to send; `reused`: (TextItem, Known)."""
 
-    def __init__(self, model: str, dims: int, resume_glob: str | None, known_globs: Sequence[str],
-                 journal_paths: Sequence[str]):
+    def __init__(self, model: str, dims: int, files: Sequence[str], journal_paths: Sequence[str]):
         super().__init__()
         self._model, self._dims = model, dims
-        self._sources = ([resume_glob] if resume_glob else []) + list(known_globs)
-        self._journal = list(journal_paths)
+        self._files, self._journal = list(files), list(journal_paths)
 
     def expand(self, items):
         p = items.pipeline
-        known = [p | "JournalEntries" >> beam.Create(self._journal) | "SpreadEntries" >> beam.Reshuffle()
-                 | "ReadJournal" >> beam.FlatMap(journal_known)]
-        for i, glob in enumerate(self._sources):
-            known.append(p | f"ReadKnown{i}" >> ReadFromParquetBatched(
-                glob, columns=["text_sha256", "model", "request_id", "embedding"])
-                | f"KnownRows{i}" >> beam.ParDo(_KnownRows(self._model, self._dims)))
-        all_known = known | "AllKnown" >> beam.Flatten()
+        journaled = (p | "JournalEntries" >> beam.Create(self._journal) | "SpreadEntries" >> beam.Reshuffle()
+                     | "ReadJournal" >> beam.FlatMap(journal_known))
+        stored = (p | "ReadKnown" >> ReadParquetTables(self._files, KNOWN_COLUMNS)
+                  | "KnownRows" >> beam.ParDo(_KnownRows(self._model, self._dims)))
+        all_known = (journaled, stored) | "AllKnown" >> beam.Flatten()
         keyed = items | "KeyItems" >> beam.Map(lambda item: (item.text_sha256, item))
         return ({"items": keyed, "known": all_known}
                 | "CoGroup" >> beam.CoGroupByKey()
@@ -143,10 +153,8 @@ class KnownIndex:
     As AntiJoinKnown decides: a journaled share wins (the text was paid and never written),
     the largest if several; it is 0 when DIR already holds the text under that request."""
 
-    def __init__(self, model: str, dims: int, embeddings_globs: Sequence[str], journal_paths: Sequence[str]):
-        patterns = list(embeddings_globs)
-        self.files = sorted({m.path for result in FileSystems.match(patterns) for m in result.metadata_list}
-                            if patterns else ())
+    def __init__(self, model: str, dims: int, files: Sequence[str], journal_paths: Sequence[str]):
+        self.files = list(files)
         self._journal_from = len(self.files)
         self.files += list(journal_paths)
         self._request_ids: list[str | None] = []
@@ -165,7 +173,7 @@ class KnownIndex:
         return self._request_numbers[request_id]
 
     def _add_embeddings(self, file: int, model: str, dims: int) -> None:
-        with FileSystems.open(self.files[file]) as fh:
+        with open_parquet(self.files[file]) as fh:
             parquet = pq.ParquetFile(fh)
             if parquet.schema_arrow.field("embedding").type.list_size != dims:
                 return
@@ -205,24 +213,34 @@ class KnownIndex:
         """The float32 vectors of one row group of an embeddings file, or of a journal entry."""
         if file >= self._journal_from:
             return journal.entry_vectors(journal.read_path(self.files[file], ["embedding"])[1])
-        with FileSystems.open(self.files[file]) as fh:
+        with open_parquet(self.files[file]) as fh:
             column = pq.ParquetFile(fh).read_row_group(row_group, columns=["embedding"]).column(0)
         column = column.combine_chunks()
         return column.flatten().to_numpy(zero_copy_only=False).astype("<f4").reshape(len(column), -1)
 
 
-def _known_index(run_id: str, model: str, dims: int, embeddings_globs: Sequence[str],
-                 journal_paths: Sequence[str]) -> KnownIndex:
-    return runscoped.shared(run_id, "known", lambda: KnownIndex(model, dims, embeddings_globs, journal_paths))
+def known_index(stores: KnownStores) -> KnownIndex:
+    """The run's KnownIndex in this process, built on first use."""
+    return runscoped.shared(stores.scope, "known",
+                            lambda: KnownIndex(stores.model, stores.dims, stores.files, stores.journal))
+
+
+def known_vector(stores: KnownStores, sha: str) -> Known | None:
+    """A text's vector from the stores (a piece the service made us split, say), or None."""
+    index = known_index(stores)
+    ref = index.lookup(sha)
+    if ref is None:
+        return None
+    return Known(index.vectors(ref.file, ref.row_group)[ref.row].tobytes(), ref.request_id, ref.share_micro)
 
 
 class _ReuseKnown(beam.DoFn):
-    def __init__(self, run_id: str, sources: tuple):
-        self._run_id, self._sources = run_id, sources
+    def __init__(self, stores: KnownStores):
+        self._stores = stores
         self._reused = Metrics.counter("embedpipe", "chunks_reused")
 
     def setup(self):
-        self._index = _known_index(self._run_id, *self._sources)
+        self._index = known_index(self._stores)
 
     def process(self, item: TextItem):
         ref = self._index.lookup(item.text_sha256)
@@ -236,10 +254,9 @@ class _ReuseKnown(beam.DoFn):
 class ReuseKnownStream(beam.PTransform):
     """TextItem -> main: the TextItems still to send; `reused`: (TextItem, ReuseRef)."""
 
-    def __init__(self, run_id: str, model: str, dims: int, embeddings_globs: Sequence[str],
-                 journal_paths: Sequence[str]):
+    def __init__(self, stores: KnownStores):
         super().__init__()
-        self._fn = _ReuseKnown(run_id, (model, dims, tuple(embeddings_globs), tuple(journal_paths)))
+        self._fn = _ReuseKnown(stores)
 
     def expand(self, items):
         return items | "ReuseKnown" >> beam.ParDo(self._fn).with_outputs(REUSED, main="items")
@@ -251,11 +268,11 @@ class _ReusedTables(beam.DoFn):
 
     CACHED = 4
 
-    def __init__(self, run_id: str, sources: tuple, table_args: tuple):
-        self._run_id, self._sources, self._table_args = run_id, sources, table_args
+    def __init__(self, stores: KnownStores, table_args: tuple):
+        self._stores, self._table_args = stores, table_args
 
     def setup(self):
-        self._index = _known_index(self._run_id, *self._sources)
+        self._index = known_index(self._stores)
         self._cache: collections.OrderedDict = collections.OrderedDict()
 
     def _vectors(self, place: tuple[int, int]) -> np.ndarray:
@@ -277,11 +294,9 @@ class _ReusedTables(beam.DoFn):
 class FetchReused(beam.PTransform):
     """(TextItem, ReuseRef) -> embeddings tables with the known vectors."""
 
-    def __init__(self, run_id: str, model: str, dims: int, embeddings_globs: Sequence[str],
-                 journal_paths: Sequence[str], schema: pa.Schema, kept, embedded_at, per_table: int):
+    def __init__(self, stores: KnownStores, run_id: str, schema: pa.Schema, kept, embedded_at, per_table: int):
         super().__init__()
-        sources = (model, dims, tuple(embeddings_globs), tuple(journal_paths))
-        self._fn = _ReusedTables(run_id, sources, (schema, model, run_id, kept, embedded_at))
+        self._fn = _ReusedTables(stores, (schema, stores.model, run_id, kept, embedded_at))
         self._per_table = per_table
 
     def expand(self, reused):

@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import threading
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from transforms.budget import BudgetGuard
 from transforms.ratelimit import AimdLimiter, TokenBucketLimiter
 from transforms.records import Rejected, TextItem
 from transforms.splitting import MIN_MAX_TOKENS, Splitter
+
+if TYPE_CHECKING:  # transforms/known.py is a Beam step; this module needs only its record
+    from transforms.known import Known
 
 # Pending reasons: resumable, and each one maps to the job's exit code in the summary.
 BUDGET = "budget_exhausted"
@@ -129,12 +132,14 @@ class RequestRunner:
                  journal: Callable[[Delivery, dict], None] | None = None,
                  recall: Callable[[str], tuple[dict, list[str], list[int], np.ndarray] | None] | None = None,
                  intend: Callable[[str, int, int], None] | None = None,
-                 concurrency: AimdLimiter | None = None, quota: TokenBucketLimiter | None = None):
+                 concurrency: AimdLimiter | None = None, quota: TokenBucketLimiter | None = None,
+                 known: Callable[[str], "Known | None"] | None = None):
         self._client, self._model, self._dimensions = client, model, dimensions
         self._expected_dims = expected_dims
         self._guard, self._breaker, self._run_id = guard, breaker, run_id
         self._resplit, self._journal, self._recall, self._intend = resplit, journal, recall, intend
         self._concurrency, self._quota = concurrency, quota
+        self._known = known
         self._same_refusals = _RefusalStreak()
 
     def run(self, items: Sequence[TextItem]) -> Outcome:
@@ -238,7 +243,8 @@ class RequestRunner:
                 return [batch[:half], batch[half:]]
             pieces = self._resplit(batch[0])
             if len(pieces) > 1:
-                return [pieces]
+                rest = self._unknown(pieces, out)
+                return [rest] if rest else []
             out.failed += rejections(batch[0], "too_long", exc.message)
         elif isinstance(exc, errors.BadRequestError):
             if len(batch) > 1:
@@ -265,6 +271,22 @@ class RequestRunner:
                 return [batch[:half], batch[half:]]
             out.failed += rejections(batch[0], f"http_{exc.status or 'error'}", exc.message)
         return []
+
+    def _unknown(self, pieces: list[TextItem], out: Outcome) -> list[TextItem]:
+        """The pieces of a re-split text that no store holds; the others are delivered from
+        where they were paid (a run killed after paying for some is resumed without paying
+        them again)."""
+        if self._known is None:
+            return pieces
+        rest = []
+        for piece in pieces:
+            known = self._known(piece.text_sha256)
+            if known is None:
+                rest.append(piece)
+            else:
+                vector = np.frombuffer(known.vector, dtype="<f4").reshape(1, -1)
+                out.deliveries.append(Delivery(known.request_id, [piece], vector, [known.share_micro]))
+        return rest
 
     def _request_row(self, request_id, batch, started, *, result=None, error=None) -> dict:
         usage = result.usage if result is not None else getattr(error, "usage", None)

@@ -1,7 +1,9 @@
-"""Write: every output as zstd Parquet through Beam's file sinks (exactly-once file output,
-any FileSystems scheme). File names carry the run id, so a resumed run adds files beside the
-earlier ones: DIR/embeddings-<run_id>-00000-of-00002.parquet."""
+"""Write: every output as Parquet through Beam's file sinks (exactly-once file output, any
+FileSystems scheme), into the run's own directory of DIR's history. File names carry the run
+id: history/<run_id>/embeddings-<run_id>-00000-of-00002.parquet."""
 from __future__ import annotations
+
+import dataclasses
 
 import apache_beam as beam
 import pyarrow as pa
@@ -12,26 +14,43 @@ from apache_beam.io.filesystems import CompressionTypes, FileSystems
 ROWS_PER_TABLE = 5000  # batching of small rows into Arrow tables; not a user-facing number
 
 
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    """Parquet page compression: one codec for the scalar columns, one for the vectors.
+    float32 vectors barely compress (zstd: ~7% smaller) and cost a reader ~2x the time to
+    decode compressed, so they are written uncompressed unless configs/ say otherwise."""
+    scalars: str = "zstd"
+    vectors: str = "none"
+
+
+def _is_vector(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def open_writer(sink, schema: pa.Schema, codec: Codec) -> pq.ParquetWriter:
+    """Every output file's writer: no dictionary attempt and no min/max statistics on vectors
+    (they never repeat and are never filtered on; these were a large share of writing them)."""
+    scalars = [f.name for f in schema if not _is_vector(f.type)]
+    compression = {f.name: codec.vectors if _is_vector(f.type) else codec.scalars for f in schema}
+    return pq.ParquetWriter(sink, schema, compression=compression, use_dictionary=scalars,
+                            write_statistics=scalars)
+
+
 def output_prefix(output_dir: str, kind: str, run_id: str, part: str | None = None) -> str:
     return FileSystems.join(output_dir, f"{kind}-{run_id}" + (f"-{part}" if part else ""))
 
 
 class _ParquetSink(filebasedsink.FileBasedSink):
-    """Beam's Parquet sink, but without the dictionary attempt and the min/max statistics on
-    float lists: vectors never repeat and are never filtered on, and these were a large share
-    of the writing time."""
+    """Beam's Parquet sink, with the writer of open_writer."""
 
-    def __init__(self, prefix: str, schema: pa.Schema, codec: str):
+    def __init__(self, prefix: str, schema: pa.Schema, codec: Codec):
         super().__init__(prefix, coder=None, file_name_suffix=".parquet", mime_type="application/x-parquet",
                          compression_type=CompressionTypes.UNCOMPRESSED)  # the codec compresses pages
         self._schema, self._codec = schema, codec
-        self._scalars = [f.name for f in schema if not pa.types.is_list(f.type)
-                         and not pa.types.is_fixed_size_list(f.type)]
 
     def open(self, temp_path):
         handle = super().open(temp_path)
-        return pq.ParquetWriter(handle, self._schema, compression=self._codec,
-                                use_dictionary=self._scalars, write_statistics=self._scalars), handle
+        return open_writer(handle, self._schema, self._codec), handle
 
     def write_record(self, file, table: pa.Table):
         file[0].write_table(table)
@@ -52,7 +71,7 @@ class WriteTables(beam.PTransform):
     set of files of the same kind (`embeddings-<run>-reused-...`): on the local runner a Flatten
     is held in memory whole, so large outputs get a sink each instead."""
 
-    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: str,
+    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: Codec,
                  part: str | None = None):
         super().__init__()
         self._sink = _ParquetSink(output_prefix(output_dir, kind, run_id, part), schema, codec)
@@ -64,7 +83,7 @@ class WriteTables(beam.PTransform):
 class WriteRows(beam.PTransform):
     """PCollection of dicts (or NamedTuples) -> Parquet files, batched into Arrow tables."""
 
-    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: str,
+    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: Codec,
                  extra: dict | None = None):
         super().__init__()
         self._write = WriteTables(output_dir, kind, run_id, schema, codec)

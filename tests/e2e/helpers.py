@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.cli import main
+from pipeline.outdir.layout import kind_of
 from service.sandbox.store import read_ledger
 
 WORDS_EN = ("parquet beam pipeline vector budget token rouble request worker shard cloud batch "
@@ -49,8 +50,9 @@ def run(*args: str) -> int:
 
 
 def read_kind(out: Path, kind: str) -> pa.Table:
-    files = sorted(out.glob(f"{kind}-*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+    """The rows of KIND in DIR's current view, read as a glob reader does (DIR/current/)."""
+    files = sorted((out / "current").glob(f"{kind}-*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default") if files else pa.table({})
 
 
 def summary(out: Path) -> dict:
@@ -61,7 +63,11 @@ def ledger(db) -> list[dict]:
     return list(read_ledger(str(db)))
 
 
+def current_files(out: Path, kind: str) -> list[Path]:
+    """The files of KIND that summary.json lists as DIR's current view."""
+    return [out / f for f in summary(out)["files"] if kind_of(f) == kind]
+
+
 def current_rows(out: Path, kind: str) -> list[dict]:
-    """The rows of KIND in the files summary.json lists as DIR's current state."""
-    files = [out / f for f in summary(out)["files"] if f.startswith(kind + "-")]
-    return [row for f in files for row in pq.read_table(f).to_pylist()]
+    """The rows of KIND in the files summary.json lists as DIR's current view."""
+    return [row for f in current_files(out, kind) for row in pq.read_table(f).to_pylist()]

@@ -21,7 +21,7 @@ from pipeline.cli import main
 from service.catalog import load_models
 from service.sandbox.store import read_ledger
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.helpers import WORDS_EN, WORDS_RU, paragraph
+from tests.e2e.helpers import WORDS_EN, WORDS_RU, current_files, paragraph
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "text-embedding-3-small"
@@ -75,10 +75,11 @@ def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def current(out: Path, kind: str) -> pa.Table | None:
-    """The rows of KIND in the files summary.json lists as DIR's current state."""
-    files = [out / f for f in summary(out)["files"] if f.startswith(kind + "-")]
-    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default") if files else None
+def current(out: Path, kind: str) -> pa.Table:
+    """The rows of KIND in the files summary.json lists as DIR's current view (a view holds no
+    file without rows: none of KIND reads as an empty table)."""
+    files = current_files(out, kind)
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default") if files else pa.table({})
 
 
 def ledger(sandbox) -> list[dict]:
@@ -102,8 +103,8 @@ def assert_every_row_once(out: Path, rows: list[dict]) -> dict[str, int]:
     per_kind = {}
     for kind in ("embeddings", "failed", "pending"):
         table = current(out, kind)
-        per_kind[kind] = 0 if table is None else table.num_rows
-        if table is None:
+        per_kind[kind] = table.num_rows
+        if not table.num_rows:
             continue
         cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * table.num_rows
                 for c in ("doc_id", "chunk_index", "chunk_count", "token_start")}

@@ -273,7 +273,7 @@ def test_resume_into_another_models_output(tmp_path, sb, caplog, capsys):
     # The account is read before the check (two GETs), but no embeddings request is sent.
     assert sum('"POST ' in line for line in api_calls(sb)) == posts_before
     assert ledger(sb.db) == charges
-    assert len(list(out.glob("embeddings-*.parquet"))) == 1
+    assert len(list(out.glob("history/*/embeddings-*.parquet"))) == 1
 
 
 @pytest.mark.parametrize("url", ["ftp://127.0.0.1/v1", "http://user:secret@127.0.0.1:9/v1", "127.0.0.1:9/v1"])

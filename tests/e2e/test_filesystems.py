@@ -21,6 +21,7 @@ from apache_beam.io.filesystem import CompressedFile, CompressionTypes, FileMeta
 from apache_beam.io.filesystems import FileSystems
 
 from tests.conftest import SANDBOX_KEY
+from pipeline.outdir.layout import kind_of
 from tests.e2e.helpers import corpus_rows, ledger, run
 
 MODEL = "text-embedding-3-small"
@@ -139,7 +140,9 @@ def read_table(path: str) -> pa.Table:
 
 
 def read_kind(out: str, kind: str) -> pa.Table | None:
-    paths = [p for p in listing(out + "/") if p.rsplit("/", 1)[1].startswith(kind + "-")]
+    """The rows of KIND in the current view (object stores have no `current/` link: summary.json
+    lists its files)."""
+    paths = [FileSystems.join(out, name) for name in read_summary(out)["files"] if kind_of(name) == kind]
     return pa.concat_tables([read_table(p) for p in paths]) if paths else None
 
 
@@ -201,7 +204,7 @@ def test_job_reads_and_writes_only_through_filesystems(mem_corpus, sandbox):
     summary = read_summary(f"{bucket}/out")
     assert summary["embedded"] == emb.num_rows and summary["requests"] == req.num_rows
     assert summary["reconciliation"]["rows_minus_requests_rub"] == 0
-    assert set(summary["files"]) <= {p.rsplit("/", 1)[1] for p in listing(f"{bucket}/out/")}
+    assert set(summary["files"]) <= {p[len(f"{bucket}/out/"):] for p in listing(f"{bucket}/out/")}
     assert sorted(req.column("request_id").to_pylist()) == sorted(c["request_id"] for c in ledger(sandbox.db))
 
 
@@ -229,8 +232,7 @@ def test_resume_delivers_nothing_twice(store, sandbox):
     paid = len(ledger(sandbox.db))
     assert job(store, sandbox, "--resume") == 0
     assert len(ledger(sandbox.db)) == paid
-    current = [FileSystems.join(out, name) for name in read_summary(out)["files"] if name.startswith("embeddings-")]
-    emb = pa.concat_tables([read_table(p) for p in current])
+    emb = read_kind(out, "embeddings")
     keys = list(zip(emb.column("doc_id").to_pylist(), emb.column("chunk_index").to_pylist()))
     assert len(keys) == len(set(keys))
     assert read_summary(out)["cost_rub"] == 0

@@ -62,7 +62,8 @@ def partial(tmp_path_factory):
 
 
 def files(out, kind: str) -> list:
-    return sorted(out.glob(f"{kind}-*.parquet"))
+    """Every file of KIND in DIR: what runs wrote (history) and what commits derived (segments)."""
+    return sorted([*out.glob(f"history/*/{kind}-*.parquet"), *out.glob(f"_segments/{kind}-*.parquet")])
 
 
 def test_every_file_kind_declares_its_guaranteed_columns_required(partial):
@@ -84,7 +85,7 @@ def test_every_file_kind_declares_its_guaranteed_columns_required(partial):
 
 def rewrite_as_before(src, dst):
     """A copy of SRC as the pipeline wrote it before: the same rows in the old, nullable schemas."""
-    shutil.copytree(src, dst)
+    shutil.copytree(src, dst, symlinks=True)   # `current` stays a link into the copy
     dims = pq.read_schema(files(dst, "embeddings")[0]).field("embedding").type.list_size
     for kind in KINDS:
         for path in files(dst, kind):
@@ -136,6 +137,6 @@ def test_known_reuses_vectors_from_files_written_before(partial, tmp_path):
     old = rewrite_as_before(out, tmp_path / "old")
     known_shas = set(current(old, "embeddings").column("text_sha256").to_pylist())
     paid_before = len(ledger(sb))
-    assert run(corpus, tmp_path / "new", sb, models, "--known", str(old / "embeddings-*.parquet")) == 0
+    assert run(corpus, tmp_path / "new", sb, models, "--known", str(old / "current" / "embeddings-*.parquet")) == 0
     new_charges = ledger(sb)[paid_before:]
     assert new_charges and not {h for c in new_charges for h in c["input_sha256"]} & known_shas

@@ -72,7 +72,7 @@ def test_killed_run_resumes_without_paying_twice(tmp_path, sandbox_factory, env_
     before = ledger(slow)
     assert len(journal) >= JOURNALED_BEFORE_KILL
     assert {c["request_id"] for c in before} == set(journal), "a charge the job never saw"
-    assert not list(out.glob("embeddings-*.parquet")), "killed before any output was written"
+    assert not list(out.glob("history/*/embeddings-*.parquet")), "killed before any output was written"
 
     sb = start_sandbox(sandbox_factory, models, db=slow.db)     # same ledger and balance, no latency
     assert run(corpus, out, sb, models, "--resume", *WAYS[way]) == 0
@@ -116,7 +116,7 @@ def test_known_vectors_are_reused_at_no_cost_and_another_model_is_refused(tmp_pa
     rows += corpus_rows(n_short=20, n_long=0, seed=11, prefix="new-")[:20]
     second = tmp_path / "second"
     assert run(write_corpus(tmp_path / "b.parquet", rows), second, sb, models,
-               "--known", str(first / "embeddings-*.parquet"), *WAYS[way]) == 0
+               "--known", str(first / "current" / "embeddings-*.parquet"), *WAYS[way]) == 0
     charges = ledger(sb)
     new_charges = charges[len(paid):]
     assert new_charges, "the new texts were sent"

@@ -36,8 +36,8 @@ def test_resume_from_pending_rows_alone(tmp_path, sandbox_factory, monkeypatch):
     assert max(sent.values()) == 1  # nothing paid twice
 
 
-def test_resume_without_input_needs_a_finished_run(tmp_path, sandbox_factory, monkeypatch, caplog):
+def test_resume_without_input_needs_a_view(tmp_path, sandbox_factory, monkeypatch, caplog):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
     sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0)
     code = run("--output", str(tmp_path / "empty"), "--model", MODEL, "--base-url", sb.base_url, "--resume")
-    assert code == 2 and "summary.json" in caplog.text
+    assert code == 2 and "holds none: pass --input" in caplog.text

@@ -5,14 +5,14 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.write import WriteTables
+from transforms.write import Codec, WriteTables
 
 SCHEMA = pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32()))])
 
 
 def _write(out, tables, part=None):
     with beam.Pipeline() as p:
-        p | beam.Create(tables) | WriteTables(str(out), "embeddings", "r1", SCHEMA, "zstd", part=part)
+        p | beam.Create(tables) | WriteTables(str(out), "embeddings", "r1", SCHEMA, Codec(), part=part)
 
 
 def _table(ids):

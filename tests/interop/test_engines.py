@@ -33,12 +33,12 @@ def test_every_engine_gives_the_same_answer(python, workdir, engine):
 
 # What each engine makes of `embedding`: no Nullable elements, so vector functions apply as is.
 READ_TYPES = {
-    "duckdb": ("import duckdb; print(duckdb.sql(\"SELECT typeof(embedding) FROM 'out/embeddings-*.parquet' "
+    "duckdb": ("import duckdb; print(duckdb.sql(\"SELECT typeof(embedding) FROM 'out/current/embeddings-*.parquet' "
                "LIMIT 1\").fetchall()[0][0])", "FLOAT[]"),
-    "polars": ("import polars as pl; print(pl.read_parquet('out/embeddings-*.parquet').schema['embedding'])",
+    "polars": ("import polars as pl; print(pl.read_parquet('out/current/embeddings-*.parquet').schema['embedding'])",
                "Array(Float32, shape=(1536,))"),
     "clickhouse": ("import chdb; print(chdb.query(\"SELECT toTypeName(embedding) FROM "
-                   "file('out/embeddings-*.parquet') LIMIT 1\", 'TSVRaw'))", "Array(Float32)"),
+                   "file('out/current/embeddings-*.parquet') LIMIT 1\", 'TSVRaw'))", "Array(Float32)"),
 }
 
 

@@ -46,7 +46,7 @@ def test_texts_in_earlier_outputs_are_found_with_their_request_and_vector(tmp_pa
     vectors = write_embeddings(tmp_path / "embeddings-a.parquet", ["x", "y", "z"], "req-a", row_group_size=2)
     write_embeddings(tmp_path / "embeddings-other.parquet", ["w"], "req-b", model="other-model")
     write_embeddings(tmp_path / "embeddings-short.parquet", ["v"], "req-c", dims=DIMS - 1)
-    index = KnownIndex(MODEL, DIMS, [str(tmp_path / "embeddings-*.parquet")], [])
+    index = KnownIndex(MODEL, DIMS, sorted(map(str, tmp_path.glob("embeddings-*.parquet"))), [])
     for i, text in enumerate(["x", "y", "z"]):
         ref = index.lookup(sha(text))
         assert (ref.request_id, ref.share_micro) == ("req-a", 0)
@@ -60,7 +60,7 @@ def test_a_journaled_text_carries_its_share_unless_dir_already_holds_it_under_th
     out = tmp_path / "out"
     path, vectors = write_journal(out, ["paid", "also-written"], "req-j", [11, 22])
     write_embeddings(tmp_path / "embeddings-dir.parquet", ["also-written", "elsewhere"], "req-j")
-    index = KnownIndex(MODEL, DIMS, [str(tmp_path / "embeddings-*.parquet")], [path])
+    index = KnownIndex(MODEL, DIMS, sorted(map(str, tmp_path.glob("embeddings-*.parquet"))), [path])
     paid = index.lookup(sha("paid"))
     assert (paid.request_id, paid.share_micro) == ("req-j", 11)
     assert index.vectors(paid.file, paid.row_group)[paid.row].tolist() == vectors[0].tolist()

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from pipeline import lock
+from pipeline.outdir import lock
 from pipeline.config import LockSettings
-from pipeline.lock import LOCK_FILE, OutputLock, OutputLocked
+from pipeline.outdir.lock import LOCK_FILE, OutputLock, OutputLocked
 
 FAST = LockSettings(heartbeat_s=0.05, lease_s=1.0)
 

@@ -23,6 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.config import LockSettings
 from pipeline.inputs import UsageError
+from pipeline.outdir.jsonfiles import read_json, write_json
 
 LOCK_FILE = "_lock.json"
 
@@ -137,14 +138,7 @@ class OutputLock:
                 pass
 
     def _write(self) -> None:
-        temp = f"{self._path}.tmp-{uuid.uuid4().hex}"
-        with FileSystems.create(temp) as fh:
-            fh.write(json.dumps(self.holder).encode())
-        FileSystems.rename([temp], [self._path])
+        write_json(self._path, self.holder)
 
     def _read(self) -> dict | None:
-        try:
-            with FileSystems.open(self._path) as fh:
-                return json.loads(fh.read())
-        except Exception:  # absent, or half-written by a racing run
-            return None
+        return read_json(self._path)

@@ -1,0 +1,170 @@
+"""DIR's state in one place: the current view, the history of runs, the journals, the lock.
+
+    out = OutputDir(path)
+    out.view                      the current view (pipeline/outdir/view.py), or None
+    out.history_files(kind)       what every run's job wrote (what was paid, when, by whom)
+    out.journal_entries(m, d)     answers killed runs paid for and never wrote
+    out.lock(run_id, settings)    one live run per DIR
+    out.commit(...)               the run's outcome becomes the current view
+    out.write_summary(summary)
+
+The layout on disk is pipeline/outdir/layout.py.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import uuid
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.config import LockSettings
+from pipeline.inputs import UsageError
+from pipeline.outdir import layout, records, view as views
+from pipeline.outdir.commit import Rewrite, RunFiles, next_view
+from pipeline.outdir.jsonfiles import read_json, write_json
+from pipeline.outdir.lock import OutputLock
+from pipeline.outdir.view import View
+from transforms import journal
+from transforms.source import open_parquet
+from transforms.write import Codec
+
+log = logging.getLogger("embedpipe")
+
+# A run's file at the top of DIR: how outputs were laid out before the current view existed.
+_EARLIER_LAYOUT = re.compile(r"^(?:embeddings|requests|failed|pending|documents)-(\d{8}T\d{6}Z-[0-9a-f]{6})-.*\.parquet$")
+
+
+class OutputDir:
+    def __init__(self, path: str):
+        self.path = path
+
+    def join(self, relative: str) -> str:
+        return layout.join(self.path, relative)
+
+    def relative(self, path: str) -> str:
+        return layout.relative(self.path, path)
+
+    # -- what DIR holds ---------------------------------------------------------------------
+
+    @functools.cached_property
+    def view(self) -> View | None:
+        return views.load(self.path)
+
+    def _match(self, pattern: str) -> list[str]:
+        try:
+            return sorted(m.path for m in FileSystems.match([self.join(pattern)])[0].metadata_list)
+        except Exception:  # no such directory (yet)
+            return []
+
+    def run_dir(self, run_id: str) -> str:
+        return self.join(layout.run_dir(run_id))
+
+    def history_files(self, kind: str, run_id: str | None = None) -> list[str]:
+        """Files of KIND that runs' jobs wrote (RUN_ID's only, when given)."""
+        return self._match(f"{layout.run_dir(run_id or '*')}/{kind}-*.parquet")
+
+    def journal_entries(self, model: str, dims: int) -> tuple[list[str], list[dict]]:
+        """Answers paid by killed runs for MODEL at DIMS: (entry paths, request rows that no
+        history requests file has)."""
+        written = {r for t in read_tables(self.history_files("requests"), ["request_id"])
+                   for r in t.column("request_id").to_pylist()}
+        return journal.unwritten(self.path, written, model, dims)
+
+    def holds_results(self) -> bool:
+        """Whether a run paid for something here: vectors in the view, requests in the
+        history, answers in a journal. A DIR with none of these may be taken over."""
+        if self.view is not None and (self.view.rows("embeddings") or self.view.rows("staged-embeddings")):
+            return True
+        if any(rows(p) for p in self.history_files("requests")):
+            return True
+        return bool(self._match(f"{journal.JOURNAL_DIR}/*/*.parquet"))
+
+    def learned_price(self, model: str | None = None) -> float | None:
+        """RUB per token actually billed in the requests of earlier runs (of MODEL only, when
+        given: `plan --model all` must not price one model with another's bills)."""
+        tables = read_tables(self.history_files("requests"), ["cost_rub", "total_tokens", "model"])
+        if model is not None:
+            tables = [t.filter(pc.equal(t.column("model"), model)) for t in tables]
+        cost = sum(pc.sum(t.column("cost_rub")).as_py() or 0 for t in tables)
+        tokens = sum(pc.sum(t.column("total_tokens")).as_py() or 0 for t in tables)
+        return cost / tokens if tokens else None
+
+    def read_summary(self) -> dict | None:
+        return read_json(self.join(layout.SUMMARY))
+
+    # -- a run ------------------------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        probe = FileSystems.join(self.path, f".write-probe-{uuid.uuid4().hex}")
+        try:
+            FileSystems.mkdirs(self.path)
+        except Exception:  # exists already: fine, the probe below decides
+            pass
+        try:
+            with FileSystems.create(probe) as fh:
+                fh.write(b"ok")
+            FileSystems.delete([probe])
+        except Exception as exc:
+            raise UsageError(f"--output {self.path}: not writable ({exc})") from None
+
+    def lock(self, run_id: str, settings: LockSettings) -> OutputLock:
+        return OutputLock(self.path, run_id, settings)
+
+    def record_start(self, run_id: str, model: str, mode: str, account: dict) -> None:
+        records.record_start(self.path, run_id, model, mode, account)
+
+    def record_finish(self, run_id: str, account_after: dict, unanswered: list[dict]) -> None:
+        records.record_finish(self.path, run_id, account_after, unanswered)
+
+    def adopt_earlier_layout(self) -> None:
+        """DIR written before it had a current view (every run's files at its top): each file
+        moves into its run's history. Nothing is paid again: the next run finds every text
+        there, and its view's rows reuse those vectors at no cost."""
+        found = [m.path for m in FileSystems.match([self.join("*.parquet")])[0].metadata_list
+                 if _EARLIER_LAYOUT.match(m.path.rsplit("/", 1)[-1])]
+        if not found:
+            return
+        names = [p.rsplit("/", 1)[-1] for p in found]
+        runs = [layout.run_dir(_EARLIER_LAYOUT.match(name).group(1)) for name in names]
+        for run in set(runs):
+            try:
+                FileSystems.mkdirs(self.join(run))
+            except Exception:  # there already, or a store without directories
+                pass
+        FileSystems.rename(found, [self.join(f"{run}/{name}") for run, name in zip(runs, names)])
+        log.info("moved %d files of an earlier layout of %s into its history/", len(found), self.path)
+
+    def repair_link(self) -> None:
+        """A run stopped between its commit point and the link: point `current` at the view."""
+        if self.view is not None and views.linked(self.path) != self.view.view:
+            views.link(self.path, self.view)
+
+    def commit(self, run: RunFiles, template: View, codec: Codec, rewrite: Rewrite) -> View:
+        """RUN's outcome becomes the current view: its files, the manifest, the link."""
+        new = views.save(self.path, next_view(self.path, self.view, run, template, codec, rewrite))
+        views.link(self.path, new)
+        self.__dict__["view"] = new
+        return new
+
+    def write_summary(self, summary: dict) -> None:
+        write_json(self.join(layout.SUMMARY), summary, indent=2)
+
+    def collect_garbage(self, keep: int) -> None:
+        views.collect_garbage(self.path, keep)
+
+
+def rows(path: str) -> int:
+    with open_parquet(path) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows
+
+
+def read_tables(paths: list[str], columns: list[str]):
+    tables = []
+    for path in paths:
+        with open_parquet(path) as fh:
+            tables.append(pq.read_table(fh, columns=columns))
+    return tables

@@ -1,0 +1,228 @@
+"""The next current view of DIR, from the last one and what a run's job wrote.
+
+Per document the run worked on (its `changes` rows, transforms/changes.py), or removed:
+
+| the run's change                       | complete after the run          | not complete (pending rows)          |
+|----------------------------------------|---------------------------------|--------------------------------------|
+| added (no version in DIR)              | served                          | served as far as it goes             |
+| edited (DIR serves another version)    | served; the old rows leave      | staged; the old version stays served |
+| resumed (the version DIR was building) | promoted from staged, or served | staged, or served as far as it goes  |
+| removed (--sync: not in the input)     | every row leaves                |                                      |
+
+So a reader never sees two versions of a document, nor a new version before it is complete
+(only a document DIR had no version of shows as far as it goes, as before). Every pending
+row of a document the run worked on is decided again by the run. A resumed document whose
+chunks were split again from the input replaces the rows of those chunks; one resumed from
+DIR's pending rows (--resume without --input) keeps them.
+
+The decision is made on whole columns (pyarrow), never a Python object per document: a
+first run decides for every document of the corpus.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.outdir import layout
+from pipeline.outdir.view import View
+from transforms.changes import CHANGES_SCHEMA, DOCINDEX, FINGERPRINT, RESUMED
+from transforms.rewrite import Rules, Task, chunk_keys, count
+from transforms.source import open_parquet
+from transforms.write import Codec, open_writer
+
+# Where the rows that move from a file of one kind go.
+MOVES = {"staged-embeddings": "embeddings", "staged-failed": "failed",
+         "embeddings": "staged-embeddings", "failed": "staged-failed"}
+SERVED, PENDING, STAGED, THIS_RUN = "served", "pending", "staged", "this_run"
+RULES_OF_PREVIOUS = {"embeddings": SERVED, "failed": SERVED, "documents": SERVED, "pending": PENDING,
+                     "staged-embeddings": STAGED, "staged-failed": STAGED, "requests": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    rules: dict                  # SERVED, PENDING, STAGED, THIS_RUN -> Rules
+    entries: pa.Table            # DOCINDEX rows of the documents the run worked on
+    gone: pa.Array               # ids whose index rows are replaced (by ENTRIES) or removed
+
+
+def _read(paths: list[str], columns: list[str], schema: pa.Schema) -> pa.Table:
+    tables = []
+    for path in paths:
+        with open_parquet(path) as fh:
+            tables.append(pq.read_table(fh, columns=columns))
+    return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
+
+
+def _distinct_changes(changes: pa.Table) -> pa.Table:
+    """One row per document (a repeated id, or a document resumed from several tables of
+    pending rows, comes more than once, always with the same change)."""
+    if not changes.num_rows:
+        return changes
+    first = changes.group_by("doc_id", use_threads=False).aggregate(
+        [("change", "first"), ("fingerprint", "first")])
+    return first.rename_columns(["doc_id", "change", "fingerprint"])
+
+
+def _todo_lists(pending: pa.Table) -> pa.Table:
+    """doc_id, todo: each document's pending chunk indexes, sorted, once each."""
+    pairs = pending.group_by(["doc_id", "chunk_index"], use_threads=False).aggregate([])
+    pairs = pairs.sort_by([("doc_id", "ascending"), ("chunk_index", "ascending")])
+    lists = pairs.group_by("doc_id", use_threads=False).aggregate([("chunk_index", "list")])
+    return lists.rename_columns(["doc_id", "todo"]).cast(pa.schema([DOCINDEX.field("doc_id"),
+                                                                   DOCINDEX.field("todo")]))
+
+
+def _lookup(keys, table: pa.Table, column: str):
+    """TABLE's COLUMN at the row of each key (null where the key is not in table.doc_id)."""
+    return table.column(column).take(pc.index_in(keys, value_set=table.column("doc_id")))
+
+
+def _array(values) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _union(*arrays) -> pa.Array:
+    return pa.concat_arrays([_array(a) for a in arrays])
+
+
+def _exploded_keys(doc_ids: pa.Array, lists: pa.Array) -> pa.Array:
+    """chunk_keys of every (doc, chunk) of each document's list of chunk indexes."""
+    if not len(lists):
+        return pa.array([], pa.string())
+    return _array(chunk_keys(pc.take(doc_ids, pc.list_parent_indices(lists)), pc.list_flatten(lists)))
+
+
+def decide(changes: pa.Table, previous: pa.Table, pending: pa.Table, removed: pa.Array,
+           read_input: bool) -> Decision:
+    """The table of the module's docstring, on columns. CHANGES: the run's (CHANGES_SCHEMA);
+    PREVIOUS: the last view's document index rows of those documents (DOCINDEX); PENDING: the
+    run's pending rows (doc_id, chunk_index); REMOVED: ids that leave the view."""
+    changes = _distinct_changes(changes)
+    doc, fp = _array(changes.column("doc_id")), _array(changes.column("fingerprint"))
+    served, target, old_todo = (_lookup(doc, previous, c) for c in ("served", "target", "todo"))
+    todo = _lookup(doc, _todo_lists(pending), "todo")
+    known = pc.is_valid(pc.index_in(doc, value_set=previous.column("doc_id")))
+    resumed = pc.and_(pc.equal(changes.column("change"), RESUMED), known)
+    if pc.any(pc.and_(pc.equal(changes.column("change"), RESUMED), pc.invert(known))).as_py():
+        raise ValueError("a document was resumed that DIR's current view does not hold")
+    building_target = pc.and_(resumed, pc.is_valid(target))
+    edited = pc.and_(pc.invert(resumed), known)
+    complete = pc.is_null(todo)
+    promote = pc.and_(building_target, complete)
+    stage = pc.and_(pc.or_(building_target, edited), pc.invert(complete))
+    new_served = pc.if_else(pc.or_(pc.invert(known), pc.and_(edited, complete)), fp,
+                            pc.if_else(promote, target, served))
+    nulls = pa.nulls(len(doc), FINGERPRINT)
+    new_target = pc.if_else(stage, pc.if_else(building_target, target, fp), nulls)
+    entries = pa.table([doc, new_served, new_target, todo], schema=DOCINDEX)
+    resplit = read_input   # chunks split again from the input replace their earlier rows
+
+    def docs(mask) -> pa.Array:
+        return _array(pc.filter(doc, mask))
+
+    def keys(mask) -> pa.Array:
+        return (_exploded_keys(pc.filter(doc, mask), _array(pc.filter(old_todo, mask)))
+                if resplit else pa.array([], pa.string()))
+
+    removed = _array(removed).cast(pa.string())
+    rules = {
+        SERVED: Rules(_union(docs(pc.or_(promote, pc.and_(edited, complete))), removed),
+                      keys(pc.and_(resumed, pc.invert(building_target))), drop_null_ids=read_input),
+        PENDING: Rules(_union(doc, removed)),
+        STAGED: Rules(_union(docs(edited), removed), keys(building_target), docs(promote)),
+        THIS_RUN: Rules(move_docs=docs(stage)),
+    }
+    return Decision(rules, entries, _union(doc, removed))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """What a run's job wrote (paths relative to DIR), by kind, and how its input was read."""
+    run_id: str
+    files: dict                 # kind -> [relative path]
+    read_input: bool            # False: --resume without --input (DIR's pending rows were the input)
+    removed: pa.Array           # --sync: ids of the view that are not in the input
+
+
+Rewrite = Callable[[list[Task], dict], None]
+
+
+def _rows(output_dir: str, path: str) -> int:
+    with open_parquet(layout.join(output_dir, path)) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows
+
+
+class _Files:
+    """The next view's files, gathered kind by kind; rewrites become tasks."""
+
+    def __init__(self, output_dir: str, view_id: str, rules: dict):
+        self._out, self._view, self._rules = output_dir, view_id, rules
+        self.files: dict[str, list] = {kind: [] for kind in layout.KINDS}
+        self.tasks: list[Task] = []
+
+    def add(self, kind: str, path: str, rules_name: str | None, rows: int | None = None) -> None:
+        rules = self._rules.get(rules_name)
+        if rules is None or rules.empty:
+            rows = _rows(self._out, path) if rows is None else rows
+            if rows:
+                self.files[kind].append((path, rows))
+            return
+        rows, dropped, moved = count(layout.join(self._out, path), rules)
+        if not dropped and not moved:
+            if rows:
+                self.files[kind].append((path, rows))
+            return
+        stays, n = rows - dropped - moved, len(self.tasks)
+        stays_to = layout.segment(kind, self._view, 2 * n) if stays else None
+        moves_to = layout.segment(MOVES[kind], self._view, 2 * n + 1) if moved else None
+        if stays_to:
+            self.files[kind].append((stays_to, stays))
+        if moves_to:
+            self.files[MOVES[kind]].append((moves_to, moved))
+        if stays_to or moves_to:
+            self.tasks.append(Task(layout.join(self._out, path), rules_name,
+                                   stays_to and layout.join(self._out, stays_to),
+                                   moves_to and layout.join(self._out, moves_to)))
+
+
+def _write_index(output_dir: str, path: str, table: pa.Table, codec: Codec) -> None:
+    with FileSystems.create(layout.join(output_dir, path)) as sink:
+        writer = open_writer(sink, DOCINDEX, codec)
+        writer.write_table(table)
+        writer.close()
+
+
+def next_view(output_dir: str, previous: View | None, run: RunFiles, template: View, codec: Codec,
+              rewrite: Rewrite) -> View:
+    """The view after RUN, its files written (not yet made current: view.save does that).
+    TEMPLATE carries the model, dimensions, signature and kept columns."""
+    def files(kind: str) -> list[str]:
+        return [layout.join(output_dir, p) for p in run.files.get(kind, [])]
+
+    changes = _read(files("changes"), CHANGES_SCHEMA.names, CHANGES_SCHEMA)
+    pending = _read(files("pending"), ["doc_id", "chunk_index"],
+                    pa.schema([DOCINDEX.field("doc_id"), pa.field("chunk_index", pa.int32())]))
+    index = (_read([layout.join(output_dir, previous.docindex)], DOCINDEX.names, DOCINDEX)
+             if previous and previous.docindex else DOCINDEX.empty_table())
+    touched = pc.is_in(index.column("doc_id"), value_set=_array(changes.column("doc_id")))
+    decision = decide(changes, index.filter(touched), pending, run.removed, run.read_input)
+    gathered = _Files(output_dir, run.run_id, decision.rules)
+    for kind, rules_name in RULES_OF_PREVIOUS.items():
+        for path, rows in (previous.files.get(kind, ()) if previous else ()):
+            gathered.add(kind, path, rules_name, rows)
+    for kind in layout.READER_KINDS:
+        for path in run.files.get(kind, []):
+            gathered.add(kind, path, THIS_RUN if kind in MOVES else None)
+    if gathered.tasks:
+        rewrite(gathered.tasks, decision.rules)
+    kept = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
+    new_index = pa.concat_tables([kept, decision.entries])
+    docindex = layout.docindex(run.run_id)
+    _write_index(output_dir, docindex, new_index, codec)
+    return dataclasses.replace(template, view=run.run_id, docindex=docindex, documents=new_index.num_rows,
+                               files={k: tuple(v) for k, v in gathered.files.items() if v})

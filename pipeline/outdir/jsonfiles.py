@@ -1,0 +1,24 @@
+"""Small JSON files of DIR (manifests, run records, the lock, summary.json): written whole
+under a temporary name and renamed, so a reader sees the old file or the new one."""
+from __future__ import annotations
+
+import json
+import uuid
+
+from apache_beam.io.filesystems import FileSystems
+
+
+def write_json(path: str, value, indent: int | None = None) -> None:
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with FileSystems.create(temp) as fh:
+        fh.write(json.dumps(value, indent=indent, default=str).encode())
+    FileSystems.rename([temp], [path])   # replaces PATH in one step (os.rename; a copy on object stores)
+
+
+def read_json(path: str):
+    """The value at PATH, or None when it is absent (or half-written by a racing writer)."""
+    try:
+        with FileSystems.open(path) as fh:
+            return json.loads(fh.read())
+    except Exception:
+        return None

@@ -1,0 +1,40 @@
+"""Each run's record in DIR/_runs/<run_id>.json: its start (balance, key budget, stats: the
+reconciliation of money starts at the first one, pipeline/history.py) and its finish."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.outdir.jsonfiles import read_json, write_json
+
+RUNS_DIR = "_runs"
+
+
+def _path(output_dir: str, run_id: str) -> str:
+    return FileSystems.join(output_dir, RUNS_DIR, f"{run_id}.json")
+
+
+def record_start(output_dir: str, run_id: str, model: str, mode: str, account: dict) -> None:
+    """Durable before the run's first paid request: DIR's reconciliation starts here."""
+    write_json(_path(output_dir, run_id), {
+        "run_id": run_id, "model": model, "mode": mode, "host": socket.gethostname(), "pid": os.getpid(),
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(), **account})
+
+
+def record_finish(output_dir: str, run_id: str, account_after: dict, unanswered: list[dict]) -> None:
+    """The run's final balance, and its requests that got no answer (their intents go with the
+    journal): the history still knows what they may have cost."""
+    path = _path(output_dir, run_id)
+    record = read_json(path)
+    record.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), after=account_after,
+                  unanswered=unanswered)
+    write_json(path, record)
+
+
+def read_records(output_dir: str) -> list[dict]:
+    found = FileSystems.match([FileSystems.join(output_dir, RUNS_DIR, "*.json")])[0].metadata_list
+    records = [r for r in (read_json(m.path) for m in found) if r is not None]
+    return sorted(records, key=lambda r: r["started_at"])

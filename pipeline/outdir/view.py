@@ -1,0 +1,138 @@
+"""DIR's current view: the files that make it up, in one manifest, and the `current` link.
+
+The manifest (`_current.json`, a copy kept as `_views/<view>.json`) is the commit point: one
+file replaced in one step. Its files never change once written, so a reader holding a
+manifest reads a complete view for as long as that view is kept (`views.keep`). On a local
+disk a commit also builds `_views/<view>/`, hard links to the view's reader files, and points
+the symlink `current` at it with one rename: a glob on `current/` sees the old view or the new
+one, never a mix (a file named in both is the same file). Object stores have no links: there
+the manifest, or summary.json's `files`, is the view.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import shutil
+import uuid
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.outdir import layout
+from pipeline.outdir.jsonfiles import read_json, write_json
+
+FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    view: str                                      # the run that committed it
+    model: str
+    dimensions: int
+    signature: str                                 # hex: transforms/changes.py
+    kept: tuple[str, ...]
+    files: dict                                    # kind -> ((relative path, rows), ...)
+    docindex: str | None = None
+    documents: int = 0                             # in the document index
+    committed_at: str = ""
+
+    def paths(self, kind: str) -> list[str]:
+        return [path for path, _ in self.files.get(kind, ())]
+
+    def rows(self, kind: str) -> int:
+        return sum(rows for _, rows in self.files.get(kind, ()))
+
+    @property
+    def reader_files(self) -> list[str]:
+        return [path for kind in layout.READER_KINDS for path in self.paths(kind)]
+
+    @property
+    def all_files(self) -> set[str]:
+        return {path for kind in self.files for path in self.paths(kind)} | ({self.docindex} if self.docindex else set())
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, **dataclasses.asdict(self),
+                "files": {k: [list(f) for f in v] for k, v in self.files.items()}}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "View":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in doc.items() if k in fields}
+        values["files"] = {k: tuple((p, int(n)) for p, n in v) for k, v in doc["files"].items()}
+        values["kept"] = tuple(doc.get("kept", ()))
+        return cls(**values)
+
+
+def is_local(output_dir: str) -> bool:
+    return FileSystems.get_scheme(output_dir) in (None, "file")
+
+
+def load(output_dir: str) -> View | None:
+    doc = read_json(layout.join(output_dir, layout.POINTER))
+    return View.from_json(doc) if doc else None
+
+
+def save(output_dir: str, view: View) -> View:
+    """Make VIEW the current one: its manifest, then the pointer (the commit point)."""
+    view = dataclasses.replace(view, committed_at=dt.datetime.now(dt.timezone.utc).isoformat())
+    write_json(layout.join(output_dir, layout.view_manifest(view.view)), view.to_json())
+    write_json(layout.join(output_dir, layout.POINTER), view.to_json())
+    return view
+
+
+def link(output_dir: str, view: View) -> None:
+    """Local disks: `current` -> a directory of hard links to VIEW's reader files, switched in
+    one rename. A file system without hard links gets symbolic ones."""
+    if not is_local(output_dir):
+        return
+    root = output_dir.rstrip("/")
+    folder = layout.join(root, layout.view_links(view.view))
+    if not os.path.isdir(folder):
+        building = f"{folder}.tmp-{uuid.uuid4().hex}"
+        os.makedirs(building)
+        for path in view.reader_files:
+            name = os.path.join(building, path.rsplit("/", 1)[-1])
+            try:
+                os.link(layout.join(root, path), name)
+            except OSError:
+                os.symlink(os.path.relpath(layout.join(root, path), folder), name)
+        os.rename(building, folder)
+    current = layout.join(root, layout.CURRENT_LINK)
+    if os.path.exists(current) and not os.path.islink(current):
+        raise FileExistsError(f"{current} is not the link embedpipe keeps: move it away")
+    temp = f"{current}.tmp-{uuid.uuid4().hex}"
+    os.symlink(layout.view_links(view.view), temp)
+    os.replace(temp, current)   # one rename: readers see the old view or the new one
+
+
+def linked(output_dir: str) -> str | None:
+    """The view `current` points at (local disks), or None."""
+    current = layout.join(output_dir, layout.CURRENT_LINK)
+    return os.readlink(current).rsplit("/", 1)[-1] if is_local(output_dir) and os.path.islink(current) else None
+
+
+def _kept_views(output_dir: str, keep: int) -> list[View]:
+    found = FileSystems.match([layout.join(output_dir, f"{layout.VIEWS}/*.json")])[0].metadata_list
+    manifests = sorted(m.path for m in found)   # view ids are run ids: they sort by time
+    return [View.from_json(doc) for doc in map(read_json, manifests[-keep:]) if doc]
+
+
+def collect_garbage(output_dir: str, keep: int) -> None:
+    """Delete the views older than the KEEP newest, and the derived files (segments) and
+    history pending rows none of the kept views holds. History's other files stay: they
+    are what was paid, when and by whom."""
+    kept = _kept_views(output_dir, keep)
+    held = set().union(*(v.all_files for v in kept)) if kept else set()
+    names = {v.view for v in kept}
+    old = [m.path for m in FileSystems.match([layout.join(output_dir, f"{layout.VIEWS}/*.json")])[0].metadata_list
+           if m.path.rsplit("/", 1)[-1][:-len(".json")] not in names]
+    derived = [m.path for pattern in (f"{layout.SEGMENTS}/*.parquet", f"{layout.HISTORY}/*/pending-*.parquet")
+               for m in FileSystems.match([layout.join(output_dir, pattern)])[0].metadata_list]
+    unheld = [p for p in derived if layout.relative(output_dir, p) not in held]
+    if old + unheld:
+        FileSystems.delete(old + unheld)
+    if is_local(output_dir):
+        views = layout.join(output_dir, layout.VIEWS)
+        for name in os.listdir(views) if os.path.isdir(views) else ():
+            if os.path.isdir(os.path.join(views, name)) and name not in names:
+                shutil.rmtree(os.path.join(views, name), ignore_errors=True)

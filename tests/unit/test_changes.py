@@ -1,0 +1,51 @@
+"""Which documents a run works on (transforms/changes.py), without Beam."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from transforms.changes import (ADDED, DOCINDEX, EDITED, RESUMED, UNCHANGED, DocIndex, Entry, classify,
+                                fingerprint, signature)
+
+SIG = signature("cl100k_base", 512, 0, 0.1, ("lang",))
+OLD, NEW, OTHER = (fingerprint(SIG, text) for text in ("old text", "new text", "other text"))
+
+
+@pytest.mark.parametrize("entry, fp, expected", [
+    (None, NEW, (ADDED, None)),
+    (Entry(OLD, None, None), OLD, (UNCHANGED, ())),
+    (Entry(OLD, None, None), NEW, (EDITED, None)),
+    (Entry(OLD, None, (2, 3)), OLD, (RESUMED, (2, 3))),          # served as far as it went
+    (Entry(OLD, None, (2, 3)), NEW, (EDITED, None)),
+    (Entry(OLD, NEW, (1,)), NEW, (RESUMED, (1,))),                # the new version being built
+    (Entry(OLD, NEW, (1,)), OTHER, (EDITED, None)),               # edited again before it was done
+    (Entry(OLD, NEW, (1,)), OLD, (EDITED, None)),                 # edited back: done again, all reused
+], ids=["added", "unchanged", "edited", "resumed", "edited-while-incomplete", "resumed-target",
+        "edited-again", "edited-back"])
+def test_classify(entry, fp, expected):
+    assert classify(entry, fp) == expected
+
+
+def test_a_version_is_its_text_kept_values_and_what_shapes_its_chunks():
+    assert fingerprint(SIG, "t", ("en",)) == fingerprint(SIG, "t", ("en",))
+    assert fingerprint(SIG, "t", ("en",)) != fingerprint(SIG, "t", ("ru",))
+    assert fingerprint(SIG, "t") != fingerprint(signature("cl100k_base", 256, 0, 0.1, ("lang",)), "t")
+    assert fingerprint(SIG, "t") != fingerprint(signature("cl100k_base", 512, 0, 0.1, ()), "t")
+    assert fingerprint(SIG, None) != fingerprint(SIG, "")   # a null text is not an empty one
+    assert fingerprint(SIG, None, (), "duplicate:2") != fingerprint(SIG, None, (), "duplicate:3")
+    assert len(fingerprint(SIG, "t")) == 16
+
+
+def test_the_document_index_round_trips_through_parquet(tmp_path):
+    rows = [{"doc_id": "a", "served": OLD, "target": None, "todo": None},
+            {"doc_id": "b", "served": OLD, "target": NEW, "todo": [1, 4]},
+            {"doc_id": "c" * 70_000, "served": NEW, "target": None, "todo": [0]}]
+    pq.write_table(pa.Table.from_pylist(rows, schema=DOCINDEX), tmp_path / "docindex.parquet")
+    index = DocIndex(str(tmp_path / "docindex.parquet"))
+    assert len(index) == 3
+    assert index.get("a") == Entry(OLD, None, None)
+    assert index.get("b") == Entry(OLD, NEW, (1, 4))
+    assert index.get("c" * 70_000) == Entry(NEW, None, (0,))
+    assert index.get("d") is None
+    assert len(DocIndex(None)) == 0

@@ -1,0 +1,117 @@
+"""Rewrite: the files of a view whose rows change, split by document (no Beam but the last class).
+
+A commit (pipeline/outdir/commit.py) decides, per document, which rows leave DIR's current
+view (an edited or removed document's old version, the pending rows a run re-decided) and
+which move (a new version staged until complete, or promoted once it is). A file none of
+whose rows leave or move stays as it is; the others are read a row group at a time and
+written again: the rows that stay to one file, the rows that move to another.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.source import open_parquet
+from transforms.write import Codec, open_writer
+
+
+_NO_IDS = pa.array([], pa.string())
+
+
+class Rules(NamedTuple):
+    """Rows of the documents DROP_DOCS leave, rows whose chunk_key() is in DROP_KEYS leave,
+    rows of MOVE_DOCS move; with DROP_NULL_IDS, rows without a doc_id leave."""
+    drop_docs: pa.Array = _NO_IDS
+    drop_keys: pa.Array = _NO_IDS
+    move_docs: pa.Array = _NO_IDS
+    drop_null_ids: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (len(self.drop_docs) or len(self.drop_keys) or len(self.move_docs) or self.drop_null_ids)
+
+    def key_columns(self, names: Sequence[str]) -> list[str]:
+        return ["doc_id"] + (["chunk_index"] if len(self.drop_keys) and "chunk_index" in names else [])
+
+
+def chunk_keys(doc_ids, chunk_indexes):
+    """One string per (doc_id, chunk_index): the key of a chunk's rows in DROP_KEYS."""
+    return pc.binary_join_element_wise(doc_ids, pc.cast(chunk_indexes, pa.string()), "\x00")
+
+
+def masks(keys: pa.Table, rules: Rules) -> tuple[pa.Array, pa.Array]:
+    """(rows that leave, rows that move) of a table holding the rules' key columns."""
+    doc = keys.column("doc_id")
+    drop = pc.is_in(doc, value_set=rules.drop_docs)
+    if len(rules.drop_keys) and "chunk_index" in keys.column_names:
+        drop = pc.or_(drop, pc.is_in(chunk_keys(doc, keys.column("chunk_index")), value_set=rules.drop_keys))
+    if rules.drop_null_ids:
+        drop = pc.or_(drop, pc.is_null(doc))
+    drop = pc.fill_null(drop, False)
+    move = pc.and_(pc.fill_null(pc.is_in(doc, value_set=rules.move_docs), False), pc.invert(drop))
+    return drop, move
+
+
+def count(path: str, rules: Rules) -> tuple[int, int, int]:
+    """(rows, rows that leave, rows that move) of the file at PATH, from its key columns."""
+    rows = dropped = moved = 0
+    with open_parquet(path) as fh:
+        parquet = pq.ParquetFile(fh)
+        columns = rules.key_columns(parquet.schema_arrow.names)
+        for g in range(parquet.metadata.num_row_groups):
+            drop, move = masks(parquet.read_row_group(g, columns=columns), rules)
+            rows += len(drop)
+            dropped += pc.sum(drop).as_py() or 0
+            moved += pc.sum(move).as_py() or 0
+    return rows, dropped, moved
+
+
+class Task(NamedTuple):
+    source: str
+    rules: str               # the name of its rules among the commit's
+    stays_to: str | None     # None: no row stays
+    moves_to: str | None     # None: no row moves
+
+
+def split_file(task: Task, rules: Rules, codec: Codec) -> None:
+    """Write the rows of TASK.source that stay and those that move, a row group at a time."""
+    writers = {}
+    with open_parquet(task.source) as fh:
+        parquet = pq.ParquetFile(fh)
+        columns = rules.key_columns(parquet.schema_arrow.names)
+        try:
+            for g in range(parquet.metadata.num_row_groups):
+                drop, move = masks(parquet.read_row_group(g, columns=columns), rules)
+                if len(drop) == 0 or pc.all(drop).as_py():
+                    continue
+                group = parquet.read_row_group(g)
+                stay = pc.invert(pc.or_(drop, move))
+                for path, mask in ((task.stays_to, stay), (task.moves_to, move)):
+                    if path is not None and pc.any(mask).as_py():
+                        if path not in writers:
+                            sink = FileSystems.create(path)
+                            writers[path] = (open_writer(sink, group.schema, codec), sink)
+                        writers[path][0].write_table(group.filter(mask))
+        finally:
+            for writer, sink in writers.values():
+                writer.close()
+                sink.close()
+
+
+class RewriteFiles(beam.PTransform):
+    """Tasks -> the files they write (nothing comes out). RULES: name -> Rules."""
+
+    def __init__(self, rules: dict[str, Rules], codec: Codec):
+        super().__init__()
+        self._rules, self._codec = rules, codec
+
+    def expand(self, tasks):
+        rules, codec = self._rules, self._codec
+        return (tasks
+                | "Spread" >> beam.Reshuffle()
+                | "Split" >> beam.Map(lambda task: split_file(task, rules[task.rules], codec)))
