@@ -1,11 +1,14 @@
 """`make bench`: the pipeline against a sequential script, on one corpus, in one run.
 
     python -m tests.bench.run_bench [--docs 20000] [--in-flight 4,8,16] [--workers 1,2]
-                                    [--scale 2000,20000,200000[,1000000]] [--only-scale]
+                                    [--scale 2000,20000,200000[,1000000]] [--sync-docs 200000]
+                                    [--only-scale]
                                     [--profile] [--no-aimd] [--no-write]
 
 0. Scale: the same job on growing corpora (zero-latency sandbox): wall, seconds to the first
    request, peak RSS, client CPU per 1M tokens. Memory should not grow with the corpus.
+   Sync: the next day's `run --sync` on --sync-docs documents of which 1% were edited, 0.5%
+   removed, 1% added, against the fresh run (tests/bench/sync.py).
 
 1. A corpus of --docs documents (tests/bench/corpus.py: mostly short, 1% multi-chunk).
 2. A sandbox answering after 50 ms + 5 us per token (waits, not CPU): the baseline script
@@ -43,7 +46,7 @@ import pyarrow.parquet as pq
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, floor, irreducible
+from tests.bench import aimd, beam_overhead, floor, irreducible, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -110,12 +113,17 @@ class Bench:
                                        "--result", str(result)], sb)
         return m, json.loads(result.read_text())
 
-    def pipeline(self, label: str, corpus: Path, sb: SandboxProcess, in_flight: int, workers: int,
-                 keep: bool = False, prefix: tuple[str, ...] = ()) -> tuple[Measured, dict, Path]:
-        out = self.work / f"out-{label}"
-        shutil.rmtree(out, ignore_errors=True)
+    def pipeline(self, label: str, corpus: Path, sb: SandboxProcess, in_flight: int | None, workers: int,
+                 keep: bool = False, prefix: tuple[str, ...] = (), output: Path | None = None,
+                 extra: tuple[str, ...] = ()) -> tuple[Measured, dict, Path]:
+        """IN_FLIGHT None: the configs' default. OUTPUT given: kept as it is (the next day's run)."""
+        out = output or self.work / f"out-{label}"
+        if output is None:
+            shutil.rmtree(out, ignore_errors=True)
         argv = [*prefix, "-m", "pipeline", "run", "--input", str(corpus), "--output", str(out),
-                "--model", MODEL, "--base-url", sb.base_url, "--max-in-flight", str(in_flight)]
+                "--model", MODEL, "--base-url", sb.base_url, *extra]
+        if in_flight is not None:
+            argv += ["--max-in-flight", str(in_flight)]
         if workers > 1:
             argv += ["--direct_num_workers", str(workers), "--direct_running_mode", "multi_processing"]
         m = self.measured(label, argv, sb)
@@ -290,6 +298,8 @@ class Bench:
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
         if a.scale:
             self.scale()
+        if a.sync_docs:
+            sync.run(self, a.sync_docs)
         if a.only_scale:
             return self._finish(started)
         self.latency_runs(corpus)
@@ -320,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "embedpipe-bench"))
     ap.add_argument("--scale", type=_ints, default=[2000, 20000, 200000],
                     help="corpus sizes of the scale section (add 1000000 for the million-document run)")
-    ap.add_argument("--only-scale", action="store_true", help="run the scale section alone")
+    ap.add_argument("--only-scale", action="store_true", help="run the scale (and sync) sections alone")
+    ap.add_argument("--sync-docs", type=int, default=200000,
+                    help="documents of the next-day --sync section (0: skip it)")
     ap.add_argument("--aimd-requests", type=int, default=200)
     ap.add_argument("--aimd-threads", type=int, default=16)
     ap.add_argument("--no-aimd", dest="aimd", action="store_false", help="skip the rate-limit section")
