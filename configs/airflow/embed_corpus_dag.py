@@ -2,25 +2,30 @@
 
     plan_gate >> embed
 
-**plan_gate** runs `python -m pipeline plan --json`. Exit 0: go on. Exit 3: the run fails
-at once, without retries, with "estimate X RUB exceeds spendable Y RUB"; with
-`allow_partial` it only warns, and `embed` spends what fits. Any other exit fails (2, a
-usage or input error, without retries).
+**plan_gate** runs `python -m pipeline plan --output OUTPUT --sync --json`: what the day's
+run would pay for, the documents added, edited and removed since the last run only. Exit 0:
+go on. Exit 3: the run fails at once, without retries, with "estimate X RUB exceeds
+spendable Y RUB"; with `allow_partial` it only warns, and `embed` spends what fits. Any
+other exit fails (2, a usage or input error, without retries).
 
-**embed** runs `python -m pipeline run ... --resume` and maps its exit code:
+**embed** runs `python -m pipeline run ... --sync --json` and maps its exit code:
 
 | exit | outcome | task |
 | --- | --- | --- |
-| 0 | done | success, XCom `{"outcome": "done"}` |
-| 4 | partial: pending chunks | success, XCom `{"outcome": "partial"}`, a warning in the log |
+| 0 | done | success, XCom `{"outcome": "done", "changes": ..., "current": ...}` |
+| 4 | partial: pending chunks | success, XCom `{"outcome": "partial", ...}`, a warning in the log |
 | 2, 3 | input error / does not fit | failed, not retried: retrying cannot help |
 | 1, other | breaker, service unreachable | failed, retried |
 
-Exit 4 is not an alarm: the budget ran out as `allow_partial` allowed, the unsent chunks
-are in `pending-*.parquet`, and the next scheduled run picks them up. `--resume` is always
-passed: it is idempotent, so a first run, a retry and the next day's run are the same
-command, and none of them pays twice for a text. Downstream consumers that need a complete
-output read the XCom `outcome`.
+`--sync` makes OUTPUT's current view exactly the input, every day: added documents are
+embedded, edited ones embedded again, removed ones leave it; only texts that no earlier run
+paid for are paid. A first run, a retry, a resume after a kill or a budget stop and the next
+day's run are the same command. A document half embedded again when a run stops keeps its
+old vectors in the view until the new version is complete. Exit 4 is not an alarm: the
+budget ran out as `allow_partial` allowed, and the next scheduled run picks up the rest.
+The XCom has the day's `changes` (added, edited, removed, unchanged, resumed documents) and
+what the view holds now (`current`: documents, chunks, embedded, failed, pending); readers
+query `OUTPUT/current/` (README, "Using the vectors").
 
 **Why a subprocess task and not BeamRunPythonPipelineOperator** (apache-beam provider 6.3):
 on DataflowRunner that operator stops reading the launcher as soon as the Dataflow job id
@@ -52,6 +57,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 from datetime import timedelta
 
 import pendulum
@@ -113,31 +119,44 @@ def _rub(value) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".")
 
 
-def _stream(cmd: list[str], env: dict[str, str]) -> int:
-    """Run CMD with its output in the task log, line by line; return its exit code."""
+def _stream(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run CMD with its log (stderr) in the task log, line by line; return (its exit code,
+    what it printed on stdout)."""
     log.info("running: %s", shlex.join(cmd))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace")
-    try:
-        for line in proc.stdout:
-            log.info("%s", line.rstrip())
-        return proc.wait()
-    except BaseException:
-        # Task killed or timed out: SIGINT lets the job log where it stopped (what it paid
-        # for is already journaled), SIGKILL if it does not end in time.
-        proc.send_signal(signal.SIGINT)
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as stdout:
+        proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, errors="replace")
         try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
+            for line in proc.stderr:
+                log.info("%s", line.rstrip())
+            code = proc.wait()
+        except BaseException:
+            # Task killed or timed out: SIGINT lets the job log where it stopped (what it paid
+            # for is already journaled), SIGKILL if it does not end in time.
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        stdout.seek(0)
+        return code, stdout.read()
+
+
+def _figures(stdout: str) -> dict:
+    """The day's changes and the view's figures, from the summary `run --json` printed."""
+    try:
+        summary = json.loads(stdout)
+    except json.JSONDecodeError:
+        log.warning("pipeline run --json did not print its summary; the XCom has no figures")
+        return {}
+    return {"changes": summary.get("changes"), "current": summary.get("current"), "run_id": summary.get("run_id")}
 
 
 @task(task_id="plan_gate", execution_timeout=timedelta(seconds=PLAN_TIMEOUT_S + 60))
 def plan_gate() -> dict:
     p = get_current_context()["params"]
-    cmd = [_python(), "-m", "pipeline", "plan", *_shared_args(p), "--json"]
+    cmd = [_python(), "-m", "pipeline", "plan", *_shared_args(p), "--output", p["output"], "--sync", "--json"]
     log.info("running: %s", shlex.join(cmd))
     try:
         done = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True,
@@ -170,29 +189,29 @@ def plan_gate() -> dict:
 def embed() -> dict:
     p = get_current_context()["params"]
     cmd = [_python(), "-m", "pipeline", "run", *_shared_args(p), "--output", p["output"],
-           "--resume", *_runner_args(p)]
+           "--sync", "--json", *_runner_args(p)]
     if p["allow_partial"]:
         cmd.append("--allow-partial")
-    code = _stream(cmd, _child_env())
+    code, stdout = _stream(cmd, _child_env())
     if code == EXIT_OK:
-        return {"outcome": "done", "exit_code": code}
+        return {"outcome": "done", "exit_code": code, **_figures(stdout)}
     if code == EXIT_PARTIAL:
-        log.warning("partial: the budget ran out; the unsent chunks are in pending-*.parquet under "
-                    "%s and the next scheduled run resumes them", p["output"])
-        return {"outcome": "partial", "exit_code": code}
+        log.warning("partial: the budget ran out; the unsent chunks are pending in %s and the next "
+                    "scheduled run sends them", p["output"])
+        return {"outcome": "partial", "exit_code": code, **_figures(stdout)}
     if code in (EXIT_USAGE, EXIT_DOES_NOT_FIT):
         raise AirflowFailException(f"pipeline run exited {code} before spending: see the log")
     raise AirflowException(f"pipeline run failed with exit code {code}; the unsent chunks are "
-                           "pending and a retry resumes them")
+                           "pending and a retry sends them")
 
 
 with DAG(
     dag_id=DAG_ID,
-    description="Parquet corpus -> embeddings, budget-gated, resumed daily",
+    description="Parquet corpus -> embeddings, budget-gated, kept current daily",
     doc_md=__doc__,
     schedule="@daily",
     start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
-    catchup=False,      # a missed day is covered by the next run's --resume
+    catchup=False,      # a missed day is covered by the next run: --sync takes the corpus as it is
     max_active_runs=1,  # two runs on one output directory would race for one budget
     default_args={"retries": 2, "retry_delay": timedelta(minutes=10)},
     tags=["embedpipe"],
@@ -200,7 +219,8 @@ with DAG(
         "input": Param("/data/corpus/*.parquet", type="string", minLength=1,
                        description="Parquet glob (local, gs://, s3://)"),
         "output": Param("/data/embeddings", type="string", minLength=1,
-                        description="output directory; the same every day so --resume works"),
+                        description="output directory, the same every day: its current/ view is kept "
+                                    "exactly the input"),
         "model": Param("text-embedding-3-small", type="string", minLength=1,
                        description="a model of configs/models.yaml"),
         "base_url": Param("http://127.0.0.1:8780/v1", type="string", minLength=1,

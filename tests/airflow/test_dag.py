@@ -7,6 +7,8 @@ own `python -m pipeline` against a sandbox, as a worker with embedpipe installed
 """
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import os
 import re
@@ -193,3 +195,43 @@ def test_embed_partial_then_resumed_by_the_next_run(airflow_env, planned, corpus
     sent = [h for charge in sb.ledger() for h in charge["input_sha256"]]
     assert len(sb.ledger()) > len(paid_day1)
     assert len(sent) == len(set(sent))  # --resume: no text paid for twice
+
+
+def returned(output: str) -> dict:
+    """The task's XCom, as `airflow tasks test` logs it."""
+    found = re.findall(r"Returned value was: (\{.*\})", output)
+    assert found, output[-4000:]
+    return ast.literal_eval(found[-1])
+
+
+def test_two_days_on_a_changing_corpus_keep_one_output_current(airflow_env, planned, corpus, tmp_path):
+    """Day 1 embeds the corpus; by day 2 documents were edited, removed and added. The same
+    daily task makes the output's current view exactly day 2's corpus, pays only for the new
+    texts, and its XCom says what changed."""
+    sb, _ = planned
+    out = tmp_path / "out"
+    params = {"input": corpus, "output": str(out), "base_url": sb.base_url, "max_spend_rub": 10.0}
+    state, output = run_task(airflow_env, "embed", params)
+    assert state == "success", output[-4000:]
+    day1 = pq.read_table(tmp_path / "corpus.parquet").to_pylist()
+    assert returned(output)["changes"]["added"] == len(day1)
+    paid = sb.ledger()
+
+    day2 = [{**r, "text": r["text"] + " Edited on day two."} if i < 5 else r for i, r in enumerate(day1)][:-3]
+    day2 += [{"id": f"new-{i}", "text": f"Document {i} added on day two, about schedules."} for i in range(4)]
+    pq.write_table(pa.Table.from_pylist(day2), tmp_path / "corpus.parquet")
+    state, output = run_task(airflow_env, "plan_gate", params)
+    assert state == "success" and "'added': 4" in output, output[-4000:]
+    state, output = run_task(airflow_env, "embed", params)
+    assert state == "success", output[-4000:]
+    xcom = returned(output)
+    assert xcom["outcome"] == "done"
+    assert xcom["changes"] == {"added": 4, "edited": 5, "removed": 3, "unchanged": len(day1) - 8, "resumed": 0}
+    assert xcom["current"]["documents"] == len(day2) and xcom["current"]["pending"] == 0
+
+    current = pa.concat_tables([pq.read_table(f) for f in sorted((out / "current").glob("embeddings-*.parquet"))])
+    served = {(r["doc_id"], r["text_sha256"]) for r in current.to_pylist()}
+    assert served == {(r["id"], hashlib.sha256(r["text"].encode()).hexdigest()) for r in day2}
+    sent = [h for charge in sb.ledger() for h in charge["input_sha256"]]
+    assert len(sent) == len(set(sent))   # nothing paid twice
+    assert len(sb.ledger()) > len(paid)
