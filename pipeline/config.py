@@ -141,8 +141,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "client.pool_size": settings.client.pool_size, "client.max_decoding": settings.client.max_decoding,
                 "pack.max_open_requests": settings.pack.max_open_requests,
                 "client.connect_timeout_s": settings.client.connect_timeout_s,
-                "client.read_timeout_s": settings.client.read_timeout_s, "client.max_total_s": settings.client.max_total_s,
-                "views.keep": settings.views.keep}
+                "client.read_timeout_s": settings.client.read_timeout_s,
+                "client.max_total_s": settings.client.max_total_s, "views.keep": settings.views.keep}
     if bad := [name for name, value in positive.items() if value <= 0]:
         raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
     if settings.budget.price_margin < 1:

@@ -34,7 +34,8 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
     estimate = round(tokens * price, 6)
     return {
         "model": model.name, "files": len(info.files), "documents": metrics.get("documents", 0),
-        "changes": changes, "chunks": chunks, "distinct_chunks": inputs, "requests": requests_n, "prompt_tokens": tokens,
+        "changes": changes, "chunks": chunks, "distinct_chunks": inputs, "requests": requests_n,
+        "prompt_tokens": tokens,
         "price_rub_per_1m_tokens": round(price * 1e6, 6),
         "price_source": "learned from earlier requests" if learned is not None else "configs/models.yaml estimate",
         "estimated_cost_rub": estimate, "balance_rub": account.balance, "key_budget_rub": account.budget,

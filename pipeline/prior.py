@@ -13,9 +13,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.inputs import InputInfo, UsageError
 from pipeline.job import FRESH, RESUME, Job
-from pipeline.outdir import OutputDir, read_tables
+from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
-from transforms.source import open_parquet
+from transforms.source import open_parquet, read_tables
 
 KNOWN_COLUMNS = ("text_sha256", "model", "request_id", "embedding")
 

@@ -18,9 +18,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.inputs import UsageError
 from pipeline.options import unknown_flags, use_filesystems
-from pipeline.outdir import OutputDir, read_tables
+from pipeline.outdir import OutputDir
 from pipeline.summary import EXIT_OK
 from transforms.apportion import from_micro, to_micro
+from transforms.source import read_tables
 
 log = logging.getLogger("embedpipe")
 

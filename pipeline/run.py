@@ -15,7 +15,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from pipeline import account as acct
-from pipeline import graph, history, late, measure, summary
+from pipeline import graph, late, measure, summary
 from pipeline.inputs import inspect_input
 from pipeline.job import RESUME, Job
 from pipeline.outdir import OutputDir, layout
@@ -72,10 +72,10 @@ def _template(job: Job, before: Prior, info) -> View:
                 {})
 
 
-def _run_job(job: Job, info, before: Prior, scan, **embed) -> dict[str, int]:
+def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, **embed) -> dict[str, int]:
     opts = job.opts
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    graph.build(pipeline, job, info, before, OutputDir(opts.output).run_dir(job.run_id),
+    graph.build(pipeline, job, info, before, out.run_dir(job.run_id),
                 duplicate_ids=scan.duplicate_ids, streaming=graph.streams(job), **embed)
     try:
         with progress_lines(opts.output, job.run_id, scan.rows, job.settings.embed.progress_interval_s):
@@ -89,7 +89,7 @@ def _run_job(job: Job, info, before: Prior, scan, **embed) -> dict[str, int]:
     finally:
         claims = runscoped.discard(job.run_id).get("claims")
     if claims is not None:
-        late.write_late_copies(OutputDir(opts.output), job.run_id, claims.late, job.keep_columns, job.codec)
+        late.write_late_copies(out, job.run_id, claims.late, job.keep_columns, job.codec)
     return counters(result)
 
 
@@ -128,7 +128,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
              spendable.binding)
     fits, decided_by = ((True, "allow_partial") if opts.allow_partial
                         else measure.fits(job, info, before, scan, spendable, price, margin))
-    metrics = _run_job(job, info, before, scan, fits=fits, balance_before=account.balance,
+    metrics = _run_job(job, out, info, before, scan, fits=fits, balance_before=account.balance,
                        spendable_rub=spendable, price_per_token_rub=price, margin=margin)
     view = out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(opts.input), gone),
                       _template(job, before, info), job.codec, _rewriter(job))

@@ -11,12 +11,13 @@ import datetime as dt
 import pyarrow.compute as pc
 
 from pipeline import history
-from pipeline.outdir import OutputDir, read_tables
+from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
 from transforms import journal
 from transforms.apportion import from_micro, to_micro
 from transforms.changes import ADDED, EDITED, RESUMED, UNCHANGED
 from transforms.send import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
+from transforms.source import read_tables
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_PARTIAL = 0, 1, 2, 3, 4
 

@@ -9,6 +9,7 @@ or Arrow table or a list of tuples: DRIVER turns them into JSON rows to compare.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import re
@@ -50,7 +51,7 @@ def recipes() -> dict[str, str]:
     return dict(RECIPE.findall((REPO / "README.md").read_text(encoding="utf-8")))
 
 
-def write_topics_corpus(workdir: Path) -> Path:
+def topics() -> list[dict]:
     """The language reference topics shipped with Python, one row per distinct text (equal
     texts would have equal vectors, and engines may order such ties differently)."""
     from pydoc_data.topics import topics
@@ -59,21 +60,34 @@ def write_topics_corpus(workdir: Path) -> Path:
         if text not in seen:
             seen.add(text)
             rows.append({"id": name, "text": text})
+    return rows
+
+
+def write_corpus(workdir: Path, rows: list[dict]) -> Path:
     (workdir / "corpus").mkdir(parents=True, exist_ok=True)
     path = workdir / "corpus" / "topics.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
 
+def a_day_earlier(rows: list[dict]) -> list[dict]:
+    """The corpus as it was the day before: every tenth topic had another text, and there
+    were topics that have gone since."""
+    earlier = [{**r, "text": r["text"] + "\n(draft)"} if i % 10 == 5 else r for i, r in enumerate(rows)]
+    return earlier + [{"id": f"gone-{i}", "text": r["text"] + "\n(gone)"} for i, r in enumerate(rows[:20])]
+
+
 @contextlib.contextmanager
 def embedded_topics(workdir: Path) -> Iterator[Path]:
-    """WORKDIR with corpus/ and out/: the topics embedded by a real run against a sandbox."""
-    write_topics_corpus(workdir)
+    """WORKDIR with corpus/ and out/: the topics embedded by real runs against a sandbox, on
+    two days: out/current/ must be exactly today's corpus."""
     with SandboxProcess(workdir / "sandbox.db", key=SANDBOX_KEY, balance=1000.0) as sandbox, \
             pytest.MonkeyPatch.context() as mp:
         mp.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
-        assert main(["run", "--input", str(workdir / "corpus" / "*.parquet"), "--output", str(workdir / "out"),
-                     "--model", MODEL, "--base-url", sandbox.base_url]) == 0
+        for rows in (a_day_earlier(topics()), topics()):
+            write_corpus(workdir, rows)
+            assert main(["run", "--input", str(workdir / "corpus" / "*.parquet"), "--output", str(workdir / "out"),
+                         "--model", MODEL, "--base-url", sandbox.base_url, "--sync"]) == 0
     yield workdir
 
 
@@ -86,8 +100,14 @@ def run_recipe(python: str | Path, name: str, workdir: Path) -> dict[str, list]:
 
 def expected(workdir: Path) -> dict[str, list]:
     """The answers, computed from the files row by row in plain Python."""
-    emb = [r for f in sorted((workdir / "out" / "current").glob("embeddings-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    files = sorted((workdir / "out" / "current").glob("embeddings-*.parquet"))
+    emb = [r for f in files for r in pq.read_table(f).to_pylist()]
     texts = {r["id"]: r["text"] for r in pq.read_table(workdir / "corpus").to_pylist()}
+    # the view the recipes read is today's corpus: one row per chunk, no other version
+    keys = [(r["doc_id"], r["chunk_index"], r["token_start"]) for r in emb]
+    assert len(keys) == len(set(keys)) and {r["doc_id"] for r in emb} == set(texts)
+    single = {r["doc_id"]: r["text_sha256"] for r in emb if r["chunk_count"] == 1}
+    assert all(sha == hashlib.sha256(texts[d].encode()).hexdigest() for d, sha in single.items())
     query = next(r["embedding"] for r in emb if (r["doc_id"], r["chunk_index"]) == QUERY)
 
     def cosine(a, b):

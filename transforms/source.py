@@ -49,6 +49,21 @@ def open_parquet(path: str):
                             compression_type=CompressionTypes.UNCOMPRESSED)
 
 
+def row_count(path: str) -> int:
+    """Rows of the Parquet file at PATH, from its footer."""
+    with open_parquet(path) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows
+
+
+def read_tables(paths: Sequence[str], columns: Sequence[str]) -> list[pa.Table]:
+    """COLUMNS of each Parquet file of PATHS, one table each."""
+    tables = []
+    for path in paths:
+        with open_parquet(path) as fh:
+            tables.append(pq.read_table(fh, columns=list(columns)))
+    return tables
+
+
 def matching_rows(path: str, key_columns: Sequence[str], match: Callable[[pa.Table], pa.Array]):
     """PATH's rows for which MATCH (of a table of KEY_COLUMNS) is true, a row group at a time:
     the key columns are read first, the whole row group (texts, vectors) only where a row matches."""

@@ -18,7 +18,6 @@ import re
 import uuid
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.config import LockSettings
@@ -29,13 +28,14 @@ from pipeline.outdir.jsonfiles import read_json, write_json
 from pipeline.outdir.lock import OutputLock
 from pipeline.outdir.view import View
 from transforms import journal
-from transforms.source import open_parquet
+from transforms.source import read_tables, row_count
 from transforms.write import Codec
 
 log = logging.getLogger("embedpipe")
 
 # A run's file at the top of DIR: how outputs were laid out before the current view existed.
-_EARLIER_LAYOUT = re.compile(r"^(?:embeddings|requests|failed|pending|documents)-(\d{8}T\d{6}Z-[0-9a-f]{6})-.*\.parquet$")
+_EARLIER_LAYOUT = re.compile(
+    r"^(?:embeddings|requests|failed|pending|documents)-(\d{8}T\d{6}Z-[0-9a-f]{6})-.*\.parquet$")
 
 
 class OutputDir:
@@ -79,7 +79,7 @@ class OutputDir:
         history, answers in a journal. A DIR with none of these may be taken over."""
         if self.view is not None and (self.view.rows("embeddings") or self.view.rows("staged-embeddings")):
             return True
-        if any(rows(p) for p in self.history_files("requests")):
+        if any(row_count(p) for p in self.history_files("requests")):
             return True
         return bool(self._match(f"{journal.JOURNAL_DIR}/*/*.parquet"))
 
@@ -156,15 +156,3 @@ class OutputDir:
     def collect_garbage(self, keep: int) -> None:
         views.collect_garbage(self.path, keep)
 
-
-def rows(path: str) -> int:
-    with open_parquet(path) as fh:
-        return pq.ParquetFile(fh).metadata.num_rows
-
-
-def read_tables(paths: list[str], columns: list[str]):
-    tables = []
-    for path in paths:
-        with open_parquet(path) as fh:
-            tables.append(pq.read_table(fh, columns=columns))
-    return tables

@@ -25,14 +25,13 @@ from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.outdir import layout
 from pipeline.outdir.view import View
 from transforms.changes import CHANGES_SCHEMA, DOCINDEX, FINGERPRINT, RESUMED
 from transforms.rewrite import Rules, Task, chunk_keys, count
-from transforms.source import open_parquet
+from transforms.source import read_tables, row_count
 from transforms.write import Codec, open_writer
 
 # Where the rows that move from a file of one kind go.
@@ -51,10 +50,7 @@ class Decision:
 
 
 def _read(paths: list[str], columns: list[str], schema: pa.Schema) -> pa.Table:
-    tables = []
-    for path in paths:
-        with open_parquet(path) as fh:
-            tables.append(pq.read_table(fh, columns=columns))
+    tables = read_tables(paths, columns)
     return pa.concat_tables(tables).cast(schema) if tables else schema.empty_table()
 
 
@@ -152,11 +148,6 @@ class RunFiles:
 Rewrite = Callable[[list[Task], dict], None]
 
 
-def _rows(output_dir: str, path: str) -> int:
-    with open_parquet(layout.join(output_dir, path)) as fh:
-        return pq.ParquetFile(fh).metadata.num_rows
-
-
 class _Files:
     """The next view's files, gathered kind by kind; rewrites become tasks."""
 
@@ -168,7 +159,7 @@ class _Files:
     def add(self, kind: str, path: str, rules_name: str | None, rows: int | None = None) -> None:
         rules = self._rules.get(rules_name)
         if rules is None or rules.empty:
-            rows = _rows(self._out, path) if rows is None else rows
+            rows = row_count(layout.join(self._out, path)) if rows is None else rows
             if rows:
                 self.files[kind].append((path, rows))
             return

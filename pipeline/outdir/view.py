@@ -48,7 +48,8 @@ class View:
 
     @property
     def all_files(self) -> set[str]:
-        return {path for kind in self.files for path in self.paths(kind)} | ({self.docindex} if self.docindex else set())
+        files = {path for kind in self.files for path in self.paths(kind)}
+        return files | {self.docindex} if self.docindex else files
 
     def to_json(self) -> dict:
         return {"format": FORMAT, **dataclasses.asdict(self),

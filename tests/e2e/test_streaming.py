@@ -70,7 +70,8 @@ def test_late_duplicates_are_paid_once_and_copied(tmp_path, sandbox_factory, mon
     assert s["metrics"]["chunks_deduplicated"] >= 2
     assert not (out / "_progress").exists() and not (out / "_journal").exists()
     late = list(out.glob("current/embeddings-*-late-*.parquet"))
-    assert len(late) == 1 and f"history/{s['run_id']}/embeddings-{s['run_id']}-late-00000-of-00001.parquet" in s["files"]
+    name = f"history/{s['run_id']}/embeddings-{s['run_id']}-late-00000-of-00001.parquet"
+    assert len(late) == 1 and name in s["files"]
     main = [f for f in out.glob("current/embeddings-*.parquet") if f not in late]
     assert pq.read_schema(late[0]) == pq.read_schema(main[0])  # required columns, metadata: as written
 

@@ -9,7 +9,6 @@ import random
 import shutil
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
