@@ -8,6 +8,7 @@ disk has no such file) or leaves a stray `mem:` directory in the working directo
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import threading
@@ -157,10 +158,10 @@ def store(request, monkeypatch, tmp_path):
         FileSystems.delete([root + "/"])
 
 
-def corpus_bytes() -> bytes:
+def corpus_bytes(rows: list[dict] | None = None) -> bytes:
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("lang", pa.string())])
     buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(corpus_rows(), schema=schema), buf)
+    pq.write_table(pa.Table.from_pylist(corpus_rows() if rows is None else rows, schema=schema), buf)
     return buf.getvalue()
 
 
@@ -236,3 +237,23 @@ def test_resume_delivers_nothing_twice(store, sandbox):
     keys = list(zip(emb.column("doc_id").to_pylist(), emb.column("chunk_index").to_pylist()))
     assert len(keys) == len(set(keys))
     assert read_summary(out)["cost_rub"] == 0
+
+
+def test_the_next_days_sync_commits_through_filesystems(mem_corpus, sandbox):
+    """A changed corpus on an object store: the commit rewrites the view's files and writes its
+    manifest through FileSystems alone (no link there: summary.json lists the view)."""
+    bucket, out = mem_corpus, f"{mem_corpus}/out"
+    assert job(bucket, sandbox) == 0
+    rows = [r for r in corpus_rows() if r["id"] != "en-1"]
+    rows = [{**r, "text": r["text"] + " Edited."} if r["id"] == "en-2" else r for r in rows]
+    put(f"{bucket}/corpus/part-0.parquet", corpus_bytes(rows))
+    paid = len(ledger(sandbox.db))
+    assert job(bucket, sandbox, "--sync") == 0
+    assert len(ledger(sandbox.db)) == paid + 1   # the edited text alone
+    summary = read_summary(out)
+    assert summary["changes"]["edited"] == 1 and summary["changes"]["removed"] == 1
+    emb = read_kind(out, "embeddings").to_pylist()
+    assert "en-1" not in {r["doc_id"] for r in emb}
+    edited = next(r["text"] for r in rows if r["id"] == "en-2")
+    assert [r["text_sha256"] for r in emb if r["doc_id"] == "en-2"] == [hashlib.sha256(edited.encode()).hexdigest()]
+    assert any(p.startswith(f"{out}/_segments/") for p in listing(out + "/"))   # a file of the view was rewritten
