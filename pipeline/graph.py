@@ -25,7 +25,7 @@ from transforms.changes import CHANGES_SCHEMA
 from transforms.dedupe import ChunkEntries, GroupDistinctTexts, SealClaims, SealReused, StreamDistinctTexts
 from transforms.docvectors import DocumentVectors, documents_schema
 from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
-from transforms.known import REUSED, AntiJoinKnown, FetchReused, KnownStores, ReuseKnownStream, reused_tables
+from transforms.known import REUSED, AntiJoinKnown, FetchReused, KnownStores, ReuseKnownStream
 from transforms.pack import PackRequests
 from transforms.read import CHANGED, REJECTED, ReadDocuments, ReadPending, ViewRef
 from transforms.splitting import SplitConfig
@@ -53,7 +53,7 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = 
                     duplicate_ids: Mapping[str, int], streaming: bool, progress: bool = False,
                     count_only: bool = False, scope: str | None = None):
     """Read -> Split -> Dedupe -> (reuse known) -> Pack, shared by `run` and `plan`: (rejected
-    rows or None, changed documents, reused (TextItem, Known or ReuseRef) pairs or None,
+    rows or None, changed documents, reused (TextItem, ReuseRef) pairs or None,
     requests). COUNT_ONLY drops the texts before they are grouped (plan and the exact
     preflight only count). SCOPE names the in-process state of a pipeline
     (transforms/runscoped.py): the run id, or another for a counting pipeline, whose claims
@@ -127,15 +127,8 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
     embeddings, request_rows = out.embeddings, out[REQUESTS]
     codec = job.codec
     if reused is not None:
-        dims, run_id, now = job.dimensions, job.run_id, dt.datetime.now(dt.timezone.utc)
-        if streaming:
-            reused_tables_ = reused | "FetchReused" >> FetchReused(_known_stores(job, prior, run_id), run_id,
-                                                                   emb_schema, kept, now, REUSED_PER_TABLE)
-        else:
-            reused_tables_ = (reused
-                              | "BatchReused" >> beam.BatchElements(min_batch_size=1, max_batch_size=REUSED_PER_TABLE)
-                              | "ReusedTables" >> beam.Map(reused_tables, dims, emb_schema, model.name, run_id,
-                                                           kept, now))
+        reused_tables_ = reused | "FetchReused" >> FetchReused(model.name, job.run_id, emb_schema, kept,
+                                                               dt.datetime.now(dt.timezone.utc), REUSED_PER_TABLE)
         # files of their own: a Flatten with the sent vectors is held whole on the local runner
         reused_tables_ | "WriteReused" >> WriteTables(run_dir, "embeddings", job.run_id, emb_schema, codec,
                                                       part="reused")

@@ -8,6 +8,7 @@ kept, so memory follows the number of late rows, not the corpus.
 from __future__ import annotations
 
 import collections
+import uuid
 from typing import Sequence
 
 import pyarrow as pa
@@ -87,11 +88,12 @@ def write_late_copies(out: OutputDir, run_id: str, late: Sequence[LateRef], kept
             for rows in matching_rows(source, ["doc_id", "chunk_index"], wanted_rows):
                 copies = _copies(rows, late_by_first, kept, seen)
                 if writer is None:
-                    sink = FileSystems.create(path)
+                    sink = FileSystems.create(temp := f"{path}.tmp-{uuid.uuid4().hex}")
                     writer = open_writer(sink, rows.schema, codec)
                 writer.write_table(copies)
                 written += copies.num_rows
         if writer is not None:
             writer.close()
             sink.close()
+            FileSystems.rename([temp], [path])   # whole or absent: every later run reads the history
     return written

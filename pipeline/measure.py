@@ -30,13 +30,16 @@ def _count_totals(totals):
 
 def exact_totals(job: Job, info: InputInfo, prior: Prior, scan: Scan, price: float,
                  margin: float) -> dict[str, int]:
-    """Beam counters of a counting pipeline: documents, documents_<change>, plan_* totals,
+    """Beam counters of a counting pipeline: documents, changed_<change> (documents), plan_* totals,
     plan_worst_case_micro. It streams as the run would (the view's document index and the
     known texts indexed, not grouped), with claims and indexes of its own, discarded afterwards."""
     p = beam.Pipeline(runner=make_runner(job.opts), options=job.opts)
     scope = f"{job.run_id}-count"
-    _, _, _, requests = packed_requests(p, job, info, prior, duplicate_ids=scan.duplicate_ids,
-                                        streaming=streams(job), count_only=True, scope=scope)
+    _, changed, _, requests = packed_requests(p, job, info, prior, duplicate_ids=scan.duplicate_ids,
+                                              streaming=streams(job), count_only=True, scope=scope)
+    (changed  # a repeated id comes once per row: counted once (ids only cross the shuffle)
+     | "ChangedIds" >> beam.Map(lambda r: (r["doc_id"], r["change"])) | "Distinct" >> beam.Distinct()
+     | "CountChanges" >> beam.Map(lambda kv: Metrics.counter("embedpipe", f"changed_{kv[1]}").inc()))
     request_totals(requests) | "Count" >> beam.Map(_count_totals)
     (requests | "WorstCase" >> WorstCaseMicro(price, margin)
      | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))

@@ -1,6 +1,8 @@
 """`plan`: what a run would send and cost, against what may be spent. Sends no embeddings."""
 from __future__ import annotations
 
+import pyarrow.compute as pc
+
 from pipeline import account as acct
 from pipeline.inputs import InputInfo, inspect_input
 from pipeline.job import RESUME, Job
@@ -11,7 +13,7 @@ from pipeline.run import client_for
 from pipeline.scan import Scan, scan_input
 from transforms import preflight
 from transforms.apportion import from_micro
-from transforms.changes import CHANGES
+from transforms.changes import CHANGES, counts
 
 
 def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None = None,
@@ -28,8 +30,8 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
     before = prior(job, out, checked=False)
     metrics = exact_totals(job, info, before, scan, price, job.initial_margin(learned is not None))
     requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in TOTALS)
-    changes = {c: metrics.get(f"documents_{c}", 0) for c in CHANGES}
-    changes["removed"] = 0 if job.mode == RESUME else len(removed(before, scan.ids))
+    changes = counts({c: metrics.get(f"changed_{c}", 0) for c in CHANGES}, len(pc.drop_null(scan.ids)),
+                     0 if job.mode == RESUME else len(removed(before, scan.ids)))
     spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
     estimate = round(tokens * price, 6)
     return {

@@ -12,13 +12,11 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.inputs import InputInfo, UsageError
-from pipeline.job import FRESH, RESUME, Job
+from pipeline.job import FRESH, Job
 from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
+from transforms.known import KNOWN_COLUMNS
 from transforms.source import open_parquet, read_tables
-
-KNOWN_COLUMNS = ("text_sha256", "model", "request_id", "embedding")
-
 
 @dataclasses.dataclass(frozen=True)
 class Prior:
@@ -34,16 +32,23 @@ class Prior:
         return bool(self.known or self.journal)
 
 
+def _fits(view: View, job: Job) -> bool:
+    return (view.model, view.dimensions) == (job.model.name, job.dimensions) and \
+        (not job.opts.input or tuple(view.kept) == job.keep_columns)
+
+
 def _check_view(view: View, job: Job, out: OutputDir) -> None:
+    """A view holds one model's vectors of one length, in rows of one schema."""
     flag = "" if job.mode == FRESH else f"--{job.mode}: "
     if (view.model, view.dimensions) != (job.model.name, job.dimensions):
         raise UsageError(f"{flag}--output {out.path} holds {view.model} vectors of length {view.dimensions}; "
-                         f"this run is {job.model.name} with length {job.dimensions}. "
-                         "Use another --output directory, or --known to reuse what matches.")
-    if job.mode == RESUME and job.opts.input and tuple(view.kept) != job.keep_columns:
-        raise UsageError(f"--output {out.path} keeps the columns {list(view.kept) or 'none'}, this run "
-                         f"{list(job.keep_columns) or 'none'}: pass the same --keep-columns, or --sync with the "
-                         "whole corpus to rewrite every document's rows")
+                         f"this run is {job.model.name} with length {job.dimensions}: use another --output "
+                         "directory for it")
+    if job.opts.input and tuple(view.kept) != job.keep_columns:
+        raise UsageError(f"{flag}--output {out.path} keeps the columns {list(view.kept) or 'none'} in its rows, "
+                         f"this run {list(job.keep_columns) or 'none'}: pass the same --keep-columns, or write to "
+                         f"another --output with --known '{out.join('history/*/embeddings-*.parquet')}' (every "
+                         "vector reused, nothing paid again)")
 
 
 def _known_files(globs) -> list[str]:
@@ -66,12 +71,14 @@ def prior(job: Job, out: OutputDir | None, *, checked: bool = True) -> Prior:
     known = _known_files(job.opts.known)
     if out is None:
         return Prior(known=tuple(known))
-    view = out.view
-    if checked and job.mode == FRESH and out.holds_results():
+    view, results = out.view, out.holds_results()
+    if checked and job.mode == FRESH and results:
         raise UsageError(f"--output {out.path} already holds an earlier run's results or journal: pass --sync "
                          "when the input is the whole corpus (DIR becomes exactly it: edited documents are "
                          "embedded again, removed ones leave, nothing is paid twice), --resume to bring only "
                          "the input's documents up to date, or choose another directory")
+    if view is not None and not results and not _fits(view, job):
+        view = None   # pending rows of a run that paid nothing (exit 3): another model may take over
     if view is not None and checked:
         _check_view(view, job, out)
     if checked and not job.opts.input and view is None:

@@ -13,6 +13,7 @@ import logging
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline import account as acct
 from pipeline import graph, late, measure, summary
@@ -96,9 +97,9 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, **embed) -> di
 def _rewriter(job: Job):
     """Files of the view whose rows change are rewritten by a Beam job on the run's runner
     (on Dataflow its workers, not the launcher, read and write them)."""
-    def rewrite(tasks, rules) -> None:
+    def rewrite(tasks, rules_path: str) -> None:
         p = beam.Pipeline(runner=make_runner(job.opts), options=job.opts)
-        p | "Tasks" >> beam.Create(tasks) | "Rewrite" >> RewriteFiles(rules, job.codec)
+        p | "Tasks" >> beam.Create(tasks) | "Rewrite" >> RewriteFiles(rules_path, job.codec)
         p.run().wait_until_finish()
     return rewrite
 
@@ -130,11 +131,13 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
                         else measure.fits(job, info, before, scan, spendable, price, margin))
     metrics = _run_job(job, out, info, before, scan, fits=fits, balance_before=account.balance,
                        spendable_rub=spendable, price_per_token_rub=price, margin=margin)
-    view = out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(opts.input), gone),
-                      _template(job, before, info), job.codec, _rewriter(job))
+    requests = tuple(out.relative(p) for p in out.history_files("requests"))   # a killed run's too
+    view = out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(opts.input), gone, requests),
+                      before.view, _template(job, before, info), job.codec, _rewriter(job))
     after = _account_after(job)
     report = summary.build_summary(
         out, view, run_id=job.run_id, model=job.model.name, metrics=metrics, removed=len(gone),
+        input_ids=len(pc.drop_null(scan.ids)) if opts.input else None,
         account_before=account.as_dict(), account_after=after.as_dict(),
         estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable, "preflight": decided_by},
         catalogue_price=job.model.price_per_token,

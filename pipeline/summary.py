@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import history
@@ -15,7 +16,7 @@ from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
 from transforms import journal
 from transforms.apportion import from_micro, to_micro
-from transforms.changes import ADDED, EDITED, RESUMED, UNCHANGED
+from transforms.changes import counts
 from transforms.send import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
 from transforms.source import read_tables
 
@@ -40,11 +41,14 @@ def _all_requests(out: OutputDir) -> list[dict]:
 
 
 def _micro_by_request(tables) -> dict[str, int]:
-    totals: dict[str, int] = collections.defaultdict(int)
-    for t in tables:
-        for request_id, cost in zip(t.column("request_id").to_pylist(), t.column("cost_rub").to_pylist()):
-            totals[request_id] += to_micro(cost or 0)
-    return dict(totals)
+    """Σ micro-roubles of the rows of each request (one entry a request, not a row)."""
+    if not tables:
+        return {}
+    rows = pa.concat_tables(tables, promote_options="default")
+    micro = pc.cast(pc.round(pc.multiply(pc.fill_null(rows.column("cost_rub"), 0.0), 1e6)), pa.int64())
+    sums = pa.table({"request_id": rows.column("request_id"), "micro": micro}).group_by("request_id").aggregate(
+        [("micro", "sum")])
+    return dict(zip(sums.column("request_id").to_pylist(), sums.column("micro_sum").to_pylist()))
 
 
 def _reasons(tables) -> dict[str, int]:
@@ -64,15 +68,16 @@ def exit_code(pending_reasons: dict[str, int]) -> int:
     return EXIT_OK
 
 
-def _changes(out: OutputDir, run_id: str, metrics: dict, removed: int) -> dict:
+def _changes(out: OutputDir, run_id: str, documents: int | None, removed: int) -> dict:
     """Documents added, edited, removed, unchanged, and resumed (the version DIR was building:
     its pending chunks sent now), against the view before this run."""
-    seen: dict[str, set] = collections.defaultdict(set)
-    for t in read_tables(out.history_files("changes", run_id), ["doc_id", "change"]):
-        for doc_id, change in zip(t.column("doc_id").to_pylist(), t.column("change").to_pylist()):
-            seen[change].add(doc_id)
-    return {ADDED: len(seen[ADDED]), EDITED: len(seen[EDITED]), "removed": removed,
-            UNCHANGED: metrics.get(f"documents_{UNCHANGED}", 0), RESUMED: len(seen[RESUMED])}
+    tables = read_tables(out.history_files("changes", run_id), ["doc_id", "change"])
+    changed = {}
+    if tables:
+        distinct = pa.concat_tables(tables).group_by(["change", "doc_id"]).aggregate([])
+        per_change = distinct.group_by("change").aggregate([("doc_id", "count")])
+        changed = dict(zip(per_change.column("change").to_pylist(), per_change.column("doc_id_count").to_pylist()))
+    return counts(changed, documents, removed)
 
 
 def _current(out: OutputDir, view: View) -> dict:
@@ -93,7 +98,8 @@ def _timing(requests: list, started: dt.datetime) -> dict:
             "seconds_to_first_request": first and round((first - started).total_seconds(), 3)}
 
 
-def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metrics: dict, removed: int,
+def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metrics: dict, input_ids: int | None,
+                  removed: int,
                   account_before: dict, account_after: dict, estimate: dict, catalogue_price: float,
                   caps: dict, started: dt.datetime) -> dict:
     def mine(kind: str, columns: list[str]):
@@ -124,7 +130,7 @@ def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metric
         "requests_answered": answered, "requests_retried": retried,
         "prompt_tokens": sum(pc.sum(t.column("prompt_tokens")).as_py() or 0 for t in req),
         "cost_rub": from_micro(req_micro - carried_micro), "estimate": estimate,
-        "changes": _changes(out, run_id, metrics, removed), "current": _current(out, view),
+        "changes": _changes(out, run_id, input_ids, removed), "current": _current(out, view),
         "balance_before": account_before.get("balance"), "balance_after": account_after.get("balance"),
         "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),
         "caps": caps,   # the caps set, and the limit that bound at the start

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -59,6 +59,15 @@ def fingerprint(sig: bytes, text: str | None, kept: tuple = (), refusal: str | N
         h.update(b"\x03" + text.encode("utf-8", "surrogatepass"))
     h.update(b"\x00" + repr(kept).encode("utf-8", "surrogatepass"))
     return h.digest()[:16]
+
+
+def counts(changed: Mapping[str, int], documents: int | None, removed: int) -> dict[str, int]:
+    """The change counts of a run: CHANGED, distinct documents per change the run worked on;
+    DOCUMENTS, distinct ids in its input (None: DIR's pending rows were the input)."""
+    worked = {c: changed.get(c, 0) for c in (ADDED, EDITED, RESUMED)}
+    unchanged = 0 if documents is None else documents - sum(worked.values())
+    return {ADDED: worked[ADDED], EDITED: worked[EDITED], "removed": removed, UNCHANGED: unchanged,
+            RESUMED: worked[RESUMED]}
 
 
 class Entry(NamedTuple):

@@ -8,13 +8,13 @@ Sources, keyed by text_sha256:
   file at a time; the driver only lists them.
 - `--known GLOB`: embeddings files of other runs, reused at no cost.
 
-Two ways, as for dedupe (transforms/dedupe.py):
-- AntiJoinKnown: a CoGroupByKey of this run's texts with every known vector; exact on any
-  runner, but on the local runner both sides are held in memory, vectors included.
-- ReuseKnownStream (one process): the process reads the sources' digests, never their
-  vectors, into a KnownIndex (~50 bytes a text) once; texts pass through it as they stream,
-  and a reused text's vector is read afterwards from where the index says it is, a row
-  group at a time (FetchReused), so neither texts nor vectors gather.
+Two ways, as for dedupe (transforms/dedupe.py), to find a text's place (ReuseRef):
+- AntiJoinKnown: a CoGroupByKey of this run's texts with every known text's digest and
+  place; exact on any runner, no vector crosses it.
+- ReuseKnownStream (one process): the process reads the sources' digests into a KnownIndex
+  (~50 bytes a text) once; texts pass through it as they stream.
+Either way a reused text's vector is read afterwards from its place, a row group at a time
+(FetchReused), so vectors never gather.
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from transforms import coders, journal, runscoped  # noqa: F401  (coders: the co
 from transforms.keyindex import KeyIndex, key16
 from transforms.lineage import embeddings_table
 from transforms.records import TextItem
-from transforms.source import ReadParquetTables, open_parquet
+from transforms.source import open_parquet
 
 REUSED = "reused"
-KNOWN_COLUMNS = ["text_sha256", "model", "request_id", "embedding"]
+KNOWN_COLUMNS = ("text_sha256", "model", "request_id", "embedding")   # an embeddings file's, for reuse
 
 
 class KnownStores(NamedTuple):
@@ -52,36 +52,69 @@ class KnownStores(NamedTuple):
         return bool(self.files or self.journal)
 
 
-class Known(NamedTuple):
-    vector: bytes            # float32 little-endian
+class ReuseRef(NamedTuple):
+    """Where a known text's vector is (an embeddings file's row group and row, or a journal
+    entry's row), the request that paid for it and the share its rows carry (> 0 only for a
+    journaled text no file holds: paid, never written)."""
+    path: str
+    row_group: int
+    row: int
     request_id: str | None
-    share_micro: int         # > 0 only for journaled, never-written rows
+    share_micro: int
+    journaled: bool
 
 
-class _KnownRows(beam.DoFn):
-    """Embeddings tables of earlier outputs -> (sha, Known), only for this model and length."""
+def read_vectors(path: str, row_group: int, journaled: bool) -> np.ndarray:
+    """The float32 vectors of one row group of an embeddings file, or of a journal entry."""
+    if journaled:
+        return journal.entry_vectors(journal.read_path(path, ["embedding"])[1])
+    with open_parquet(path) as fh:
+        column = pq.ParquetFile(fh).read_row_group(row_group, columns=["embedding"]).column(0)
+    column = column.combine_chunks()
+    return column.flatten().to_numpy(zero_copy_only=False).astype("<f4").reshape(len(column), -1)
 
-    def __init__(self, model: str, dims: int):
-        self._model, self._dims = model, dims
 
-    def process(self, table: pa.Table):
-        emb = table.column("embedding").combine_chunks()
-        if emb.type.list_size != self._dims:
+def _stored(path: str, model: str, dims: int) -> Iterator[tuple[int, int, str, str | None]]:
+    """(row group, row, text_sha256, request_id) of PATH's rows of MODEL at DIMS."""
+    with open_parquet(path) as fh:
+        parquet = pq.ParquetFile(fh)
+        if parquet.schema_arrow.field("embedding").type.list_size != dims:
             return
-        vectors = emb.flatten().to_numpy(zero_copy_only=False).astype("<f4").reshape(-1, self._dims)
-        cols = [table.column(c).to_pylist() for c in ("text_sha256", "model", "request_id")]
-        for i, (sha, model, request_id) in enumerate(zip(*cols)):
-            if model == self._model:
-                yield sha, Known(vectors[i].tobytes(), request_id, 0)
+        for g in range(parquet.metadata.num_row_groups):
+            table = parquet.read_row_group(g, columns=["text_sha256", "model", "request_id"])
+            columns = (table.column(c).to_pylist() for c in ("text_sha256", "model", "request_id"))
+            for row, (sha, row_model, request_id) in enumerate(zip(*columns)):
+                if row_model == model:
+                    yield g, row, sha, request_id
 
 
-def journal_known(path: str) -> Iterator[tuple[str, Known]]:
-    """A journal entry's texts: (sha, their vector, the request that paid, its share)."""
-    request, table = journal.read_path(path)
-    vectors = journal.entry_vectors(table)
-    for i, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
-                                         table.column("share_micro").to_pylist())):
-        yield sha, Known(vectors[i].tobytes(), request["request_id"], share)
+def _journaled(path: str) -> Iterator[tuple[int, str, str, int]]:
+    """(row, text_sha256, request_id, share) of a journal entry's texts."""
+    request, table = journal.read_path(path, ["text_sha256", "share_micro"])
+    for row, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
+                                           table.column("share_micro").to_pylist())):
+        yield row, sha, request["request_id"], share
+
+
+# -- several workers: a join of digests -------------------------------------------------------
+
+def _stored_refs(path: str, model: str, dims: int):
+    for g, row, sha, request_id in _stored(path, model, dims):
+        yield sha, ReuseRef(path, g, row, request_id, 0, False)
+
+
+def _journal_refs(path: str):
+    for row, sha, request_id, share in _journaled(path):
+        yield sha, ReuseRef(path, 0, row, request_id, share, True)
+
+
+def best_ref(refs: Sequence[ReuseRef]) -> ReuseRef:
+    """A journaled share wins (the text was paid and never written), the largest if several;
+    it is 0 when a file holds the text under that request (its share is written there)."""
+    best = max(refs, key=lambda r: r.share_micro)
+    if best.share_micro and any(not r.journaled and r.request_id == best.request_id for r in refs):
+        best = best._replace(share_micro=0)
+    return best
 
 
 class _AntiJoin(beam.DoFn):
@@ -98,14 +131,12 @@ class _AntiJoin(beam.DoFn):
             yield item
             return
         self._reused.inc(len(item.refs))
-        best = max(known, key=lambda k: k.share_micro)  # a journaled entry carries its cost share
-        if best.share_micro and any(k.request_id == best.request_id and not k.share_micro for k in known):
-            best = best._replace(share_micro=0)  # DIR holds this text under that request: share written
-        yield beam.pvalue.TaggedOutput(REUSED, (item, best))
+        yield beam.pvalue.TaggedOutput(REUSED, (item, best_ref(known)))
 
 
 class AntiJoinKnown(beam.PTransform):
-    """TextItems x known vectors -> main: TextItems still to send; `reused`: (TextItem, Known)."""
+    """TextItems x known texts -> main: TextItems still to send; `reused`: (TextItem, ReuseRef).
+    Only digests and places cross the join, never a vector: FetchReused reads the vectors."""
 
     def __init__(self, model: str, dims: int, files: Sequence[str], journal_paths: Sequence[str]):
         super().__init__()
@@ -115,9 +146,9 @@ class AntiJoinKnown(beam.PTransform):
     def expand(self, items):
         p = items.pipeline
         journaled = (p | "JournalEntries" >> beam.Create(self._journal) | "SpreadEntries" >> beam.Reshuffle()
-                     | "ReadJournal" >> beam.FlatMap(journal_known))
-        stored = (p | "ReadKnown" >> ReadParquetTables(self._files, KNOWN_COLUMNS)
-                  | "KnownRows" >> beam.ParDo(_KnownRows(self._model, self._dims)))
+                     | "ReadJournal" >> beam.FlatMap(_journal_refs))
+        stored = (p | "KnownFiles" >> beam.Create(self._files) | "SpreadFiles" >> beam.Reshuffle()
+                  | "ReadKnown" >> beam.FlatMap(_stored_refs, self._model, self._dims))
         all_known = (journaled, stored) | "AllKnown" >> beam.Flatten()
         keyed = items | "KeyItems" >> beam.Map(lambda item: (item.text_sha256, item))
         return ({"items": keyed, "known": all_known}
@@ -125,33 +156,14 @@ class AntiJoinKnown(beam.PTransform):
                 | "AntiJoin" >> beam.ParDo(_AntiJoin()).with_outputs(REUSED, main="items"))
 
 
-def reused_tables(batch: Sequence[tuple[TextItem, Known]], dims: int, schema: pa.Schema, model: str,
-                  run_id: str, kept, embedded_at) -> pa.Table:
-    items = [item for item, _ in batch]
-    vectors = np.frombuffer(b"".join(k.vector for _, k in batch), dtype="<f4").reshape(len(batch), dims)
-    return embeddings_table(items, vectors, [k.request_id for _, k in batch],
-                            [k.share_micro for _, k in batch], schema, model, run_id, kept, embedded_at)
-
-
 # -- one process, streaming -------------------------------------------------------------------
-
-class ReuseRef(NamedTuple):
-    """Where a known text's vector is (KnownIndex.files[file], row group, row), the request
-    that paid for it and the share its rows carry."""
-    file: int
-    row_group: int
-    row: int
-    request_id: str | None
-    share_micro: int
-
 
 _ENTRY = struct.Struct("<iiiiq")   # request id's number, file, row group, row, share
 
 
 class KnownIndex:
-    """The known texts of a run, by digest: the place of each one's vector, never the vector.
-    As AntiJoinKnown decides: a journaled share wins (the text was paid and never written),
-    the largest if several; it is 0 when DIR already holds the text under that request."""
+    """The known texts of a run, by digest: the place of each one's vector, never the vector;
+    which place when several hold it, as best_ref decides."""
 
     def __init__(self, model: str, dims: int, files: Sequence[str], journal_paths: Sequence[str]):
         self.files = list(files)
@@ -162,42 +174,24 @@ class KnownIndex:
         self._texts = KeyIndex()
         self._written = KeyIndex() if journal_paths else None   # (text, request) pairs in files
         for file in range(self._journal_from):
-            self._add_embeddings(file, model, dims)
+            for g, row, sha, request_id in _stored(self.files[file], model, dims):
+                key = key16(sha)
+                if key not in self._texts:
+                    self._texts.put(key, _ENTRY.pack(self._number(request_id), file, g, row, 0))
+                if self._written is not None:
+                    self._written.put(key16(f"{sha}\x00{request_id}"))
         for file in range(self._journal_from, len(self.files)):
-            self._add_journal_entry(file)
+            for row, sha, request_id, share in _journaled(self.files[file]):
+                key = key16(sha)
+                held = self._texts.get(key)
+                if held is None or _ENTRY.unpack(held)[4] < share:
+                    self._texts.put(key, _ENTRY.pack(self._number(request_id), file, 0, row, share))
 
     def _number(self, request_id: str | None) -> int:
         if request_id not in self._request_numbers:
             self._request_numbers[request_id] = len(self._request_ids)
             self._request_ids.append(request_id)
         return self._request_numbers[request_id]
-
-    def _add_embeddings(self, file: int, model: str, dims: int) -> None:
-        with open_parquet(self.files[file]) as fh:
-            parquet = pq.ParquetFile(fh)
-            if parquet.schema_arrow.field("embedding").type.list_size != dims:
-                return
-            for g in range(parquet.metadata.num_row_groups):
-                table = parquet.read_row_group(g, columns=["text_sha256", "model", "request_id"])
-                columns = (table.column(c).to_pylist() for c in ("text_sha256", "model", "request_id"))
-                for row, (sha, row_model, request_id) in enumerate(zip(*columns)):
-                    if row_model != model:
-                        continue
-                    key = key16(sha)
-                    if key not in self._texts:
-                        self._texts.put(key, _ENTRY.pack(self._number(request_id), file, g, row, 0))
-                    if self._written is not None:
-                        self._written.put(key16(f"{sha}\x00{request_id}"))
-
-    def _add_journal_entry(self, file: int) -> None:
-        request, table = journal.read_path(self.files[file], ["text_sha256", "share_micro"])
-        number = self._number(request["request_id"])
-        for row, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
-                                               table.column("share_micro").to_pylist())):
-            key = key16(sha)
-            held = self._texts.get(key)
-            if held is None or _ENTRY.unpack(held)[4] < share:
-                self._texts.put(key, _ENTRY.pack(number, file, 0, row, share))
 
     def lookup(self, sha: str) -> ReuseRef | None:
         held = self._texts.get(key16(sha))
@@ -207,16 +201,7 @@ class KnownIndex:
         request_id = self._request_ids[number]
         if share and key16(f"{sha}\x00{request_id}") in self._written:
             share = 0   # DIR holds this text under that request: its share is written there
-        return ReuseRef(file, row_group, row, request_id, share)
-
-    def vectors(self, file: int, row_group: int) -> np.ndarray:
-        """The float32 vectors of one row group of an embeddings file, or of a journal entry."""
-        if file >= self._journal_from:
-            return journal.entry_vectors(journal.read_path(self.files[file], ["embedding"])[1])
-        with open_parquet(self.files[file]) as fh:
-            column = pq.ParquetFile(fh).read_row_group(row_group, columns=["embedding"]).column(0)
-        column = column.combine_chunks()
-        return column.flatten().to_numpy(zero_copy_only=False).astype("<f4").reshape(len(column), -1)
+        return ReuseRef(self.files[file], row_group, row, request_id, share, file >= self._journal_from)
 
 
 def known_index(stores: KnownStores) -> KnownIndex:
@@ -225,13 +210,11 @@ def known_index(stores: KnownStores) -> KnownIndex:
                             lambda: KnownIndex(stores.model, stores.dims, stores.files, stores.journal))
 
 
-def known_vector(stores: KnownStores, sha: str) -> Known | None:
-    """A text's vector from the stores (a piece the service made us split, say), or None."""
-    index = known_index(stores)
-    ref = index.lookup(sha)
-    if ref is None:
-        return None
-    return Known(index.vectors(ref.file, ref.row_group)[ref.row].tobytes(), ref.request_id, ref.share_micro)
+def known_vector(stores: KnownStores, sha: str) -> tuple[np.ndarray, ReuseRef] | None:
+    """A text's vector from the stores (a piece the service made us split, say), and where it
+    was; None when no store holds it."""
+    ref = known_index(stores).lookup(sha)
+    return None if ref is None else (read_vectors(ref.path, ref.row_group, ref.journaled)[ref.row], ref)
 
 
 class _ReuseKnown(beam.DoFn):
@@ -268,39 +251,38 @@ class _ReusedTables(beam.DoFn):
 
     CACHED = 4
 
-    def __init__(self, stores: KnownStores, table_args: tuple):
-        self._stores, self._table_args = stores, table_args
+    def __init__(self, table_args: tuple):
+        self._table_args = table_args
 
     def setup(self):
-        self._index = known_index(self._stores)
         self._cache: collections.OrderedDict = collections.OrderedDict()
 
-    def _vectors(self, place: tuple[int, int]) -> np.ndarray:
+    def _vectors(self, ref: ReuseRef) -> np.ndarray:
+        place = (ref.path, ref.row_group, ref.journaled)
         if place in self._cache:
             self._cache.move_to_end(place)
         else:
-            self._cache[place] = self._index.vectors(*place)
+            self._cache[place] = read_vectors(*place)
             if len(self._cache) > self.CACHED:
                 self._cache.popitem(last=False)
         return self._cache[place]
 
     def process(self, batch):
-        batch = sorted(batch, key=lambda pair: (pair[1].file, pair[1].row_group, pair[1].row))
-        vectors = np.stack([self._vectors((ref.file, ref.row_group))[ref.row] for _, ref in batch])
+        batch = sorted(batch, key=lambda pair: (pair[1].path, pair[1].row_group, pair[1].row))
+        vectors = np.stack([self._vectors(ref)[ref.row] for _, ref in batch])
         yield embeddings_table([item for item, _ in batch], vectors, [ref.request_id for _, ref in batch],
                                [ref.share_micro for _, ref in batch], *self._table_args)
 
 
 class FetchReused(beam.PTransform):
-    """(TextItem, ReuseRef) -> embeddings tables with the known vectors."""
+    """(TextItem, ReuseRef) -> embeddings tables with the known vectors, read from where they are."""
 
-    def __init__(self, stores: KnownStores, run_id: str, schema: pa.Schema, kept, embedded_at, per_table: int):
+    def __init__(self, model: str, run_id: str, schema: pa.Schema, kept, embedded_at, per_table: int):
         super().__init__()
-        self._fn = _ReusedTables(stores, (schema, stores.model, run_id, kept, embedded_at))
+        self._fn = _ReusedTables((schema, model, run_id, kept, embedded_at))
         self._per_table = per_table
 
     def expand(self, reused):
         return (reused
                 | "BatchReused" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._per_table)
                 | "ReusedTables" >> beam.ParDo(self._fn).with_output_types(pa.Table))
-

@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 
 from service.tokenizer import get_encoding
 from transforms import runscoped
-from transforms.changes import CHANGES, RESUMED, UNCHANGED, DocIndex, classify, fingerprint
+from transforms.changes import RESUMED, UNCHANGED, DocIndex, classify, fingerprint
 from transforms.progress import Progress
 from transforms.records import ChunkRef, Rejected
 from transforms.source import Partition, ReadParquetTables
@@ -76,7 +76,6 @@ class _SplitTable(beam.DoFn):
         self._view = view
         self._rows = Metrics.counter("embedpipe", "documents")
         self._chunks = Metrics.counter("embedpipe", "chunks")
-        self._changes = {c: Metrics.counter("embedpipe", f"documents_{c}") for c in CHANGES}
 
     def setup(self):
         self._splitter = Splitter(get_encoding(), self._split)
@@ -103,7 +102,6 @@ class _SplitTable(beam.DoFn):
                 continue
             version = self._version(doc_id, text, extra, row, invalid)
             change, todo = classify(self._index.get(doc_id), version)
-            self._changes[change].inc()
             if change == UNCHANGED:
                 continue
             yield beam.pvalue.TaggedOutput(CHANGED, {"doc_id": doc_id, "change": change, "fingerprint": version})

@@ -113,15 +113,53 @@ def split_file(task: Task, rules: Rules, codec: Codec) -> None:
                 sink.close()
 
 
-class RewriteFiles(beam.PTransform):
-    """Tasks -> the files they write (nothing comes out). RULES: name -> Rules."""
+_ARRAYS = ("drop_docs", "drop_keys", "move_docs")
 
-    def __init__(self, rules: dict[str, Rules], codec: Codec):
+
+def save_rules(path: str, rules: dict[str, Rules]) -> None:
+    """RULES (name -> Rules) as one small Parquet file: the workers read it, so that a job's
+    graph does not carry every changed id (Dataflow limits a graph's size)."""
+    rows = [(name, field, value) for name, r in rules.items() for field in _ARRAYS
+            for value in getattr(r, field).to_pylist()]
+    rows += [(name, "drop_null_ids", None) for name, r in rules.items() if r.drop_null_ids]
+    rows += [(name, "named", None) for name in rules]
+    table = pa.table({k: [r[i] for r in rows] for i, k in enumerate(("rules", "field", "value"))},
+                     schema=pa.schema([("rules", pa.string()), ("field", pa.string()), ("value", pa.string())]))
+    with FileSystems.create(path) as sink:
+        pq.write_table(table, sink, compression="zstd")
+
+
+def load_rules(path: str) -> dict[str, Rules]:
+    with open_parquet(path) as fh:
+        table = pq.read_table(fh)
+    found: dict[str, dict] = {}
+    for name, field, value in zip(*(table.column(c).to_pylist() for c in ("rules", "field", "value"))):
+        fields = found.setdefault(name, {f: [] for f in _ARRAYS})
+        if field in _ARRAYS:
+            fields[field].append(value)
+        elif field == "drop_null_ids":
+            fields["drop_null_ids"] = True
+    return {name: Rules(*(pa.array(f[a], pa.string()) for a in _ARRAYS), f.get("drop_null_ids", False))
+            for name, f in found.items()}
+
+
+class _SplitFiles(beam.DoFn):
+    def __init__(self, rules_path: str, codec: Codec):
+        self._rules_path, self._codec = rules_path, codec
+
+    def setup(self):
+        self._rules = load_rules(self._rules_path)
+
+    def process(self, task: Task):
+        split_file(task, self._rules[task.rules], self._codec)
+
+
+class RewriteFiles(beam.PTransform):
+    """Tasks -> the files they write (nothing comes out); RULES_PATH: save_rules' file."""
+
+    def __init__(self, rules_path: str, codec: Codec):
         super().__init__()
-        self._rules, self._codec = rules, codec
+        self._fn = _SplitFiles(rules_path, codec)
 
     def expand(self, tasks):
-        rules, codec = self._rules, self._codec
-        return (tasks
-                | "Spread" >> beam.Reshuffle()
-                | "Split" >> beam.Map(lambda task: split_file(task, rules[task.rules], codec)))
+        return tasks | "Spread" >> beam.Reshuffle() | "Split" >> beam.ParDo(self._fn)

@@ -27,7 +27,7 @@ from transforms.records import Rejected, TextItem
 from transforms.splitting import MIN_MAX_TOKENS, Splitter
 
 if TYPE_CHECKING:  # transforms/known.py is a Beam step; this module needs only its record
-    from transforms.known import Known
+    from transforms.known import ReuseRef
 
 # Pending reasons: resumable, and each one maps to the job's exit code in the summary.
 BUDGET = "budget_exhausted"
@@ -133,7 +133,7 @@ class RequestRunner:
                  recall: Callable[[str], tuple[dict, list[str], list[int], np.ndarray] | None] | None = None,
                  intend: Callable[[str, int, int], None] | None = None,
                  concurrency: AimdLimiter | None = None, quota: TokenBucketLimiter | None = None,
-                 known: Callable[[str], "Known | None"] | None = None):
+                 known: Callable[[str], "tuple[np.ndarray, ReuseRef] | None"] | None = None):
         self._client, self._model, self._dimensions = client, model, dimensions
         self._expected_dims = expected_dims
         self._guard, self._breaker, self._run_id = guard, breaker, run_id
@@ -284,8 +284,8 @@ class RequestRunner:
             if known is None:
                 rest.append(piece)
             else:
-                vector = np.frombuffer(known.vector, dtype="<f4").reshape(1, -1)
-                out.deliveries.append(Delivery(known.request_id, [piece], vector, [known.share_micro]))
+                vector, ref = known
+                out.deliveries.append(Delivery(ref.request_id, [piece], vector.reshape(1, -1), [ref.share_micro]))
         return rest
 
     def _request_row(self, request_id, batch, started, *, result=None, error=None) -> dict:

@@ -25,7 +25,8 @@ old vectors in the view until the new version is complete. Exit 4 is not an alar
 budget ran out as `allow_partial` allowed, and the next scheduled run picks up the rest.
 The XCom has the day's `changes` (added, edited, removed, unchanged, resumed documents) and
 what the view holds now (`current`: documents, chunks, embedded, failed, pending); readers
-query `OUTPUT/current/` (README, "Using the vectors").
+query `OUTPUT/current/` on a local or shared disk, or on gs:// and s3:// the files that
+`OUTPUT/summary.json` lists (README, "Using the vectors").
 
 **Why a subprocess task and not BeamRunPythonPipelineOperator** (apache-beam provider 6.3):
 on DataflowRunner that operator stops reading the launcher as soon as the Dataflow job id

@@ -55,10 +55,7 @@ class OutputDir:
         return views.load(self.path)
 
     def _match(self, pattern: str) -> list[str]:
-        try:
-            return sorted(m.path for m in FileSystems.match([self.join(pattern)])[0].metadata_list)
-        except Exception:  # no such directory (yet)
-            return []
+        return sorted(m.path for m in FileSystems.match([self.join(pattern)])[0].metadata_list)
 
     def run_dir(self, run_id: str) -> str:
         return self.join(layout.run_dir(run_id))
@@ -143,9 +140,10 @@ class OutputDir:
         if self.view is not None and views.linked(self.path) != self.view.view:
             views.link(self.path, self.view)
 
-    def commit(self, run: RunFiles, template: View, codec: Codec, rewrite: Rewrite) -> View:
-        """RUN's outcome becomes the current view: its files, the manifest, the link."""
-        new = views.save(self.path, next_view(self.path, self.view, run, template, codec, rewrite))
+    def commit(self, run: RunFiles, previous: View | None, template: View, codec: Codec, rewrite: Rewrite) -> View:
+        """RUN's outcome becomes the current view (after PREVIOUS, the view the run started
+        from): its files, the manifest, the link."""
+        new = views.save(self.path, next_view(self.path, previous, run, template, codec, rewrite))
         views.link(self.path, new)
         self.__dict__["view"] = new
         return new

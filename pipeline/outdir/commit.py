@@ -6,6 +6,7 @@ Per document the run worked on (its `changes` rows, transforms/changes.py), or r
 |----------------------------------------|---------------------------------|--------------------------------------|
 | added (no version in DIR)              | served                          | served as far as it goes             |
 | edited (DIR serves another version)    | served; the old rows leave      | staged; the old version stays served |
+|   ... whose served version is partial  | served; the old rows leave      | served as far as it goes; old rows leave |
 | resumed (the version DIR was building) | promoted from staged, or served | staged, or served as far as it goes  |
 | removed (--sync: not in the input)     | every row leaves                |                                      |
 
@@ -30,16 +31,16 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.outdir import layout
 from pipeline.outdir.view import View
 from transforms.changes import CHANGES_SCHEMA, DOCINDEX, FINGERPRINT, RESUMED
-from transforms.rewrite import Rules, Task, chunk_keys, count
+from transforms.rewrite import Rules, Task, chunk_keys, count, save_rules
 from transforms.source import read_tables, row_count
 from transforms.write import Codec, open_writer
 
 # Where the rows that move from a file of one kind go.
 MOVES = {"staged-embeddings": "embeddings", "staged-failed": "failed",
          "embeddings": "staged-embeddings", "failed": "staged-failed"}
-SERVED, PENDING, STAGED, THIS_RUN = "served", "pending", "staged", "this_run"
-RULES_OF_PREVIOUS = {"embeddings": SERVED, "failed": SERVED, "documents": SERVED, "pending": PENDING,
-                     "staged-embeddings": STAGED, "staged-failed": STAGED, "requests": None}
+SERVED, FAILED, PENDING, STAGED, THIS_RUN = "served", "failed", "pending", "staged", "this_run"
+RULES_OF_PREVIOUS = {"embeddings": SERVED, "failed": FAILED, "documents": SERVED, "pending": PENDING,
+                     "staged-embeddings": STAGED, "staged-failed": STAGED}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +110,13 @@ def decide(changes: pa.Table, previous: pa.Table, pending: pa.Table, removed: pa
     building_target = pc.and_(resumed, pc.is_valid(target))
     edited = pc.and_(pc.invert(resumed), known)
     complete = pc.is_null(todo)
+    # the version readers see is complete (a target is built only beside a complete one):
+    # an edit waits behind it; an edit of a version served as far as it went replaces it
+    served_complete = pc.or_(pc.is_valid(target), pc.is_null(old_todo))
+    replace = pc.and_(edited, pc.or_(complete, pc.invert(served_complete)))
     promote = pc.and_(building_target, complete)
-    stage = pc.and_(pc.or_(building_target, edited), pc.invert(complete))
-    new_served = pc.if_else(pc.or_(pc.invert(known), pc.and_(edited, complete)), fp,
-                            pc.if_else(promote, target, served))
+    stage = pc.and_(pc.or_(building_target, pc.and_(edited, served_complete)), pc.invert(complete))
+    new_served = pc.if_else(pc.or_(pc.invert(known), replace), fp, pc.if_else(promote, target, served))
     nulls = pa.nulls(len(doc), FINGERPRINT)
     new_target = pc.if_else(stage, pc.if_else(building_target, target, fp), nulls)
     entries = pa.table([doc, new_served, new_target, todo], schema=DOCINDEX)
@@ -126,9 +130,11 @@ def decide(changes: pa.Table, previous: pa.Table, pending: pa.Table, removed: pa
                 if resplit else pa.array([], pa.string()))
 
     removed = _array(removed).cast(pa.string())
+    served_rules = Rules(_union(docs(pc.or_(promote, replace)), removed),
+                         keys(pc.and_(resumed, pc.invert(building_target))))
     rules = {
-        SERVED: Rules(_union(docs(pc.or_(promote, pc.and_(edited, complete))), removed),
-                      keys(pc.and_(resumed, pc.invert(building_target))), drop_null_ids=read_input),
+        SERVED: served_rules,
+        FAILED: served_rules._replace(drop_null_ids=read_input),   # rows without an id come again
         PENDING: Rules(_union(doc, removed)),
         STAGED: Rules(_union(docs(edited), removed), keys(building_target), docs(promote)),
         THIS_RUN: Rules(move_docs=docs(stage)),
@@ -143,9 +149,10 @@ class RunFiles:
     files: dict                 # kind -> [relative path]
     read_input: bool            # False: --resume without --input (DIR's pending rows were the input)
     removed: pa.Array           # --sync: ids of the view that are not in the input
+    requests: tuple = ()        # every requests file of DIR's history: a view holds them all
 
 
-Rewrite = Callable[[list[Task], dict], None]
+Rewrite = Callable[[list[Task], str], None]   # the tasks, the path of their rules (save_rules)
 
 
 class _Files:
@@ -207,10 +214,12 @@ def next_view(output_dir: str, previous: View | None, run: RunFiles, template: V
         for path, rows in (previous.files.get(kind, ()) if previous else ()):
             gathered.add(kind, path, rules_name, rows)
     for kind in layout.READER_KINDS:
-        for path in run.files.get(kind, []):
+        for path in run.requests if kind == "requests" else run.files.get(kind, []):
             gathered.add(kind, path, THIS_RUN if kind in MOVES else None)
     if gathered.tasks:
-        rewrite(gathered.tasks, decision.rules)
+        rules = layout.join(output_dir, layout.segment("rules", run.run_id, 0))
+        save_rules(rules, decision.rules)
+        rewrite(gathered.tasks, rules)
     kept = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
     new_index = pa.concat_tables([kept, decision.entries])
     docindex = layout.docindex(run.run_id)

@@ -16,9 +16,9 @@ def write_json(path: str, value, indent: int | None = None) -> None:
 
 
 def read_json(path: str):
-    """The value at PATH, or None when it is absent (or half-written by a racing writer)."""
-    try:
-        with FileSystems.open(path) as fh:
-            return json.loads(fh.read())
-    except Exception:
+    """The value at PATH, or None when there is none. Any other failure raises: a store that
+    does not answer must not pass for an empty directory (a run would take it over)."""
+    if not FileSystems.exists(path):
         return None
+    with FileSystems.open(path) as fh:
+        return json.loads(fh.read())

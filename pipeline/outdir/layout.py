@@ -4,14 +4,16 @@
                                  atomically, to a directory of hard links (local disks only)
     summary.json                 the last run's summary; `files` lists the current view
     history/<run>/               everything a run's job wrote, never changed afterwards:
-                                 requests, every row it paid for, its dead letters, its pending
-                                 rows then, the documents it found changed
+                                 requests, every row it paid for, its dead letters, the
+                                 documents it found changed; its pending rows (texts, not paid
+                                 for) until no kept view holds them
     _current.json                the current view's manifest (the commit point)
     _views/<view>.json           manifests of the views kept for readers still on them
     _segments/                   files a commit derived from others (rows filtered out or moved)
-    _runs/<run>.json             each run's start and finish (balance, stats): the reconciliation
+    _runs/<run>.json             each run's start and finish (balance, stats): the
+                                 reconciliation (records.py)
     _journal/<run>/              answers paid for and not yet in history (transforms/journal.py)
-    _lock.json, _progress/       the live run
+    _lock.json, _progress/       the live run (lock.py, transforms/progress.py)
 
 A view's id is the id of the run that committed it.
 """

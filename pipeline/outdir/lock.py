@@ -24,16 +24,13 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.config import LockSettings
 from pipeline.inputs import UsageError
 from pipeline.outdir.jsonfiles import read_json, write_json
+from pipeline.outdir.view import is_local
 
 LOCK_FILE = "_lock.json"
 
 
 class OutputLocked(UsageError):
     """Another live run is writing the same --output (exit 2)."""
-
-
-def _is_local(path: str) -> bool:
-    return FileSystems.get_scheme(path) in (None, "file")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -52,7 +49,7 @@ class OutputLock:
 
     def __init__(self, output_dir: str, run_id: str, settings: LockSettings):
         self._path = FileSystems.join(output_dir, LOCK_FILE)
-        self._local = _is_local(self._path)
+        self._local = is_local(self._path)
         self._settings = settings
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,8 +81,9 @@ class OutputLock:
             f"--output {FileSystems.split(self._path)[0]} is being written by another run: run "
             f"{other.get('run_id')} on host {other.get('host')}, pid {other.get('pid')}, started "
             f"{other.get('started_at')} (lock {self._path}). Wait for it to finish (or stop it), then "
-            f"run again with --resume; the lock of a run that is gone is ignored (on another host or an "
-            f"object store once its heartbeat is {self._settings.lease_s:g} s old).")
+            f"run the same command again, with --resume if it has neither --resume nor --sync; the lock "
+            f"of a run that is gone is ignored (on another host or an object store once its heartbeat is "
+            f"{self._settings.lease_s:g} s old).")
 
     def _acquire_local(self) -> None:
         for _ in range(3):
@@ -141,4 +139,7 @@ class OutputLock:
         write_json(self._path, self.holder)
 
     def _read(self) -> dict | None:
-        return read_json(self._path)
+        try:
+            return read_json(self._path)
+        except Exception:  # half-written by a racing run (O_EXCL), or gone meanwhile
+            return None

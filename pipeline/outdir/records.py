@@ -36,5 +36,5 @@ def record_finish(output_dir: str, run_id: str, account_after: dict, unanswered:
 
 def read_records(output_dir: str) -> list[dict]:
     found = FileSystems.match([FileSystems.join(output_dir, RUNS_DIR, "*.json")])[0].metadata_list
-    records = [r for r in (read_json(m.path) for m in found) if r is not None]
+    records = [r for r in map(read_json, (m.path for m in found)) if r is not None]   # None: gone meanwhile
     return sorted(records, key=lambda r: r["started_at"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import glob
 import os
 import shutil
 import uuid
@@ -101,6 +102,8 @@ def link(output_dir: str, view: View) -> None:
     current = layout.join(root, layout.CURRENT_LINK)
     if os.path.exists(current) and not os.path.islink(current):
         raise FileExistsError(f"{current} is not the link embedpipe keeps: move it away")
+    for stale in glob.glob(f"{current}.tmp-*"):   # a switch a kill interrupted
+        os.unlink(stale)
     temp = f"{current}.tmp-{uuid.uuid4().hex}"
     os.symlink(layout.view_links(view.view), temp)
     os.replace(temp, current)   # one rename: readers see the old view or the new one
@@ -122,7 +125,8 @@ def collect_garbage(output_dir: str, keep: int) -> None:
     """Delete the views older than the KEEP newest, and the derived files (segments) and
     history pending rows none of the kept views holds. History's other files stay: they
     are what was paid, when and by whom."""
-    kept = _kept_views(output_dir, keep)
+    current = load(output_dir)
+    kept = _kept_views(output_dir, keep) + ([current] if current else [])   # whatever the ids' order
     held = set().union(*(v.all_files for v in kept)) if kept else set()
     names = {v.view for v in kept}
     old = [m.path for m in FileSystems.match([layout.join(output_dir, f"{layout.VIEWS}/*.json")])[0].metadata_list

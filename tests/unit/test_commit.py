@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.outdir.commit import PENDING, SERVED, STAGED, THIS_RUN, decide
+from pipeline.outdir.commit import FAILED, PENDING, SERVED, STAGED, THIS_RUN, decide
 from transforms.changes import CHANGES_SCHEMA, DOCINDEX
 from transforms.rewrite import Rules, Task, count, split_file
 from transforms.write import Codec
@@ -63,7 +63,8 @@ def test_the_rows_that_leave_or_move():
     assert ids(served.drop_docs) == ["edited-done", "gone", "target"]
     # a resumed document split again from the input: its pending chunks' earlier rows are redone
     assert ids(served.drop_keys) == ["partial\x002", "partial\x003"]
-    assert served.drop_null_ids                          # rows without an id come again from the input
+    assert not served.drop_null_ids and d.rules[FAILED].drop_null_ids   # rows without an id come again
+    assert ids(d.rules[FAILED].drop_docs) == ids(served.drop_docs)
     assert ids(d.rules[PENDING].drop_docs) == ["edited-done", "edited-half", "gone", "new", "partial", "target"]
     assert ids(staged.drop_docs) == ["edited-done", "edited-half", "gone"]   # older unfinished versions
     assert ids(staged.drop_keys) == ["target\x001"]
@@ -71,12 +72,22 @@ def test_the_rows_that_leave_or_move():
     assert ids(this_run.move_docs) == ["edited-half"]    # staged until complete
 
 
+def test_an_edit_of_a_version_served_as_far_as_it_went_replaces_it():
+    """A version that was itself not complete is not kept beside the new one: the new one is
+    served as far as it goes, the old rows and pending rows leave."""
+    d = decide(changes(("partial", "edited", fp(12))), PREVIOUS, pending(("partial", 0)), pa.array([], pa.string()),
+               read_input=True)
+    assert entries(d) == {"partial": (fp(12), None, [0])}
+    assert ids(d.rules[SERVED].drop_docs) == ["partial"] and ids(d.rules[PENDING].drop_docs) == ["partial"]
+    assert ids(d.rules[THIS_RUN].move_docs) == []
+
+
 def test_resumed_from_pending_rows_keeps_the_rows_of_earlier_pieces():
     """--resume without --input sends exactly the pending rows: nothing else of the document
     is done again, and rows without an id stay."""
     d = decide(changes(("partial", "resumed", None)), PREVIOUS, pending(), pa.array([], pa.string()),
                read_input=False)
-    assert ids(d.rules[SERVED].drop_keys) == [] and not d.rules[SERVED].drop_null_ids
+    assert ids(d.rules[SERVED].drop_keys) == [] and not d.rules[FAILED].drop_null_ids
     assert entries(d) == {"partial": (fp(3), None, None)}
 
 

@@ -2,14 +2,15 @@
 embeddings files and journal entries, and reads a vector only when it is asked for."""
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import hashlib
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from transforms import journal, schemas
-from transforms.known import KnownIndex
+from transforms import journal, known, schemas
+from transforms.known import KnownIndex, best_ref, read_vectors
 from transforms.lineage import embeddings_table
 from transforms.records import ChunkRef, TextItem
 
@@ -50,7 +51,7 @@ def test_texts_in_earlier_outputs_are_found_with_their_request_and_vector(tmp_pa
     for i, text in enumerate(["x", "y", "z"]):
         ref = index.lookup(sha(text))
         assert (ref.request_id, ref.share_micro) == ("req-a", 0)
-        assert index.vectors(ref.file, ref.row_group)[ref.row].tolist() == vectors[i].tolist()
+        assert read_vectors(ref.path, ref.row_group, ref.journaled)[ref.row].tolist() == vectors[i].tolist()
     assert index.lookup(sha("w")) is None   # another model's vector is never this model's answer
     assert index.lookup(sha("v")) is None   # nor a vector of another length
     assert index.lookup(sha("never")) is None
@@ -63,7 +64,7 @@ def test_a_journaled_text_carries_its_share_unless_dir_already_holds_it_under_th
     index = KnownIndex(MODEL, DIMS, sorted(map(str, tmp_path.glob("embeddings-*.parquet"))), [path])
     paid = index.lookup(sha("paid"))
     assert (paid.request_id, paid.share_micro) == ("req-j", 11)
-    assert index.vectors(paid.file, paid.row_group)[paid.row].tolist() == vectors[0].tolist()
+    assert read_vectors(paid.path, paid.row_group, paid.journaled)[paid.row].tolist() == vectors[0].tolist()
     written = index.lookup(sha("also-written"))
     assert (written.request_id, written.share_micro) == ("req-j", 0)
 
@@ -75,3 +76,19 @@ def test_of_two_journal_entries_the_larger_share_wins(tmp_path):
     for paths in ([small, large], [large, small]):
         ref = KnownIndex(MODEL, DIMS, [], paths).lookup(sha("t"))
         assert (ref.request_id, ref.share_micro) == ("req-2", 9)
+
+
+def test_the_join_and_the_index_choose_the_same_place(tmp_path):
+    """best_ref (several workers, a join) decides as the KnownIndex (one process) does."""
+    out = tmp_path / "out"
+    path, _ = write_journal(out, ["paid", "also-written"], "req-j", [11, 22])
+    write_embeddings(tmp_path / "embeddings-dir.parquet", ["also-written", "elsewhere"], "req-j")
+    files = sorted(map(str, tmp_path.glob("embeddings-*.parquet")))
+    index = KnownIndex(MODEL, DIMS, files, [path])
+    refs = collections.defaultdict(list)
+    for found in [*known._journal_refs(path), *(r for f in files for r in known._stored_refs(f, MODEL, DIMS))]:
+        refs[found[0]].append(found[1])
+    for text in ("paid", "also-written", "elsewhere"):
+        chosen = best_ref(refs[sha(text)])
+        assert (chosen.request_id, chosen.share_micro) == (index.lookup(sha(text)).request_id,
+                                                            index.lookup(sha(text)).share_micro)

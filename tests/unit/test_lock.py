@@ -51,7 +51,7 @@ def test_a_live_pid_with_a_silent_heartbeat_is_stale(tmp_path):
 
 
 def test_a_lease_is_stale_only_once_its_heartbeat_is_old(tmp_path, monkeypatch):
-    monkeypatch.setattr(lock, "_is_local", lambda path: False)
+    monkeypatch.setattr(lock, "is_local", lambda path: False)
     other = {"run_id": "run-a", "host": "elsewhere", "pid": 1, "started_at": "earlier"}
     (tmp_path / LOCK_FILE).write_text(json.dumps({**other, "heartbeat": time.time()}))
     with pytest.raises(OutputLocked, match="run run-a on host elsewhere"):

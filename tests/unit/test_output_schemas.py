@@ -13,7 +13,7 @@ from apache_beam.internal import pickler
 
 from transforms import journal, schemas
 from transforms.docvectors import documents_schema
-from transforms.known import journal_known
+from transforms.known import _journal_refs, read_vectors
 
 DIMS = 8
 META = schemas.metadata("m", DIMS, "run-1")
@@ -83,9 +83,10 @@ def test_a_journal_written_by_an_earlier_version_is_still_read(tmp_path, nullabl
     assert pa.types.is_fixed_size_list(pq.read_schema(path).field("embedding").type)
     paths, rows = journal.unwritten(str(tmp_path), set(), "m", DIMS)
     assert [r["request_id"] for r in rows] == ["r1"]
-    known = [pair for path in paths for pair in journal_known(path)]
+    known = [pair for path in paths for pair in _journal_refs(path)]
     assert [(sha, k.share_micro, k.request_id) for sha, k in known] == [("a" * 64, 10, "r1"), ("b" * 64, 20, "r1")]
-    assert np.frombuffer(known[1][1].vector, dtype="<f4").tolist() == list(range(DIMS, 2 * DIMS))
+    ref = known[1][1]
+    assert read_vectors(ref.path, ref.row_group, ref.journaled)[ref.row].tolist() == list(range(DIMS, 2 * DIMS))
     assert journal.read_entry(str(tmp_path), "run-1", "r1")[3].tolist() == np.arange(2 * DIMS).reshape(2, DIMS).tolist()
     assert journal.unwritten(str(tmp_path), set(), "m", DIMS + 1) == ([], [])   # other dimensions
     assert journal.unwritten(str(tmp_path), {"r1"}, "m", DIMS) == (paths, [])   # its request row is written
