@@ -80,7 +80,7 @@ class ConcurrencyLimiter:
         self._slow_start = True
         self._answers = self._timed = 0   # answers (and those with a latency) this round trip
         self._ratios = 0.0                # their latency / expected, summed
-        self._seen: dict[int, float] = {}   # mean latency / expected of a round trip, per limit
+        self._seen: dict[int, tuple[float, int]] = {}   # in flight at send -> (latency / expected, answers)
         self._recent: collections.deque = collections.deque(maxlen=_WINDOW)   # (tokens, latency_s)
         self._plateau: int | None = None   # the level that drew the last 429
         self._probe_wait = 0               # answers under the plateau before probing it
@@ -137,14 +137,18 @@ class ConcurrencyLimiter:
                 ratio = max(1.0, latency_s / expected)
         if permit.epoch != self._epoch:   # sent before the last decrease: its latency is old news
             return
+        if ratio is not None:   # what the latency was at each concurrency it was sent with
+            mean, n = self._seen.get(permit.sent_with, (ratio, 0))
+            self._seen[permit.sent_with] = ((mean + ratio) / 2 if n else ratio, n + 1)
         if self._plateau is not None and self._limit + 1 >= self._plateau:
             self._under += 1
         in_use = 2 * self._in_flight >= int(self._limit)
         if self._slow_start:
             if ratio is not None and ratio >= _QUEUED:
                 self._latency_decrease(min(self._limit, permit.sent_with), ratio)
-            elif ratio is not None and ratio >= _SLOWER:
-                self._slow_start = False     # from now on, one step per round trip
+            elif ratio is not None and ratio >= _SLOWER:   # from now on, one step per round trip,
+                self._decrease(min(self._limit, permit.sent_with))   # from where it was seen
+                self.latency_decreases += 1
             elif in_use:
                 self._grow()
             return
@@ -160,17 +164,13 @@ class ConcurrencyLimiter:
         self._answers = self._timed = 0
         self._ratios = 0.0
         self._level += 1   # the next round trip starts here, whatever is decided
-        if mean is None:
-            if in_use:
-                self._grow()
-            return
         level = int(self._limit)
-        self._seen[level] = (self._seen[level] + mean) / 2 if level in self._seen else mean
-        below = self._seen.get(level - 1)
-        if mean >= _QUEUED:
+        below = max((k for k, (_, n) in self._seen.items() if k < level and n >= 2), default=None)
+        if mean is not None and mean >= _QUEUED:
             self._latency_decrease(self._limit, mean)
-        elif below is not None and level / (level - 1) * below / mean < 1 + _WORTH / (level - 1):
-            self._decrease(level - 1)        # the step up to this level bought too little
+        elif mean is not None and below is not None and \
+                level / mean < below / self._seen[below][0] * (1 + _WORTH * (level - below) / below):
+            self._decrease(below)            # the step up from there bought too little
             self.latency_decreases += 1
         elif in_use:
             self._grow()
@@ -192,7 +192,8 @@ class ConcurrencyLimiter:
         self._level += 1
 
     def _decrease(self, to: float) -> None:
-        self._limit = max(self._min, min(self._limit, to))
+        """To TO, but at most halving at once: one noisy answer cannot take the limit to 1."""
+        self._limit = max(self._min, self._limit / 2, min(self._limit, to))
         self._slow_start = False
         self._answers = self._timed = 0
         self._ratios = 0.0
