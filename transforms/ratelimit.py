@@ -43,7 +43,7 @@ _SIZE_SLACK = 0.9
 _SLOWER = 1.5    # latency / expected that ends slow start: from there, one step per round trip
 _QUEUED = 2.0    # latency / expected at which half of it is a queue: a decrease whatever the step
 _WORTH = 0.5     # a step up must raise the throughput by at least this share of the concurrency added
-_PROBE_ANSWERS = 16   # x the 429's level: answers under it before the first probe of that level
+_PROBE_ANSWERS = 32   # x the 429's level: answers under it before the first probe of that level
 # Where a worker process starts (or the ceiling, when lower): the fixed concurrency this job
 # used before it adapted, chosen as safe for a real service; slow start doubles it every round
 # trip from there (2 instead cost ~2.5 s of a 15 s run at 20k documents for its extra round trip).

@@ -136,11 +136,11 @@ def test_a_429s_level_is_probed_again_only_after_a_wait_that_doubles():
     caller.round_trip()
     assert lim.allowed == 3
     first = _answers_to_reach(caller, 6)
-    assert first >= 16 * 6                       # waited under the 429's level
+    assert first >= 32 * 6                       # waited under the 429's level
     caller.held.pop().release(RATE_LIMITED)      # the probe drew a 429 again
     caller.round_trip()
     second = _answers_to_reach(caller, 6)
-    assert second >= 2 * 16 * 6
+    assert second >= 2 * 32 * 6
     caller.round_trip()
     caller.round_trip()
     assert lim.allowed >= 7                      # a probe that passed: no plateau any more
