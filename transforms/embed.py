@@ -107,7 +107,6 @@ class _Shared:
                     TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
             return cls._by_run[cfg.run_id]
 
-
     def limit_changes(self) -> list[tuple[str, int]]:
         """What the limiter's figures moved since the last report: counters summed over bundles
         and processes (in summary.json's metrics: the limits of all processes added up)."""
