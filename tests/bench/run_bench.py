@@ -192,7 +192,7 @@ class Bench:
                   f"(baseline's 8191-token slices), {base['prompt_tokens']:,} tokens"))
         self.emit("x baseline = documents per second over the baseline's (the same corpus; token counts "
                   "differ slightly because the chunks are cut differently). max-in-flight N is the ceiling "
-                  "of the adaptive limit (it starts at 4); limit settled = the limit at the end (summary.json "
+                  "of the adaptive limit (it starts at 2); limit settled = the limit at the end (summary.json "
                   "metrics.in_flight_limit, summed over worker processes); in flight = requests in flight over the answers' "
                   "span, from requests-*.parquet. The floor rows are no client at all (tests/bench/floor.py): "
                   "the best any client could do on this machine at that concurrency; wall / floor compares "
