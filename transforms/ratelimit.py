@@ -16,15 +16,21 @@ ConcurrencyLimiter starts low and reads two signals, as TCP does with its conges
   cap then sees few 429s, however long the run).
 - latency above what the request's size explains: each answer that took one attempt is
   compared with the fastest of the recent answers of at least about its size (latency only
-  grows with size, so what is left is a queue upstream or a saturated service). TCP Vegas's
-  estimate of the requests queued, limit x (1 - expected / latency), averaged over a round
-  trip of requests sent at the current limit, above `_queue_high` brings the limit down to
-  what the latency says fits (Gradient2's gradient, limit x expected / latency, at most
-  halving); below `_queue_low` it may grow; in between it holds.
-Growth needs the limit in use (a caller that never fills it proves nothing about a larger one):
-+1 per answer until the first sign of a queue or a 429 (slow start: doubling per round trip),
-then +1 per round trip. Each worker process adapts on its own; processes sharing an account
-settle together, as TCP flows share a link, with no coordinator.
+  grows with size, so what is left is a queue upstream or a saturated service), as a ratio.
+  In slow start, an answer `_QUEUED` x slower brings the limit down to what it says fits
+  (Gradient2's gradient: the concurrency it was sent with / the ratio); one `_SLOWER` x slower
+  ends slow start where it was sent. After that, one decision per round trip of requests sent
+  at the current limit: a mean ratio of `_QUEUED` or more brings the limit down the same way;
+  else the step up from the nearest concurrency seen below is kept only if the answers per
+  second (concurrency / ratio, as TCP Vegas compares expected and actual rates) grew by at
+  least `_WORTH` of the concurrency it added, and undone if not; else the limit grows by one.
+  A service that gets slower but answers more a second (a shared CPU) is still climbed; one
+  that queues past a capacity is held near it.
+Decreases at most halve the limit at once. Growth needs the limit in use (a caller that never
+fills it proves nothing about a larger one): +1 per answer until the first sign of a queue or
+a 429 (slow start: doubling per round trip), then +1 per round trip. Each worker process
+adapts on its own; processes sharing an account settle together, as TCP flows share a link,
+with no coordinator.
 """
 from __future__ import annotations
 
