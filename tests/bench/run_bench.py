@@ -51,7 +51,7 @@ import yaml
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, capacity, floor, irreducible
+from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -145,10 +145,10 @@ class Bench:
                    math.ceil(chunks / self.model.max_inputs_per_request))
 
     @staticmethod
-    def concurrency(summary: dict, out: Path) -> tuple[int, float, int]:
+    def settled(summary: dict, out: Path) -> tuple[int, float, int]:
         """(the limit the run settled at: its processes' final limits added up, from the Embed
         step's counters; the mean in flight; the peak)."""
-        mean, peak = capacity.in_flight(out)
+        mean, peak = concurrency.in_flight(out)
         return summary["metrics"].get("in_flight_limit", peak), mean, peak
 
     # -- sections --------------------------------------------------------------------------
@@ -162,7 +162,7 @@ class Bench:
                 for f in a.in_flight:
                     label = f"pipeline-{'default' if f is None else f'f{f}'}-w{w}"
                     m, s, out = self.pipeline(label, corpus, sb, f, w, keep=True)
-                    runs.append((f, w, m, s, *self.concurrency(s, out)))
+                    runs.append((f, w, m, s, *self.settled(s, out)))
                     shutil.rmtree(out, ignore_errors=True)
             # a default run is compared with the floor at the most it had in flight (its limit may
             # be above: it grows while half of it is in use, and reading can leave it unfilled)
@@ -214,7 +214,7 @@ class Bench:
         extra = ("--models-config", str(models))
         with self.sandbox("sandbox-capacity-none", LATENCY) as sb:
             _, s, out = self.pipeline("capacity-none", corpus, sb, None, 1, keep=True, extra=extra)
-            reference = capacity.rows_digest(out)
+            reference = concurrency.rows_digest(out)
             shutil.rmtree(out, ignore_errors=True)
         bodies = floor.packed_bodies(corpus, MODEL, self.model.max_inputs_per_request, a.capacity_request_tokens,
                                      fill=0.99)
@@ -229,10 +229,10 @@ class Bench:
                     args = LATENCY + ["--capacity", str(cap), "--capacity-mode", mode]
                     with self.sandbox(f"sandbox-{label}", args) as sb:
                         m, s, out = self.pipeline(label, corpus, sb, None, w, keep=True, extra=extra)
-                        refused = capacity.refused(sb.base_url)
-                        twice = capacity.paid_twice(list(read_ledger(sb.db)))
-                    same = capacity.rows_digest(out) == reference
-                    settled, mean, peak = self.concurrency(s, out)
+                        refused = concurrency.refused(sb.base_url)
+                        twice = concurrency.paid_twice(list(read_ledger(sb.db)))
+                    same = concurrency.rows_digest(out) == reference
+                    settled, mean, peak = self.settled(s, out)
                     shutil.rmtree(out, ignore_errors=True)
                     share = refused / s["requests"]
                     rows.append([cap, mode, w, m.wall_s, floor_s, f"{m.wall_s / floor_s:.2f}",
