@@ -179,7 +179,7 @@ class Bench:
                                                            f"{m.wall_s / floors[at][1]:.2f} (at {at})"])
             if f is None and w == 1:
                 self.targets.append(
-                    f"default settings, 20k documents at 50 ms + 5 us/token: {base_m.wall_s / m.wall_s:.2f}x the "
+                    f"default settings, {a.docs:,} documents at 50 ms + 5 us/token: {base_m.wall_s / m.wall_s:.2f}x the "
                     f"sequential loop ({m.wall_s:.1f} s against {base_m.wall_s:.1f} s; target >= 5x); "
                     f"limit at the end {settled}, at most {peak} in flight (mean {mean:.1f}); wall / floor at "
                     f"{at} = {m.wall_s / floors[at][1]:.2f} (floor {floors[at][1]:.1f} s; target <= 1.15)")
