@@ -26,8 +26,11 @@ ConcurrencyLimiter starts low and reads two signals, as TCP does with its conges
   least `_WORTH` of the concurrency it added, and undone if not; else the limit grows by one.
   A service that gets slower but answers more a second (a shared CPU) is still climbed; one
   that queues past a capacity is held near it.
-Decreases at most halve the limit at once. Growth needs the limit in use (a caller that never
-fills it proves nothing about a larger one): +1 per answer until the first sign of a queue or
+The concurrency a round trip measured is the mean in-flight count its requests were sent with,
+not the limit (reading may leave the limit unfilled). Decreases at most halve the limit at
+once. Growth needs the limit full when an answer comes (a caller that never fills it proves
+nothing about a larger one, and a limit that grows unused only overstates what was found): +1
+per answer until the first sign of a queue or
 a 429 (slow start: doubling per round trip), then +1 per round trip. Each worker process
 adapts on its own; processes sharing an account settle together, as TCP flows share a link,
 with no coordinator.
@@ -87,6 +90,7 @@ class ConcurrencyLimiter:
         self._slow_start = True
         self._answers = self._timed = 0   # answers (and those with a latency) this round trip
         self._ratios = 0.0                # their latency / expected, summed
+        self._sent = 0                    # and the in-flight counts they were sent with, summed
         self._seen: dict[int, tuple[float, int]] = {}   # in flight at send -> (latency / expected, answers)
         self._recent: collections.deque = collections.deque(maxlen=_WINDOW)   # (tokens, latency_s)
         self._plateau: int | None = None   # the level that drew the last 429
@@ -149,7 +153,7 @@ class ConcurrencyLimiter:
             self._seen[permit.sent_with] = ((mean + ratio) / 2 if n else ratio, n + 1)
         if self._plateau is not None and self._limit + 1 >= self._plateau:
             self._under += 1
-        in_use = 2 * self._in_flight >= int(self._limit)
+        in_use = self._in_flight >= int(self._limit)   # full when this answer came (it counts)
         if self._slow_start:
             if ratio is not None and ratio >= _QUEUED:
                 self._latency_decrease(min(self._limit, permit.sent_with), ratio)
@@ -163,20 +167,25 @@ class ConcurrencyLimiter:
             return
         if ratio is not None:
             self._ratios += ratio
+            self._sent += permit.sent_with
             self._timed += 1
         self._answers += 1
         if self._answers < int(self._limit):
             return
         mean = self._ratios / self._timed if self._timed else None   # over one round trip
-        self._answers = self._timed = 0
+        sent_with = self._sent / self._timed if self._timed else None   # the concurrency it measured
+        self._answers = self._timed = self._sent = 0
         self._ratios = 0.0
         self._level += 1   # the next round trip starts here, whatever is decided
-        level = int(self._limit)
-        below = max((k for k, (_, n) in self._seen.items() if k < level and n >= 2), default=None)
-        if mean is not None and mean >= _QUEUED:
-            self._latency_decrease(self._limit, mean)
-        elif mean is not None and below is not None and \
-                level / mean < below / self._seen[below][0] * (1 + _WORTH * (level - below) / below):
+        if mean is None:
+            if in_use:
+                self._grow()
+            return
+        below = max((k for k, (_, n) in self._seen.items() if k <= round(sent_with) - 1 and n >= 2), default=None)
+        if mean >= _QUEUED:
+            self._latency_decrease(sent_with, mean)
+        elif below is not None and \
+                sent_with / mean < below / self._seen[below][0] * (1 + _WORTH * (sent_with - below) / below):
             self._decrease(below)            # the step up from there bought too little
             self.latency_decreases += 1
         elif in_use:
@@ -202,7 +211,7 @@ class ConcurrencyLimiter:
         """To TO, but at most halving at once: one noisy answer cannot take the limit to 1."""
         self._limit = max(self._min, self._limit / 2, min(self._limit, to))
         self._slow_start = False
-        self._answers = self._timed = 0
+        self._answers = self._timed = self._sent = 0
         self._ratios = 0.0
         self._epoch += 1
         self._level += 1
