@@ -37,7 +37,7 @@ class PackSettings:
 
 @dataclasses.dataclass(frozen=True)
 class EmbedSettings:
-    max_in_flight: int = 4
+    max_in_flight: int = 32
     progress_interval_s: float = 5.0
 
 

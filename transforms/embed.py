@@ -1,7 +1,8 @@
 """Embed: packed requests -> embeddings tables, with requests / failed / pending tagged outputs.
 
-The DoFn builds its client in setup() and keeps up to `max_in_flight` requests in flight with
-a thread pool: requests is blocking and releases the GIL while waiting, and threads need no
+The DoFn builds its client in setup() and keeps requests in flight with a thread pool, as many
+as the process's adaptive limit allows (transforms/ratelimit.ConcurrencyLimiter, at most
+`max_in_flight`): requests is blocking and releases the GIL while waiting, and threads need no
 new dependency (asyncio would need an async HTTP client). Budget guard and breaker are shared
 by every DoFn instance of one worker process.
 """
@@ -31,7 +32,7 @@ from transforms.caps import AccountWatch, cap_usages
 from transforms.known import KnownStores, known_vector
 from transforms.lineage import embeddings_table, pending_table
 from transforms.progress import Progress
-from transforms.ratelimit import AimdLimiter, TokenBucketLimiter
+from transforms.ratelimit import INITIAL, ConcurrencyLimiter, TokenBucketLimiter
 from transforms.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.splitting import SplitConfig, Splitter
 
@@ -80,9 +81,10 @@ class _Shared:
     per thread)."""
     guard: BudgetGuard
     breaker: Breaker
-    concurrency: AimdLimiter
+    concurrency: ConcurrencyLimiter
     quota: TokenBucketLimiter
     breaker_logged: bool = False
+    reported: dict = dataclasses.field(default_factory=dict)   # limiter figures in the counters
 
     _lock: ClassVar[threading.Lock] = threading.Lock()
     _by_run: ClassVar[dict] = {}
@@ -103,9 +105,20 @@ class _Shared:
                                 price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
                                 learned_margin=cfg.learned_margin, caps=caps, read_account=watch.read),
                     Breaker(),
-                    AimdLimiter(cfg.max_in_flight, maximum=cfg.max_in_flight),
+                    ConcurrencyLimiter(min(INITIAL, cfg.max_in_flight), maximum=cfg.max_in_flight),
                     TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
             return cls._by_run[cfg.run_id]
+
+    def limit_changes(self) -> list[tuple[str, int]]:
+        """What the limiter's figures moved since the last report: counters summed over bundles
+        and processes (in summary.json's metrics: the limits of all processes added up)."""
+        lim = self.concurrency
+        now = {"in_flight_limit": lim.allowed, "in_flight_peak": int(lim.peak), "limit_decreases": lim.decreases,
+               "latency_decreases": lim.latency_decreases, "rate_limited": lim.rate_limited_count}
+        with self._lock:
+            changes = [(k, v - self.reported.get(k, 0)) for k, v in now.items() if v != self.reported.get(k, 0)]
+            self.reported.update(now)
+        return changes
 
 
 class _EmbedDoFn(beam.DoFn):
@@ -113,7 +126,8 @@ class _EmbedDoFn(beam.DoFn):
         self._cfg = cfg
         self._m = {name: Metrics.counter("embedpipe", name) for name in (
             "requests", "embedded_chunks", "tokens", "cost_micro_rub", "retries", "failed_chunks",
-            "pending_chunks")}
+            "pending_chunks", "in_flight_limit", "in_flight_peak", "limit_decreases", "latency_decreases",
+            "rate_limited")}
 
     def setup(self):
         cfg = self._cfg
@@ -134,7 +148,7 @@ class _EmbedDoFn(beam.DoFn):
                                                                           tokens, worst),
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
             known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None)
-        self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight, thread_name_prefix="embed")
+        self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight + 1, thread_name_prefix="embed")
 
     def start_bundle(self):
         # Requests of a bundle that failed may still be running: let them finish (their answers
@@ -147,10 +161,15 @@ class _EmbedDoFn(beam.DoFn):
             yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
             return
         self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
-        while len(self._futures) >= self._cfg.max_in_flight:
-            done, self._futures = cf.wait(self._futures, return_when=cf.FIRST_COMPLETED)
-            for fut in done:
-                yield from self._emit(fut.result())
+        # Answers are written out as soon as this thread comes by: each holds its vectors until
+        # then. One request more than may be in flight waits ready for the next place; more
+        # (twice the limit) cost ~140 MB at 20k documents for no speed: each holds its text
+        done = {fut for fut in self._futures if fut.done()}
+        while len(self._futures) - len(done) > self._shared.concurrency.allowed:
+            done |= cf.wait(self._futures - done, return_when=cf.FIRST_COMPLETED).done
+        self._futures -= done
+        for fut in done:
+            yield from self._emit(fut.result())
         self._futures.add(self._pool.submit(self._runner.run, request))
 
     def finish_bundle(self):
@@ -161,6 +180,8 @@ class _EmbedDoFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(tag, wv) if tag else wv
         self._futures = set()
         self._progress.flush()
+        for name, change in self._shared.limit_changes():
+            self._m[name].inc(change)
 
     def teardown(self):
         if getattr(self, "_pool", None):

@@ -1,55 +1,104 @@
 """Client-side rate control for the Embed step's threads (no Beam here).
 
-- AimdLimiter: how many requests may be in flight. A 429 multiplies the limit by `decrease`
-  (at most once per window: requests already in flight when the limit dropped were sent
-  at the old rate, so their 429s are not news); every `limit` successes add `increase`, as
-  TCP's congestion avoidance does. A success counts only while at least half the limit is
-  in use (a caller that never fills the limit proves nothing about a larger one).
+- ConcurrencyLimiter: how many requests may be in flight, found from the answers (below).
 - TokenBucketLimiter: requests per minute and tokens per minute, client side, so a known
   quota is not discovered by 429s. Each call reserves its turn under a lock and then sleeps
   outside it: callers are served in order and never spin.
+
+ConcurrencyLimiter starts low and reads two signals, as TCP does with its congestion window:
+- a 429 (as it happens, through the client's on_retry hook, or as the final error): the limit
+  is halved, at most once per window (requests already in flight when it dropped were sent at
+  the old concurrency, so their 429s are not news). The request that drew it gives its place
+  back while it waits and retries only once the in-flight count is under the new limit, so
+  its retry does not meet the same overload. The level that drew the 429 becomes a plateau:
+  the limit climbs back to just under it, and probes it again only after a wait in answers
+  that doubles with every probe that draws another 429 (a service with a hard concurrency
+  cap then sees few 429s, however long the run).
+- latency above what the request's size explains: each answer that took one attempt is
+  compared with the fastest of the recent answers of at least about its size (latency only
+  grows with size, so what is left is a queue upstream or a saturated service), as a ratio.
+  In slow start, an answer `_QUEUED` x slower brings the limit down to what it says fits
+  (Gradient2's gradient: the concurrency it was sent with / the ratio); one `_SLOWER` x slower
+  ends slow start where it was sent. After that, one decision per round trip of requests sent
+  at the current limit: a mean ratio of `_QUEUED` or more brings the limit down the same way;
+  else the step up from the nearest concurrency seen below is kept only if the answers per
+  second (concurrency / ratio, as TCP Vegas compares expected and actual rates) grew by at
+  least `_WORTH` of the concurrency it added, and undone if not; else the limit grows by one.
+  A service that gets slower but answers more a second (a shared CPU) is still climbed; one
+  that queues past a capacity is held near it.
+The concurrency a round trip measured is the mean in-flight count its requests were sent with,
+not the limit (reading may leave the limit unfilled). Decreases at most halve the limit at
+once. Growth needs the limit full when an answer comes (a caller that never fills it proves
+nothing about a larger one, and a limit that grows unused only overstates what was found): +1
+per answer until the first sign of a queue or
+a 429 (slow start: doubling per round trip), then +1 per round trip. Each worker process
+adapts on its own; processes sharing an account settle together, as TCP flows share a link,
+with no coordinator.
 """
 from __future__ import annotations
 
-import contextlib
+import collections
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 OK, RATE_LIMITED, IGNORED = "ok", "rate_limited", "ignored"
 _OUTCOMES = (OK, RATE_LIMITED, IGNORED)
 
+# Latency reference: the fastest of the last _WINDOW clean answers (one attempt, 200) of at least
+# _SIZE_SLACK x the size; within that slack, size explains the difference.
+_WINDOW = 500
+_SIZE_SLACK = 0.9
+_SLOWER = 1.5    # latency / expected that ends slow start: from there, one step per round trip
+_QUEUED = 2.0    # latency / expected at which half of it is a queue: a decrease whatever the step
+_WORTH = 0.5     # a step up must raise the throughput by at least this share of the concurrency added
+_PROBE_ANSWERS = 32   # x the 429's level: answers under it before the first probe of that level
+# Where a worker process starts (or the ceiling, when lower). Low, because processes start
+# together: 2 worker processes starting at 4 on an account that takes 4 drew twice the 429s
+# (12 against 6 in 292 requests), and slow start doubles it every round trip from here (at
+# 20k documents, starting at 2 or 4 made no difference beyond the noise: 13.6 and 14.4 s).
+INITIAL = 2
+
 
 class Permit:
-    """One granted slot. `rate_limited()` may be called while the request is still retrying
-    (the client's on_retry hook), so the other threads slow down at once."""
-    __slots__ = ("_limiter", "epoch", "throttled", "released")
+    """One granted place. `rate_limited()` may be called while the request is still retrying
+    (the client's on_retry hook): the other threads slow down at once, and it returns when
+    the retry may go."""
+    __slots__ = ("_limiter", "epoch", "level", "sent_with", "throttled", "released")
 
-    def __init__(self, limiter: "AimdLimiter", epoch: int):
-        self._limiter, self.epoch = limiter, epoch
+    def __init__(self, limiter: "ConcurrencyLimiter", epoch: int, level: int, sent_with: int):
+        self._limiter, self.epoch, self.level, self.sent_with = limiter, epoch, level, sent_with
         self.throttled = self.released = False
 
     def rate_limited(self) -> None:
         self._limiter._throttle(self)
+        self._limiter._park()
 
-    def release(self, outcome: str = OK) -> None:
-        self._limiter.release(self, outcome)
+    def release(self, outcome: str = OK, *, tokens: int | None = None, latency_s: float | None = None) -> None:
+        self._limiter.release(self, outcome, tokens=tokens, latency_s=latency_s)
 
 
-class AimdLimiter:
-    def __init__(self, initial: float, minimum: float = 1, maximum: float = 64,
-                 increase: float = 1, decrease: float = 0.5):
+class ConcurrencyLimiter:
+    def __init__(self, initial: float, minimum: float = 1, maximum: float = 64):
         if not 1 <= minimum <= initial <= maximum:
             raise ValueError(f"need 1 <= minimum <= initial <= maximum, got {minimum}, {initial}, {maximum}")
-        if increase <= 0 or not 0 < decrease < 1:
-            raise ValueError("increase must be > 0 and decrease in (0, 1)")
-        self._min, self._max, self._inc, self._dec = float(minimum), float(maximum), increase, decrease
+        self._min, self._max = float(minimum), float(maximum)
         self._limit = float(initial)
         self._in_flight = 0
-        self._epoch = 0          # bumped by every decrease
-        self._successes = 0      # counted toward the next increase
-        self._cond = threading.Condition()
-        self.decreases = 0
+        self._epoch = 0              # bumped by every decrease
+        self._level = 0              # bumped by every change of the limit
+        self._slow_start = True
+        self._answers = self._timed = 0   # answers (and those with a latency) this round trip
+        self._ratios = 0.0                # their latency / expected, summed
+        self._sent = 0                    # and the in-flight counts they were sent with, summed
+        self._seen: dict[int, tuple[float, int]] = {}   # in flight at send -> (latency / expected, answers)
+        self._recent: collections.deque = collections.deque(maxlen=_WINDOW)   # (tokens, latency_s)
+        self._plateau: int | None = None   # the level that drew the last 429
+        self._probe_wait = 0               # answers under the plateau before probing it
+        self._under = 0
+        self._cond = threading.Condition(threading.RLock())
+        self.peak = self._limit
+        self.decreases = self.latency_decreases = 0
         self.rate_limited_count = 0
 
     @property
@@ -66,29 +115,107 @@ class AimdLimiter:
         return self._in_flight
 
     def acquire(self, timeout: float | None = None) -> Permit | None:
-        """Block until a slot is free; None if `timeout` seconds passed first."""
+        """Block until a place is free; None if `timeout` seconds passed first."""
         with self._cond:
             if not self._cond.wait_for(lambda: self._in_flight < int(self._limit), timeout):
                 return None
             self._in_flight += 1
-            return Permit(self, self._epoch)
+            return Permit(self, self._epoch, self._level, self._in_flight)
 
-    def release(self, permit: Permit, outcome: str = OK) -> None:
+    def release(self, permit: Permit, outcome: str = OK, *, tokens: int | None = None,
+                latency_s: float | None = None) -> None:
+        """OUTCOME of the request; for a clean answer (OK, one attempt) its TOKENS and
+        LATENCY_S, the latency signal."""
         if outcome not in _OUTCOMES:
             raise ValueError(f"outcome must be one of {_OUTCOMES}, got {outcome!r}")
-        with self._cond:   # an RLock: _throttle may take it again
+        with self._cond:
             if permit.released:
                 raise RuntimeError("permit released twice")
             permit.released = True
             if outcome == RATE_LIMITED:
                 self._throttle(permit)
-            if outcome == OK and not permit.throttled and 2 * self._in_flight >= int(self._limit):
-                self._successes += 1
-                if self._successes >= int(self._limit):
-                    self._limit = min(self._max, self._limit + self._inc)
-                    self._successes = 0
+            elif outcome == OK and not permit.throttled:
+                self._answered(permit, tokens, latency_s)
             self._in_flight -= 1
             self._cond.notify_all()
+
+    def _answered(self, permit: Permit, tokens: int | None, latency_s: float | None) -> None:
+        ratio = None
+        if tokens is not None and latency_s is not None and latency_s > 0:
+            expected = min((s for t, s in self._recent if t >= _SIZE_SLACK * tokens), default=None)
+            self._recent.append((tokens, latency_s))
+            if expected is not None:
+                ratio = max(1.0, latency_s / expected)
+        if permit.epoch != self._epoch:   # sent before the last decrease: its latency is old news
+            return
+        if ratio is not None:   # what the latency was at each concurrency it was sent with
+            mean, n = self._seen.get(permit.sent_with, (ratio, 0))
+            self._seen[permit.sent_with] = ((mean + ratio) / 2 if n else ratio, n + 1)
+        if self._plateau is not None and self._limit + 1 >= self._plateau:
+            self._under += 1
+        in_use = self._in_flight >= int(self._limit)   # full when this answer came (it counts)
+        if self._slow_start:
+            if ratio is not None and ratio >= _QUEUED:
+                self._latency_decrease(min(self._limit, permit.sent_with), ratio)
+            elif ratio is not None and ratio >= _SLOWER:   # from now on, one step per round trip,
+                self._decrease(min(self._limit, permit.sent_with))   # from where it was seen
+                self.latency_decreases += 1
+            elif in_use:
+                self._grow()
+            return
+        if permit.level != self._level:   # a round trip is measured on requests sent at this limit
+            return
+        if ratio is not None:
+            self._ratios += ratio
+            self._sent += permit.sent_with
+            self._timed += 1
+        self._answers += 1
+        if self._answers < int(self._limit):
+            return
+        mean = self._ratios / self._timed if self._timed else None   # over one round trip
+        sent_with = self._sent / self._timed if self._timed else None   # the concurrency it measured
+        self._answers = self._timed = self._sent = 0
+        self._ratios = 0.0
+        self._level += 1   # the next round trip starts here, whatever is decided
+        if mean is None:
+            if in_use:
+                self._grow()
+            return
+        below = max((k for k, (_, n) in self._seen.items() if k <= round(sent_with) - 1 and n >= 2), default=None)
+        if mean >= _QUEUED:
+            self._latency_decrease(sent_with, mean)
+        elif below is not None and \
+                sent_with / mean < below / self._seen[below][0] * (1 + _WORTH * (sent_with - below) / below):
+            self._decrease(below)            # the step up from there bought too little
+            self.latency_decreases += 1
+        elif in_use:
+            self._grow()
+
+    def _latency_decrease(self, concurrency: float, ratio: float) -> None:
+        """Gradient2's gradient: what fits is the concurrency the latency was measured at x
+        expected / latency."""
+        self._decrease(concurrency / ratio)
+        self.latency_decreases += 1
+
+    def _grow(self) -> None:
+        if self._plateau is not None:
+            if self._limit >= self._plateau:   # probed it, and an answer came back: no plateau
+                self._plateau = None
+            elif self._limit + 1 >= self._plateau and self._under < self._probe_wait:
+                return                         # the next step would probe the 429's level: not yet
+        self._limit = min(self._max, self._limit + 1)
+        self.peak = max(self.peak, self._limit)
+        self._level += 1
+
+    def _decrease(self, to: float) -> None:
+        """To TO, but at most halving at once: one noisy answer cannot take the limit to 1."""
+        self._limit = max(self._min, self._limit / 2, min(self._limit, to))
+        self._slow_start = False
+        self._answers = self._timed = self._sent = 0
+        self._ratios = 0.0
+        self._epoch += 1
+        self._level += 1
+        self.decreases += 1
 
     def _throttle(self, permit: Permit) -> None:
         with self._cond:
@@ -98,22 +225,22 @@ class AimdLimiter:
             permit.throttled = True
             if permit.epoch < self._epoch:   # sent before the last decrease: already answered
                 return
-            self._limit = max(self._min, self._limit * self._dec)
-            self._successes = 0
-            self._epoch += 1
-            self.decreases += 1
+            level = int(self._limit)
+            if self._plateau is not None and level >= self._plateau - 1:
+                self._probe_wait *= 2        # probed that level again: wait twice as long next time
+            else:
+                self._probe_wait = _PROBE_ANSWERS * level
+            self._plateau, self._under = level, 0
+            self._decrease(self._limit / 2)
 
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[Permit]:
-        """`with limiter.slot() as permit:` releases OK on return, RATE_LIMITED when the
-        block raised an error with status 429, IGNORED for any other error."""
-        permit = self.acquire()
-        try:
-            yield permit
-        except BaseException as exc:
-            self.release(permit, RATE_LIMITED if getattr(exc, "status", None) == 429 else IGNORED)
-            raise
-        self.release(permit, OK)
+    def _park(self) -> None:
+        """A rate-limited request gives its place back and waits until the in-flight count is
+        under the (lowered) limit before it retries."""
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._in_flight < int(self._limit))
+            self._in_flight += 1
 
 
 class _Bucket:

@@ -22,7 +22,7 @@ from service import errors
 from service.client import EmbeddingsClient
 from transforms.apportion import apportion_micro, from_micro, to_micro
 from transforms.budget import BudgetGuard
-from transforms.ratelimit import AimdLimiter, TokenBucketLimiter
+from transforms.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter, TokenBucketLimiter
 from transforms.records import Rejected, TextItem
 from transforms.splitting import MIN_MAX_TOKENS, Splitter
 
@@ -132,7 +132,7 @@ class RequestRunner:
                  journal: Callable[[Delivery, dict], None] | None = None,
                  recall: Callable[[str], tuple[dict, list[str], list[int], np.ndarray] | None] | None = None,
                  intend: Callable[[str, int, int], None] | None = None,
-                 concurrency: AimdLimiter | None = None, quota: TokenBucketLimiter | None = None,
+                 concurrency: ConcurrencyLimiter | None = None, quota: TokenBucketLimiter | None = None,
                  known: Callable[[str], "tuple[np.ndarray, ReuseRef] | None"] | None = None):
         self._client, self._model, self._dimensions = client, model, dimensions
         self._expected_dims = expected_dims
@@ -213,19 +213,26 @@ class RequestRunner:
 
     def _embed(self, texts: list[str], tokens: int, request_id: str, worst_case_micro: int,
                started: list[dt.datetime]):
-        """The call itself, paced by the client-side quota and the AIMD concurrency limit
-        (a 429 that the client's retry loop absorbs still slows every thread down)."""
+        """The call itself, paced by the client-side quota and the adaptive concurrency limit,
+        which learns from every 429 (even one the client's retry loop absorbs) and from the
+        latency of each answer that took one attempt."""
         if self._quota is not None:
             self._quota.acquire(tokens)
         if self._concurrency is None:
             self._check_running()
             self._announce(request_id, tokens, worst_case_micro, started)
             return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id)
-        with self._concurrency.slot() as permit:
+        permit = self._concurrency.acquire()
+        try:
             self._check_running()
             self._announce(request_id, tokens, worst_case_micro, started)
-            return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
-                                      on_retry=lambda status: permit.rate_limited() if status == 429 else None)
+            result = self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
+                                        on_retry=lambda status: permit.rate_limited() if status == 429 else None)
+        except BaseException as exc:
+            permit.release(RATE_LIMITED if getattr(exc, "status", None) == 429 else IGNORED)
+            raise
+        permit.release(OK, tokens=tokens, latency_s=result.latency_ms / 1000 if result.attempts == 1 else None)
+        return result
 
     def _announce(self, request_id: str, tokens: int, worst_case_micro: int, started: list[dt.datetime]) -> None:
         started[0] = dt.datetime.now(dt.timezone.utc)

@@ -42,8 +42,9 @@ def serve(argv: list[str]) -> int:
         return 1
     port = server.server_address[1]
     keys = ", ".join(f"{k.key_id}@{k.account}" for k in config.keys)   # fingerprints only
-    log.info("serving http://%s:%d/v1 (db %s, keys %s, precheck %s, faults %s)", config.host, port,
-             config.db, keys, config.precheck, config.faults)
+    log.info("serving http://%s:%d/v1 (db %s, keys %s, precheck %s, capacity %s (%s), faults %s)", config.host,
+             port, config.db, keys, config.precheck, config.capacity or "unlimited", config.capacity_mode,
+             config.faults)
 
     def stop(signum, frame):
         threading.Thread(target=server.shutdown, daemon=True).start()

@@ -12,6 +12,7 @@ import yaml
 from service.catalog import ConfigError, ModelSpec, load_models
 from service.credentials import key_fingerprint
 
+from .capacity import MODES as CAPACITY_MODES, QUEUE
 from .faults import FaultConfig
 from .money import to_micro
 
@@ -55,6 +56,9 @@ class SandboxConfig:
     clock_file: str | None
     faults: FaultConfig
     log_level: str
+    capacity: int | None = None         # embeddings requests worked on at once per account
+    capacity_mode: str = QUEUE          # past it: queue, or 429 with Retry-After
+    capacity_retry_after_s: int = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tz", default="UTC", help="time zone of the stats' day boundaries (IANA name)")
     p.add_argument("--clock-file", help="tests: the sandbox's clock is real time plus the seconds this "
                                         "file holds, re-read at each use (no file: 0)")
+    p.add_argument("--capacity", type=int,
+                   help="at most N embeddings requests per account worked on at once (default: no limit)")
+    p.add_argument("--capacity-mode", choices=CAPACITY_MODES, default=QUEUE,
+                   help="past --capacity: queue (latency grows, as an overloaded upstream's) or "
+                        "429 (refused at once with Retry-After, not charged)")
+    p.add_argument("--capacity-retry-after-s", type=int, default=1, help="Retry-After of the capacity 429s")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="DEBUG logs every request")
     f = p.add_argument_group("fault injection (flags override --faults)")
@@ -163,6 +173,8 @@ def config_from_args(args: argparse.Namespace) -> SandboxConfig:
         raise ConfigError("--account-segment must be one path segment")
     if args.max_body_bytes <= 0 or args.account_rps <= 0 or args.account_burst < 1:
         raise ConfigError("--max-body-bytes and --account-rps must be > 0, --account-burst >= 1")
+    if (args.capacity is not None and args.capacity < 1) or args.capacity_retry_after_s < 0:
+        raise ConfigError("--capacity must be >= 1 and --capacity-retry-after-s >= 0")
     try:
         tz = ZoneInfo(args.tz)
     except (ZoneInfoNotFoundError, ValueError):
@@ -173,4 +185,5 @@ def config_from_args(args: argparse.Namespace) -> SandboxConfig:
         keys=tuple(keys), token_skew=_skews(args.token_skew, models), precheck=args.precheck,
         max_body_bytes=args.max_body_bytes, account_rps=args.account_rps,
         account_burst=args.account_burst, tz=tz, clock_file=args.clock_file, faults=FaultConfig.from_args(args),
-        log_level=args.log_level)
+        log_level=args.log_level, capacity=args.capacity, capacity_mode=args.capacity_mode,
+        capacity_retry_after_s=args.capacity_retry_after_s)

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 from service.catalog import ModelSpec
 from service.tokenizer import get_encoding
 
+from .capacity import Capacity, OverCapacity
 from .config import KeySpec, SandboxConfig
 from .embedder import embed_batch
 from .faults import FaultInjector
@@ -77,6 +78,7 @@ class Sandbox:
         for key in config.keys:
             self.store.ensure_key(key.key_id, key.account, key.budget_micro)
         self.faults = FaultInjector(config.faults)
+        self.capacity = Capacity(config.capacity, config.capacity_mode)
         self.account_limits = TokenBuckets(config.account_rps, config.account_burst)
         rps = config.faults.embeddings_rps
         self.embedding_limits = (TokenBuckets(rps, config.faults.embeddings_burst or max(1.0, rps))
@@ -217,7 +219,8 @@ class Handler(BaseHTTPRequestHandler):
                     raise ApiError(405, f"Method {method} not allowed on {path}.")
                 raise ApiError(404, f"No such endpoint: {path}.", type_="not_found_error")
             if route == "healthz":
-                self._send(200, {"status": "ok", "faults_injected": dict(self.sandbox.faults.injected)})
+                self._send(200, {"status": "ok", "faults_injected": dict(self.sandbox.faults.injected),
+                                 "capacity": self.sandbox.capacity.report()})
                 return
             key = self.sandbox.authenticate(self.headers.get("Authorization"))
             getattr(self, "_" + route)(key)
@@ -341,6 +344,24 @@ class Handler(BaseHTTPRequestHandler):
         if len(texts) > model.max_inputs_per_request:
             raise ApiError(400, f"Too many inputs: {len(texts)}, max {model.max_inputs_per_request} "
                                 "per request for this model.", code="too_many_inputs")
+        try:
+            with sb.capacity.slot(key.account):
+                result, total, cost, vectors = self._work(key, model, texts, dims, request_id)
+        except OverCapacity:
+            raise _rate_limited(sb.config.capacity_retry_after_s,
+                                f"Too many concurrent requests for this account (at most {sb.capacity.capacity} "
+                                "at once); retry later.") from None
+        if fault == "slow":
+            time.sleep(sb.config.faults.slow_s)
+        elif fault == "reset_after_charge":
+            self._reset()
+        usage = {"prompt_tokens": total, "total_tokens": total, "cost_rub": from_micro(cost),
+                 "balance": from_micro(result.balance_micro)}
+        self._send(200, embeddings_body(vectors, fmt, model.name, usage), [("X-Request-Id", request_id)])
+
+    def _work(self, key: KeySpec, model: ModelSpec, texts: list[str], dims: int | None, request_id: str):
+        """What one of the account's places is held for (--capacity): count, embed, wait, bill."""
+        sb = self.sandbox
         counts = sb.count_tokens(model, texts)
         check_caps(model, counts)
         total = sum(counts)
@@ -355,13 +376,7 @@ class Handler(BaseHTTPRequestHandler):
         result = sb.store.charge(Charge(request_id, key.key_id, model.name, total, total, cost, shas))
         if not result.ok:
             raise self._insufficient(result.refusal, cost)
-        if fault == "slow":
-            time.sleep(sb.config.faults.slow_s)
-        elif fault == "reset_after_charge":
-            self._reset()
-        usage = {"prompt_tokens": total, "total_tokens": total, "cost_rub": from_micro(cost),
-                 "balance": from_micro(result.balance_micro)}
-        self._send(200, embeddings_body(vectors, fmt, model.name, usage), [("X-Request-Id", request_id)])
+        return result, total, cost, vectors
 
     def _inject_before(self, fault: str | None) -> None:
         if fault == "reset":

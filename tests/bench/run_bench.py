@@ -1,9 +1,9 @@
 """`make bench`: the pipeline against a sequential script, on one corpus, in one run.
 
-    python -m tests.bench.run_bench [--docs 20000] [--in-flight 4,8,16] [--workers 1,2]
+    python -m tests.bench.run_bench [--docs 20000] [--in-flight default,4,8,16] [--workers 1,2]
                                     [--scale 2000,20000,200000[,1000000]] [--sync-docs 200000]
-                                    [--only-scale]
-                                    [--profile] [--no-aimd] [--no-write]
+                                    [--only-scale] [--only-capacity] [--no-capacity] [--profile]
+                                    [--no-aimd] [--no-write]
 
 0. Scale: the same job on growing corpora (zero-latency sandbox): wall, seconds to the first
    request, peak RSS, client CPU per 1M tokens. Memory should not grow with the corpus.
@@ -13,8 +13,11 @@
 1. A corpus of --docs documents (tests/bench/corpus.py: mostly short, 1% multi-chunk).
 2. A sandbox answering after 50 ms + 5 us per token (waits, not CPU): the baseline script
    (tests/bench/baseline.py: tiktoken slices of 8191 tokens, 100 texts per request, one
-   request at a time), then `python -m pipeline run` for each --in-flight x --workers, then
-   the floor: the same chunks pre-packed and sent with no client work (tests/bench/floor.py).
+   request at a time), then `python -m pipeline run` for each --in-flight x --workers
+   ("default": no --max-in-flight, the adaptive limit up to configs/pipeline.yaml's ceiling;
+   a number is the ceiling), then the floor: the same chunks pre-packed and sent with no
+   client work (tests/bench/floor.py), at each ceiling and at the limit the default run
+   settled at.
    Each one is a child process: wall time, its CPU and peak RSS (os.wait4), the sandbox's
    CPU over the same span (it shares the machine), and from the sandbox ledger the time to
    the first request and the span over which requests were answered.
@@ -22,8 +25,12 @@
    irreducible work on the same data (tests/bench/irreducible.py), and Beam's own cost
    per element (tests/bench/beam_overhead.py).
 4. A sandbox with an embeddings rate limit: 429s and throughput with a fixed concurrency,
-   with AimdLimiter and with TokenBucketLimiter (tests/bench/aimd.py).
-5. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
+   with ConcurrencyLimiter and with TokenBucketLimiter (tests/bench/aimd.py).
+5. A sandbox with a capacity (--capacity 4 and 8, queue and 429 mode), the job at its defaults
+   with 1 and 2 worker processes, requests capped at --capacity-request-tokens (so that 30
+   requests are not the whole sample): the limit it settled at, the 429s, wall against the
+   floor at that capacity, texts paid twice, and its rows against a run without a capacity.
+6. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
 
 Figures go to the terminal and to the generated section of docs/BENCH.md. Nothing here
 asserts speed: the machine is shared and noisy; the load average is printed beside the runs.
@@ -42,11 +49,12 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import yaml
 
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, floor, irreducible, sync
+from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -57,6 +65,7 @@ MODEL = "text-embedding-3-small"
 LATENCY = ["--latency-ms", "50", "--latency-per-token-us", "5"]
 RATE_LIMIT = ["--faults", str(REPO / "configs/sandbox/faults-ratelimit.yaml"), "--latency-ms", "200"]
 RATE_LIMIT_RPS, RATE_LIMIT_BURST = 20.0, 5.0   # as in configs/sandbox/faults-ratelimit.yaml
+CAPACITIES = (4, 8)
 
 
 def _env() -> dict:
@@ -75,6 +84,9 @@ class Bench:
         self.logs = self.work / "logs"
         self.model = get_model(load_models(), MODEL)
         self.sections: list[str] = []
+        self.targets: list[str] = []
+        self.cpu_per_m: dict[int, float] = {}   # scale: documents -> client CPU s per 1M tokens
+        self.irreducible_per_m: float | None = None
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -114,9 +126,10 @@ class Bench:
         return m, json.loads(result.read_text())
 
     def pipeline(self, label: str, corpus: Path, sb: SandboxProcess, in_flight: int | None, workers: int,
-                 keep: bool = False, prefix: tuple[str, ...] = (), output: Path | None = None,
-                 extra: tuple[str, ...] = ()) -> tuple[Measured, dict, Path]:
-        """IN_FLIGHT None: the configs' default. OUTPUT given: kept as it is (the next day's run)."""
+                 keep: bool = False, prefix: tuple[str, ...] = (), extra: tuple[str, ...] = (),
+                 output: Path | None = None) -> tuple[Measured, dict, Path]:
+        """IN_FLIGHT None: the default ceiling (configs/pipeline.yaml). OUTPUT given: kept as it
+        is (the next day's run)."""
         out = output or self.work / f"out-{label}"
         if output is None:
             shutil.rmtree(out, ignore_errors=True)
@@ -132,40 +145,121 @@ class Bench:
             shutil.rmtree(out, ignore_errors=True)
         return m, summary, out
 
-    def lower_bound(self, tokens: int, chunks: int) -> int:
-        return max(math.ceil(tokens / self.model.max_tokens_per_request),
+    def lower_bound(self, tokens: int, chunks: int, request_tokens: int | None = None) -> int:
+        return max(math.ceil(tokens / (request_tokens or self.model.max_tokens_per_request)),
                    math.ceil(chunks / self.model.max_inputs_per_request))
+
+    @staticmethod
+    def settled(summary: dict, out: Path) -> tuple[int, float, int]:
+        """(the limit the run settled at: its processes' final limits added up, from the Embed
+        step's counters; the mean in flight; the peak)."""
+        mean, peak = concurrency.in_flight(out)
+        return summary["metrics"].get("in_flight_limit", peak), mean, peak
 
     # -- sections --------------------------------------------------------------------------
 
     def latency_runs(self, corpus: Path) -> None:
         a = self.args
+        runs = []
         with self.sandbox("sandbox-latency", LATENCY) as sb:
             base_m, base = self.baseline(corpus, sb)
-            runs = [(f"pipeline-f{f}-w{w}", f, w, *self.pipeline(f"pipeline-f{f}-w{w}", corpus, sb, f, w)[:2])
-                    for w in a.workers for f in a.in_flight]
-            floors = {f: self.floor(corpus, sb, f, base_m.wall_s) for f in sorted(set(a.in_flight))}
+            for w in a.workers:
+                for f in a.in_flight:
+                    label = f"pipeline-{'default' if f is None else f'f{f}'}-w{w}"
+                    m, s, out = self.pipeline(label, corpus, sb, f, w, keep=True)
+                    runs.append((f, w, m, s, *self.settled(s, out)))
+                    shutil.rmtree(out, ignore_errors=True)
+            # a default run is compared with the floor at the most it had in flight (its limit may
+            # be above: it grows while half of it is in use, and reading can leave it unfilled)
+            wanted = {f for f in a.in_flight if f is not None} | {r[6] for r in runs if r[0] is None}
+            floors = {f: self.floor(corpus, sb, f, base_m.wall_s) for f in sorted(wanted)}
         nproc = os.cpu_count() or 1
         rows = [self._row("baseline (sequential, 100/request)", base_m, base["chunks"], base["prompt_tokens"],
-                          base["requests"], nproc, base_m.wall_s) + [""]]
-        for label, f, w, m, s in runs:
-            rows.append(self._row(f"pipeline max-in-flight {f}, workers {w}", m, s["chunks"], s["prompt_tokens"],
-                                  s["requests"], nproc, base_m.wall_s) + [f"{m.wall_s / floors[f][1]:.2f}"])
-        rows += [row + [""] for row, _ in floors.values()]
+                          base["requests"], nproc, base_m.wall_s) + ["", "", ""]]
+        for f, w, m, s, settled, mean, peak in runs:
+            at = peak if f is None else f
+            name = "default settings (ceiling 32)" if f is None else f"max-in-flight {f}"
+            rows.append(self._row(f"pipeline {name}, workers {w}", m, s["chunks"], s["prompt_tokens"], s["requests"],
+                                  nproc, base_m.wall_s) + [f"{settled}", f"{mean:.1f} / {peak}",
+                                                           f"{m.wall_s / floors[at][1]:.2f} (at {at})"])
+            if f is None and w == 1:
+                self.targets.append(
+                    f"default settings, {a.docs:,} documents at 50 ms + 5 us/token: {base_m.wall_s / m.wall_s:.2f}x the "
+                    f"sequential loop ({m.wall_s:.1f} s against {base_m.wall_s:.1f} s; target >= 5x); "
+                    f"limit at the end {settled}, at most {peak} in flight (mean {mean:.1f}); wall / floor at "
+                    f"{at} = {m.wall_s / floors[at][1]:.2f} (floor {floors[at][1]:.1f} s; target <= 1.15)")
+        rows += [row + ["", "", ""] for row, _ in floors.values()]
         self.emit(table(
             ["run", "wall s", "chunks/s", "tokens/s", "x baseline", "requests (lower bound)", "client CPU s",
              "sandbox CPU s", "CPU floor s", "1st request s", "answers span s", "peak RSS MB", "load",
-             "wall / floor (same in flight)"],
+             "limit settled", "in flight mean / peak", "wall / floor (at that concurrency)"],
             rows, f"Sandbox latency 50 ms + 5 us/token; {a.docs:,} documents, {base['chunks']:,} chunks "
                   f"(baseline's 8191-token slices), {base['prompt_tokens']:,} tokens"))
         self.emit("x baseline = documents per second over the baseline's (the same corpus; token counts "
-                  "differ slightly because the chunks are cut differently). The floor row is no client "
-                  "at all (tests/bench/floor.py): the best any client could do on this machine at that "
-                  "concurrency; wall / floor compares each pipeline run with the floor at its own. "
+                  "differ slightly because the chunks are cut differently). max-in-flight N is the ceiling "
+                  "of the adaptive limit (it starts at 2); limit settled = the limit at the end (summary.json "
+                  "metrics.in_flight_limit, summed over worker processes); in flight = requests in flight over the answers' "
+                  "span, from requests-*.parquet. The floor rows are no client at all (tests/bench/floor.py): "
+                  "the best any client could do on this machine at that concurrency; wall / floor compares "
+                  "each pipeline run with the floor at its ceiling, a default run with the floor at the most "
+                  "it had in flight. "
                   "CPU floor = (client CPU + sandbox CPU) / nproc: no run on this machine can be faster. "
                   "1st request = start to the first answer the sandbox billed (read, split, dedupe, pack); "
                   "answers span = first to last billed answer.")
         self.base_cpu_per_m = base_m.cpu_s / base["prompt_tokens"] * 1e6
+
+    def capacity_runs(self, corpus: Path) -> None:
+        """The job at its defaults against a service with a capacity, with 1 and 2 worker
+        processes, against the floor at that capacity and a run without one."""
+        a = self.args
+        doc = yaml.safe_load((REPO / "configs" / "models.yaml").read_text())
+        doc["models"][MODEL]["max_tokens_per_request"] = a.capacity_request_tokens
+        models = self.work / "models-capacity.yaml"
+        models.write_text(yaml.safe_dump(doc))
+        extra = ("--models-config", str(models))
+        with self.sandbox("sandbox-capacity-none", LATENCY) as sb:
+            _, s, out = self.pipeline("capacity-none", corpus, sb, None, 1, keep=True, extra=extra)
+            reference = concurrency.rows_digest(out)
+            shutil.rmtree(out, ignore_errors=True)
+        bodies = floor.packed_bodies(corpus, MODEL, self.model.max_inputs_per_request, a.capacity_request_tokens,
+                                     fill=0.99)
+        rows, worst = [], {}
+        for cap in CAPACITIES:
+            with self.sandbox(f"sandbox-capacity-{cap}-floor", LATENCY + ["--capacity", str(cap)]) as sb:
+                self.say(f"  floor at capacity {cap} ...")
+                floor_s = floor.send_all(sb.base_url, KEY, bodies, cap)
+            for mode in ("queue", "429"):
+                for w in a.workers:
+                    label = f"capacity-{cap}-{mode}-w{w}"
+                    args = LATENCY + ["--capacity", str(cap), "--capacity-mode", mode]
+                    with self.sandbox(f"sandbox-{label}", args) as sb:
+                        m, s, out = self.pipeline(label, corpus, sb, None, w, keep=True, extra=extra)
+                        refused = concurrency.refused(sb.base_url)
+                        twice = concurrency.paid_twice(list(read_ledger(sb.db)))
+                    same = concurrency.rows_digest(out) == reference
+                    settled, mean, peak = self.settled(s, out)
+                    shutil.rmtree(out, ignore_errors=True)
+                    share = refused / s["requests"]
+                    rows.append([cap, mode, w, m.wall_s, floor_s, f"{m.wall_s / floor_s:.2f}",
+                                 f"{s['requests']} ({self.lower_bound(s['prompt_tokens'], s['chunks'], a.capacity_request_tokens)})",
+                                 refused, f"{100 * share:.1f}%", settled, f"{mean:.1f} / {peak}", twice,
+                                 "yes" if same else "NO", f"{m.load_before:.1f}-{m.load_after:.1f}"])
+                    seen = worst.setdefault((mode, w), [0.0, 0.0, 0])
+                    worst[(mode, w)] = [max(seen[0], m.wall_s / floor_s), max(seen[1], share),
+                                        max(seen[2], abs(settled - cap))]
+        self.emit(table(["capacity", "mode", "workers", "wall s", "floor s (capacity in flight)", "wall / floor",
+                         "requests (lower bound)", "429s", "429s / requests", "limit settled", "in flight mean / peak",
+                         "texts paid twice", "same rows as without a capacity", "load"], rows,
+                        f"Sandbox with a capacity (50 ms + 5 us/token), the job at its defaults; requests capped at "
+                        f"{a.capacity_request_tokens:,} tokens ({a.docs:,} documents)"))
+        self.emit("Capacity N: at most N requests of the account worked on at once; queue = the others wait "
+                  "(latency grows), 429 = refused at once with Retry-After 1 s. The floor sends the same "
+                  "pre-packed requests N at a time. limit settled = the limits at the end, summed over the worker "
+                  "processes (summary.json metrics.in_flight_limit).")
+        for (mode, w), (ratio, share, off) in sorted(worst.items()):
+            self.targets.append(f"capacity {'/'.join(map(str, CAPACITIES))}, {mode} mode, {w} worker(s): worst "
+                                f"wall / floor {ratio:.2f} (target <= 1.2), worst 429 share {100 * share:.1f}% "
+                                f"(target <= 2% in 429 mode), farthest settled limit from the capacity {off}")
 
     def floor(self, corpus: Path, sb: SandboxProcess, in_flight: int, base_wall_s: float) -> tuple[list, float]:
         self.say(f"  floor: the sandbox alone, {in_flight} in flight ...")
@@ -192,15 +286,16 @@ class Bench:
         tiny = self.work / "corpus-tiny.parquet"
         write_corpus(tiny, 10)
         with self.sandbox("sandbox-zero", []) as sb:
-            m, s, out = self.pipeline("pipeline-zero-latency", corpus, sb, 8, 1, keep=True)
-            fixed, _, _ = self.pipeline("pipeline-10-documents", tiny, sb, 8, 1)
+            m, s, out = self.pipeline("pipeline-zero-latency", corpus, sb, None, 1, keep=True)
+            fixed, _, _ = self.pipeline("pipeline-10-documents", tiny, sb, None, 1)
         self.say("  timing the irreducible work ...")
-        parts = irreducible.measure(corpus, sorted(out.glob("embeddings-*.parquet")))
+        parts = irreducible.measure(corpus, sorted(out.glob("current/embeddings-*.parquet")))
         shutil.rmtree(out, ignore_errors=True)
         tokens = s["prompt_tokens"]
         per_m = lambda cpu: cpu / tokens * 1e6   # noqa: E731
         irr = sum(v for k, v in parts.items() if not k.startswith("_"))
-        rows = [["pipeline (max-in-flight 8, workers 1), whole process", m.cpu_s, per_m(m.cpu_s)],
+        self.irreducible_per_m = per_m(irr)
+        rows = [["pipeline (default settings, workers 1), whole process", m.cpu_s, per_m(m.cpu_s)],
                 ["  of which fixed: the same job on 10 documents", fixed.cpu_s, ""],
                 ["  pipeline minus that fixed cost", m.cpu_s - fixed.cpu_s, per_m(m.cpu_s - fixed.cpu_s)],
                 ["baseline script (from the latency run)", "", self.base_cpu_per_m],
@@ -226,9 +321,10 @@ class Bench:
             for docs in self.args.scale:
                 corpus = self.work / f"corpus-{docs}.parquet"
                 write_corpus(corpus, docs)
-                m, s, _ = self.pipeline(f"pipeline-scale-{docs}", corpus, sb, 8, 1)
+                m, s, _ = self.pipeline(f"pipeline-scale-{docs}", corpus, sb, None, 1)
                 timing = s.get("timing") or {}
                 first = timing.get("seconds_to_first_request")
+                self.cpu_per_m[docs] = m.cpu_s / s["prompt_tokens"] * 1e6
                 rows.append([f"{docs:,}", m.wall_s, "" if first is None else first, m.first_request_s, m.peak_rss_mb,
                              m.cpu_s / s["prompt_tokens"] * 1e6, s["prompt_tokens"], s["requests"],
                              f"{s['requests']} ({self.lower_bound(s['prompt_tokens'], s['chunks'])})"])
@@ -239,7 +335,7 @@ class Bench:
                          "1st answer billed s (ledger)", "peak RSS MB",
                          "client CPU s per 1M tokens", "tokens", "requests", "requests (lower bound)",
                          "RSS / smallest"], rows,
-                        "Scale: zero-latency sandbox, max-in-flight 8, one worker (FnApiRunner, streaming)"))
+                        "Scale: zero-latency sandbox, default settings, one worker (FnApiRunner, streaming)"))
 
     def rate_limited(self, corpus: Path) -> None:
         texts = [t[:400] for t in pq.read_table(corpus, columns=["text"]).column("text").to_pylist()[:4000]]
@@ -302,15 +398,25 @@ class Bench:
             sync.run(self, a.sync_docs)
         if a.only_scale:
             return self._finish(started)
-        self.latency_runs(corpus)
-        self.zero_latency(corpus)
-        if a.aimd:
-            self.rate_limited(corpus)
+        if not a.only_capacity:
+            self.latency_runs(corpus)
+            self.zero_latency(corpus)
+            if a.aimd:
+                self.rate_limited(corpus)
+        if a.capacity:
+            self.capacity_runs(corpus)
         if a.profile:
             self.profile(corpus)
         self._finish(started)
 
     def _finish(self, started: float) -> None:
+        largest = max(self.cpu_per_m, default=None)
+        if largest and self.irreducible_per_m:
+            self.targets.append(f"client CPU per 1M tokens at {largest:,} documents: {self.cpu_per_m[largest]:.3f} s "
+                                f"= {self.cpu_per_m[largest] / self.irreducible_per_m:.2f}x the irreducible timed in "
+                                f"this run ({self.irreducible_per_m:.3f} s; target <= 1.5x)")
+        if self.targets:
+            self.emit("The issue's figures, from this run:\n\n" + "\n".join(f"- {t}" for t in self.targets))
         self.emit(f"Whole bench: {time.time() - started:.0f} s; load average {load_average():.1f} at the end.")
         if self.args.write:
             write_section(REPO / "docs" / "BENCH.md", "\n\n".join(self.sections))
@@ -321,11 +427,16 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _ceilings(text: str) -> list[int | None]:
+    return [None if x.strip() == "default" else int(x) for x in text.split(",") if x.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.bench.run_bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=20000, help="documents in the corpus")
-    ap.add_argument("--in-flight", type=_ints, default=[4, 8, 16], help="--max-in-flight values, e.g. 4,8,16")
+    ap.add_argument("--in-flight", type=_ceilings, default=[None, 4, 8, 16],
+                    help="--max-in-flight values, 'default' for none, e.g. default,4,8,16")
     ap.add_argument("--workers", type=_ints, default=[1, 2], help="--direct_num_workers values, e.g. 1,2")
     ap.add_argument("--workdir", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "embedpipe-bench"))
     ap.add_argument("--scale", type=_ints, default=[2000, 20000, 200000],
@@ -333,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-scale", action="store_true", help="run the scale (and sync) sections alone")
     ap.add_argument("--sync-docs", type=int, default=200000,
                     help="documents of the next-day --sync section (0: skip it)")
+    ap.add_argument("--only-capacity", action="store_true", help="run the capacity section (and --scale) alone")
+    ap.add_argument("--no-capacity", dest="capacity", action="store_false", help="skip the capacity section")
+    ap.add_argument("--capacity-request-tokens", type=int, default=30_000,
+                    help="tokens per request in the capacity section (many requests: a 429 share means something)")
     ap.add_argument("--aimd-requests", type=int, default=200)
     ap.add_argument("--aimd-threads", type=int, default=16)
     ap.add_argument("--no-aimd", dest="aimd", action="store_false", help="skip the rate-limit section")

@@ -1,44 +1,76 @@
-"""AimdLimiter and TokenBucketLimiter: invariants under random operation sequences, real threads
-for the concurrency gate, a fake clock for the buckets (no timing assertions)."""
+"""ConcurrencyLimiter and TokenBucketLimiter: the limiter's signals one by one, a simulated
+service with a capacity (a discrete-event clock, no real time), invariants under random
+operation sequences, real threads for the gate, a fake clock for the buckets. Nothing timed."""
 from __future__ import annotations
 
+import collections
+import heapq
+import random
 import threading
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.ratelimit import IGNORED, OK, RATE_LIMITED, AimdLimiter, TokenBucketLimiter
+from transforms.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter, TokenBucketLimiter
 
 EPS = 1e-6
+FULL = 280_000   # tokens of a full request
 
 
-# -- AIMD ---------------------------------------------------------------------------------
+# -- the concurrency limit ----------------------------------------------------------------
 
-def fill(limiter: AimdLimiter) -> list:
+def fill(limiter: ConcurrencyLimiter) -> list:
     permits = []
     while (p := limiter.acquire(timeout=0)) is not None:
         permits.append(p)
     return permits
 
 
-def test_grows_by_one_per_window_of_successes():
-    lim = AimdLimiter(4, maximum=100)
-    held = fill(lim)
-    for expected in (5, 6, 7):
-        for _ in range(lim.allowed):   # one window of successes with the limit in use
-            held.pop(0).release(OK)
-            held += fill(lim)
-        assert lim.allowed == expected and len(held) == expected
-    for p in held:
-        p.release(OK)
+def answer(permit, latency_s=1.0, tokens=FULL):
+    permit.release(OK, tokens=tokens, latency_s=latency_s)
 
 
-def test_rate_limit_halves_once_per_window():
-    lim = AimdLimiter(16, maximum=16)
+class Caller:
+    """Always has a request ready: each answer is followed at once by as many sends as fit."""
+
+    def __init__(self, limiter: ConcurrencyLimiter):
+        self.limiter = limiter
+        self.held = fill(limiter)
+
+    def round_trip(self, latency_s=1.0, tokens=FULL, outcome=OK) -> None:
+        current, self.held = self.held, []
+        for p in current:
+            p.release(outcome, tokens=tokens, latency_s=latency_s)
+            self.held += fill(self.limiter)
+
+
+def test_slow_start_doubles_per_round_trip_under_no_pressure_up_to_the_ceiling():
+    caller = Caller(ConcurrencyLimiter(2, maximum=32))
+    for expected in (4, 8, 16, 32, 32):
+        caller.round_trip()
+        assert caller.limiter.allowed == expected == len(caller.held)
+    assert caller.limiter.decreases == 0 and caller.limiter.peak == 32
+
+
+def test_after_a_decrease_it_grows_by_one_per_round_trip_at_most():
+    lim = ConcurrencyLimiter(8, maximum=100)
+    for p in fill(lim):
+        p.release(RATE_LIMITED)
+    assert lim.allowed == 4
+    caller, trips = Caller(lim), 0
+    while lim.allowed < 7:
+        before = lim.allowed
+        caller.round_trip()
+        trips += 1
+        assert lim.allowed <= before + 1
+    assert trips <= 6   # each step waits for a round trip of requests sent at the new limit
+
+
+def test_a_429_halves_once_per_window():
+    lim = ConcurrencyLimiter(16, maximum=16)
     permits = fill(lim)
-    assert len(permits) == 16
-    for p in permits:          # every request in flight at the old rate gets a 429
+    for p in permits:          # every request in flight at the old concurrency gets a 429
         p.release(RATE_LIMITED)
     assert lim.limit == 8 and lim.decreases == 1 and lim.rate_limited_count == 16
     fresh = lim.acquire(timeout=0)   # sent after the decrease: its 429 is news
@@ -46,69 +78,97 @@ def test_rate_limit_halves_once_per_window():
     assert lim.limit == 4 and lim.decreases == 2
 
 
-def test_never_below_minimum_nor_above_maximum():
-    lim = AimdLimiter(2, minimum=2, maximum=3)
-    for _ in range(5):
-        lim.acquire(timeout=0).release(RATE_LIMITED)
-    assert lim.limit == 2
-    for _ in range(100):
-        for p in fill(lim):
-            p.release(OK)
-    assert lim.limit == 3
+def test_a_queue_as_long_as_the_work_brings_the_limit_down_to_what_fits():
+    lim = ConcurrencyLimiter(16, maximum=32)
+    permits = fill(lim)                     # the i-th was sent with i+1 in flight
+    answer(permits.pop(), 1.0)              # the no-load latency of a full request
+    answer(permits.pop(), 2.0)              # sent with 15 in flight, twice as slow
+    assert lim.allowed == 8 and lim.latency_decreases == 1   # 15 x 1/2, but at most halving 17
+    for p in permits:                       # sent before the decrease: old news
+        answer(p, 2.0)
+    assert lim.allowed == 8 and lim.decreases == 1
 
 
-def test_blocks_at_the_limit_and_a_release_lets_the_next_in():
-    lim = AimdLimiter(2, maximum=2)
-    first, second = lim.acquire(), lim.acquire()
-    assert lim.acquire(timeout=0) is None
-    got = []
-    waiter = threading.Thread(target=lambda: got.append(lim.acquire()))
-    waiter.start()
-    first.release(OK)
-    waiter.join(10)
-    assert not waiter.is_alive() and got[0] is not None and lim.in_flight == 2
-    second.release(OK)
-    got[0].release(OK)
-
-
-def test_a_retried_429_slows_the_others_at_once_and_its_success_does_not_grow():
-    lim = AimdLimiter(4, maximum=8)
+def test_slow_start_ends_where_a_queue_showed():
+    lim = ConcurrencyLimiter(8, maximum=32)
     permits = fill(lim)
-    permits[0].rate_limited()      # the client's on_retry hook, request still in flight
-    assert lim.allowed == 2 and lim.acquire(timeout=0) is None
-    permits[0].release(OK)         # the retry succeeded
-    assert lim.limit == 2
-    for p in permits[1:]:
-        p.release(OK)
+    answer(permits.pop(), 1.0)              # 9
+    answer(permits.pop(), 1.6)              # sent with 7 in flight: a queue is forming
+    assert lim.allowed == 7 and lim.decreases == 1
 
 
-def test_unsaturated_successes_and_ignored_errors_do_not_grow():
-    lim = AimdLimiter(4, maximum=8)
+def test_latency_that_the_size_explains_is_not_a_queue():
+    caller = Caller(ConcurrencyLimiter(4, maximum=32))
+    caller.round_trip(0.1, tokens=10_000)   # small requests: fast
+    caller.round_trip(1.5, tokens=FULL)     # full ones: slower, by their size alone
+    caller.round_trip(0.1, tokens=10_000)
+    assert caller.limiter.decreases == 0 and caller.limiter.allowed == 32
+
+
+def test_answers_without_a_latency_grow_and_errors_do_not():
+    caller = Caller(ConcurrencyLimiter(4, maximum=8))
+    caller.round_trip(None)        # retried: the caller passes no latency
+    assert caller.limiter.allowed == 8
+    caller.round_trip(None, outcome=IGNORED)
+    assert caller.limiter.allowed == 8 and caller.limiter.decreases == 0
+
+
+def test_unsaturated_answers_do_not_grow():
+    lim = ConcurrencyLimiter(4, maximum=8)
     for _ in range(50):
-        lim.acquire().release(OK)          # one at a time: the limit is not in use
-    for p in fill(lim):
-        p.release(IGNORED)
+        answer(lim.acquire())      # one at a time: the limit is not in use
     assert lim.limit == 4
 
 
-def test_slot_classifies_exceptions():
-    class Status(Exception):
-        def __init__(self, status):
-            self.status = status
+def _answers_to_reach(caller: Caller, level: int) -> int:
+    n = 0
+    while caller.limiter.allowed < level:
+        n += len(caller.held)
+        caller.round_trip()
+        assert n < 100_000
+    return n
 
-    lim = AimdLimiter(4, maximum=4)
-    with pytest.raises(Status):
-        with lim.slot():
-            raise Status(429)
-    assert lim.limit == 2
-    with pytest.raises(Status):
-        with lim.slot():
-            raise Status(500)
-    assert lim.limit == 2 and lim.in_flight == 0
+
+def test_a_429s_level_is_probed_again_only_after_a_wait_that_doubles():
+    lim = ConcurrencyLimiter(6, maximum=32)
+    caller = Caller(lim)
+    caller.held.pop().release(RATE_LIMITED)      # at 6
+    caller.round_trip()
+    assert lim.allowed == 3
+    first = _answers_to_reach(caller, 6)
+    assert first >= 32 * 6                       # waited under the 429's level
+    caller.held.pop().release(RATE_LIMITED)      # the probe drew a 429 again
+    caller.round_trip()
+    second = _answers_to_reach(caller, 6)
+    assert second >= 2 * 32 * 6
+    caller.round_trip()
+    caller.round_trip()
+    assert lim.allowed >= 7                      # a probe that passed: no plateau any more
+
+
+def test_a_rate_limited_request_gives_its_place_back_until_the_others_fit():
+    lim = ConcurrencyLimiter(4, maximum=4)
+    permits = fill(lim)
+    resumed = threading.Event()
+
+    def retrying():
+        permits[0].rate_limited()      # the client's on_retry hook, before it sleeps
+        resumed.set()
+
+    t = threading.Thread(target=retrying)
+    t.start()
+    permits[1].release(OK)
+    assert not resumed.wait(0.2) and lim.in_flight == 2   # 2 others in flight, limit now 2
+    permits[2].release(OK)
+    t.join(10)
+    assert resumed.is_set() and lim.in_flight == 2 and lim.allowed == 2
+    permits[0].release(OK)
+    permits[3].release(OK)
+    assert lim.in_flight == 0
 
 
 def test_release_twice_and_bad_arguments_are_refused():
-    lim = AimdLimiter(1, maximum=1)
+    lim = ConcurrencyLimiter(1, maximum=1)
     p = lim.acquire()
     p.release()
     with pytest.raises(RuntimeError):
@@ -117,17 +177,105 @@ def test_release_twice_and_bad_arguments_are_refused():
         lim.acquire().release("maybe")
     for args in ((0,), (5, 1, 4), (2, 3, 4)):
         with pytest.raises(ValueError):
-            AimdLimiter(*args)
+            ConcurrencyLimiter(*args)
+
+
+# -- against a simulated service with a capacity ---------------------------------------------
+
+def simulate(capacity: int, mode: str, workers: int = 1, requests: int = 400, service_s: float = 1.5,
+             retry_after_s: float = 1.0, ceiling: int = 32, seed: int = 0, slowdown: float = 0.0):
+    """Workers that always have a full request ready, each with its own limiter, against a
+    service that works on CAPACITY requests at once and queues the others (mode "queue") or
+    refuses them with 429 (mode "429"). Returns the limiters, the 429s and the total limit at
+    each answer of the second half. Service times vary by +-10% (seeded), and grow by SLOWDOWN
+    x the requests being worked on (a service that gets slower, yet answers more a second)."""
+    rng = random.Random(seed)
+    limiters = [ConcurrencyLimiter(2, maximum=ceiling) for _ in range(workers)]
+    events, seq, now = [], 0, 0.0
+    busy, queue = 0, collections.deque()
+    sent = refused = 0
+    retry = [collections.deque() for _ in range(workers)]   # requests waiting out Retry-After
+    totals = []
+
+    def push(t, kind, data):
+        nonlocal seq
+        heapq.heappush(events, (t, seq, kind, data))
+        seq += 1
+
+    def start(req):
+        nonlocal busy
+        busy += 1
+        push(now + service_s * rng.uniform(0.9, 1.1) * (1 + slowdown * busy), "done", req)
+
+    def send(w):
+        nonlocal sent, refused
+        while (sent < requests or retry[w]) and (p := limiters[w].acquire(timeout=0)) is not None:
+            if retry[w]:
+                retry[w].popleft()
+            else:
+                sent += 1
+            req = (w, p, now)
+            if busy < capacity:
+                start(req)
+            elif mode == "queue":
+                queue.append(req)
+            else:
+                refused += 1
+                p.release(RATE_LIMITED)
+                push(now + retry_after_s, "retry", w)
+                break
+
+    for w in range(workers):
+        send(w)
+    answered = 0
+    while events:
+        now, _, kind, data = heapq.heappop(events)
+        if kind == "retry":
+            retry[data].append(None)
+            send(data)
+            continue
+        busy -= 1
+        if queue:
+            start(queue.popleft())
+        w, p, sent_at = data
+        answer(p, now - sent_at)
+        answered += 1
+        if answered > requests / 2:
+            totals.append(sum(lim.allowed for lim in limiters))
+        send(w)
+    return limiters, refused, totals
+
+
+@pytest.mark.parametrize("capacity", [4, 8])
+def test_a_queueing_service_is_met_near_its_capacity(capacity):
+    limiters, refused, totals = simulate(capacity, "queue", requests=1000)
+    mean = sum(totals) / len(totals)
+    assert refused == 0 and capacity <= mean <= capacity + 1.5 and max(totals) <= capacity + 3
+
+
+def test_latency_that_still_buys_throughput_does_not_stop_the_growth():
+    limiters, refused, totals = simulate(10_000, "queue", requests=2000, slowdown=0.02)
+    assert min(totals) >= 24    # at 32 in flight each answer takes 1.6x as long, and 20x as many come
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("capacity", [4, 8])
+def test_a_refusing_service_sees_few_429s_and_is_shared(capacity, workers):
+    limiters, refused, totals = simulate(capacity, "429", workers=workers, requests=1000)
+    assert refused <= 0.02 * 1000
+    assert capacity - 1 <= sum(totals) / len(totals) <= capacity + 1
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["acquire", "release"]), st.integers(0, 30),
-                          st.sampled_from([OK, OK, OK, RATE_LIMITED, IGNORED])), max_size=300),
+                          st.sampled_from([OK, OK, OK, RATE_LIMITED, IGNORED]),
+                          st.sampled_from([None, 0.5, 1.0, 3.0]), st.sampled_from([1000, FULL])),
+                max_size=300),
        st.integers(1, 4), st.integers(4, 40))
 def test_random_sequences_keep_the_invariants(ops, minimum, maximum):
-    lim = AimdLimiter(minimum, minimum=minimum, maximum=maximum)
+    lim = ConcurrencyLimiter(minimum, minimum=minimum, maximum=maximum)
     held = []
-    for op, pick, outcome in ops:
+    for op, pick, outcome, latency, tokens in ops:
         if op == "acquire":
             p = lim.acquire(timeout=0)
             if p is None:
@@ -136,23 +284,20 @@ def test_random_sequences_keep_the_invariants(ops, minimum, maximum):
                 held.append(p)
                 assert lim.in_flight <= lim.allowed
         elif held:
-            before, epoch = lim.limit, lim.decreases
-            p = held.pop(pick % len(held))
-            p.release(outcome)
-            if outcome == RATE_LIMITED and lim.decreases > epoch:
-                assert lim.limit == pytest.approx(max(minimum, before * 0.5))
-            elif outcome != OK:
-                assert lim.limit == before
+            before, decreases = lim.limit, lim.decreases
+            held.pop(pick % len(held)).release(outcome, tokens=tokens, latency_s=latency)
+            if lim.decreases == decreases:
+                assert lim.limit in (before, min(maximum, before + 1)) and (outcome == OK or lim.limit == before)
             else:
-                assert lim.limit in (before, min(maximum, before + 1))
+                assert max(minimum, before * 0.5) - EPS <= lim.limit <= before
         assert minimum <= lim.limit <= maximum
         assert lim.in_flight == len(held)
 
 
-def test_threads_never_exceed_the_allowed_concurrency():
-    lim = AimdLimiter(3, maximum=12)
+def test_threads_never_exceed_the_ceiling():
+    lim = ConcurrencyLimiter(3, maximum=12)
     lock = threading.Lock()
-    state = {"now": 0, "violations": 0, "peak": 0, "n": 0}
+    state = {"now": 0, "violations": 0, "n": 0}
 
     def worker(seed):
         for i in range(300):
@@ -160,15 +305,17 @@ def test_threads_never_exceed_the_allowed_concurrency():
             with lock:
                 state["now"] += 1
                 state["n"] += 1
-                state["peak"] = max(state["peak"], state["now"])
-                # concurrency may exceed a limit that dropped after its slots were granted,
-                # never the highest limit reached
+                # concurrency may exceed a limit that dropped after its places were granted,
+                # never the ceiling
                 if state["now"] > 12:
                     state["violations"] += 1
                 rate_limited = (state["n"] * 7 + seed) % 50 == 0
             with lock:
                 state["now"] -= 1
-            permit.release(RATE_LIMITED if rate_limited else OK)
+            if rate_limited:
+                permit.release(RATE_LIMITED)
+            else:
+                answer(permit, 1.0 + (seed % 3) * 0.1)
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(16)]
     for t in threads:
