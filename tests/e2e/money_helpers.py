@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -135,6 +136,19 @@ def start_job(corpus: Path, out: Path, sandbox, models: Path, log: Path, *extra:
     with open(log, "wb") as fh:
         return subprocess.Popen(job_argv(corpus, out, sandbox, models, "--max-in-flight", "1", *extra),
                                 cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_once_journaled(corpus: Path, out: Path, sandbox, models: Path, log: Path, n: int, *extra: str) -> None:
+    """Run the job on CORPUS and SIGKILL it (its whole process group) once N answers are
+    journaled, then stop SANDBOX: the service bills a request it was working on even when the
+    client is gone; stopping it within its latency keeps that request out."""
+    proc = start_job(corpus, out, sandbox, models, log, *extra)
+    try:
+        wait_for_journal(proc, out, n, log)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    sandbox.kill()
 
 
 def journal_files(out: Path) -> list[Path]:

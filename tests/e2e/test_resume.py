@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +13,8 @@ import pytest
 
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current,
-                                     journal_files, ledger, micro, run, start_job, start_sandbox, summary,
-                                     wait_for_journal, write_corpus, write_models)
+                                     journal_files, kill_once_journaled, ledger, micro, run, start_sandbox, summary,
+                                     write_corpus, write_models)
 
 # A request waits this long in the sandbox before it is charged: killing the job (and the
 # sandbox) right after a journal entry appears catches the next request before its charge.
@@ -51,16 +49,8 @@ def kill_midway(tmp_path: Path, sandbox_factory, rows: list[dict]) -> tuple[Path
     the stopped sandbox whose db holds the ledger)."""
     corpus, models = write_corpus(tmp_path / "corpus.parquet", rows), write_models(tmp_path / "models.yaml")
     slow = start_sandbox(sandbox_factory, models, args=["--latency-ms", str(LATENCY_MS)])
-    out, log = tmp_path / "out", tmp_path / "job.log"
-    proc = start_job(corpus, out, slow, models, log)
-    try:
-        wait_for_journal(proc, out, JOURNALED_BEFORE_KILL, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    # The service bills a request it was working on even when the client is gone; stopping the
-    # sandbox within the latency keeps that request out, so every charge is one the job saw.
-    slow.kill()
+    out = tmp_path / "out"
+    kill_once_journaled(corpus, out, slow, models, tmp_path / "job.log", JOURNALED_BEFORE_KILL)
     return corpus, models, out, slow
 
 

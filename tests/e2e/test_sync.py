@@ -7,7 +7,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import threading
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import WORDS_EN, WORDS_RU, paragraph
 from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current, ledger, micro,
-                                     run, start_job, start_sandbox, summary, wait_for_journal, write_corpus,
+                                     kill_once_journaled, run, start_sandbox, summary, write_corpus,
                                      write_models)
 from transforms.splitting import SplitConfig, Splitter
 
@@ -84,6 +83,16 @@ def glob_rows(out: Path) -> pa.Table:
                                                          "text_sha256"]) for f in files])
 
 
+def day_one(tmp_path: Path, sandbox_factory, n_short: int, n_long: int):
+    """A first run on a fresh corpus: (models, sandbox, corpus path, output dir, its rows)."""
+    models = write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models)
+    rows = corpus_rows(n_short=n_short, n_long=n_long)
+    corpus, out = write_corpus(tmp_path / "corpus.parquet", rows), tmp_path / "out"
+    assert run(corpus, out, sb, models) == 0
+    return models, sb, corpus, out, rows
+
+
 def plan_json(corpus: Path, out: Path, sb, models: Path, *extra: str, capsys) -> dict:
     capsys.readouterr()
     main(["plan", "--input", str(corpus), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url,
@@ -93,11 +102,7 @@ def plan_json(corpus: Path, out: Path, sb, models: Path, *extra: str, capsys) ->
 
 def test_a_changed_corpus_makes_the_current_view_exact_and_pays_only_what_changed(tmp_path, sandbox_factory,
                                                                                  env_key, capsys):
-    models = write_models(tmp_path / "models.yaml")
-    sb = start_sandbox(sandbox_factory, models)
-    day1 = corpus_rows(n_short=80, n_long=6)
-    corpus, out = write_corpus(tmp_path / "corpus.parquet", day1), tmp_path / "out"
-    assert run(corpus, out, sb, models) == 0
+    models, sb, corpus, out, day1 = day_one(tmp_path, sandbox_factory, 80, 6)
     first = ledger(sb)
     day2, changed = next_day(day1)
     write_corpus(corpus, day2)
@@ -138,11 +143,7 @@ def test_a_changed_corpus_makes_the_current_view_exact_and_pays_only_what_change
 
 def test_resume_brings_a_part_up_to_date_and_sync_makes_the_view_exactly_the_input(tmp_path, sandbox_factory,
                                                                                   env_key, caplog):
-    models = write_models(tmp_path / "models.yaml")
-    sb = start_sandbox(sandbox_factory, models)
-    day1 = corpus_rows(n_short=30, n_long=2)
-    corpus, out = write_corpus(tmp_path / "corpus.parquet", day1), tmp_path / "out"
-    assert run(corpus, out, sb, models) == 0
+    models, sb, corpus, out, day1 = day_one(tmp_path, sandbox_factory, 30, 2)
     day2, changed = next_day(day1, edit_short=3, edit_long=1, remove=2, add=2)
     part = [r for r in day2 if r["id"] in changed["edited"] | changed["added"]]
     assert run(write_corpus(tmp_path / "part.parquet", part), out, sb, models, "--resume") == 0
@@ -169,11 +170,7 @@ def test_a_stop_half_way_keeps_serving_the_complete_old_version(tmp_path, sandbo
     """The budget runs out with an edited document half embedded again: readers keep its old
     vectors, all of them; the pending rows say what is left; the next run completes it and the
     old vectors leave, with nothing paid twice."""
-    models = write_models(tmp_path / "models.yaml")
-    sb = start_sandbox(sandbox_factory, models)
-    day1 = corpus_rows(n_short=20, n_long=2)
-    corpus, out = write_corpus(tmp_path / "corpus.parquet", day1), tmp_path / "out"
-    assert run(corpus, out, sb, models) == 0
+    models, sb, corpus, out, day1 = day_one(tmp_path, sandbox_factory, 20, 2)
     old_rows = {r["text_sha256"] for r in current(out, "embeddings").to_pylist() if r["doc_id"] == "l-0"}
     day2 = rewrite_long(day1, "l-0", seed=11)
     write_corpus(corpus, day2)
@@ -199,11 +196,7 @@ def test_a_stop_half_way_keeps_serving_the_complete_old_version(tmp_path, sandbo
 
 
 def test_an_edited_document_the_service_refuses_is_a_dead_letter(tmp_path, sandbox_factory, env_key):
-    models = write_models(tmp_path / "models.yaml")
-    sb = start_sandbox(sandbox_factory, models)
-    day1 = corpus_rows(n_short=10, n_long=0)
-    corpus, out = write_corpus(tmp_path / "corpus.parquet", day1), tmp_path / "out"
-    assert run(corpus, out, sb, models) == 0
+    models, sb, corpus, out, day1 = day_one(tmp_path, sandbox_factory, 10, 0)
     sb.stop()
     # the same account, now counting every text 1000 times longer: the new text cannot fit
     strict = start_sandbox(sandbox_factory, models, db=sb.db, args=["--token-skew", f"{MODEL}=1000"])
@@ -217,25 +210,14 @@ def test_an_edited_document_the_service_refuses_is_a_dead_letter(tmp_path, sandb
 
 def test_a_run_killed_mid_way_leaves_the_last_view_and_the_next_pays_nothing_twice(tmp_path, sandbox_factory,
                                                                                    env_key):
-    models = write_models(tmp_path / "models.yaml")
-    sb = start_sandbox(sandbox_factory, models)
-    day1 = corpus_rows(n_short=60, n_long=2)
-    corpus, out = write_corpus(tmp_path / "corpus.parquet", day1), tmp_path / "out"
-    assert run(corpus, out, sb, models) == 0
+    models, sb, corpus, out, day1 = day_one(tmp_path, sandbox_factory, 60, 2)
     before = sorted(glob_rows(out).column("text_sha256").to_pylist())
     view = os.readlink(out / "current")
     day2, _ = next_day(day1, edit_short=40, edit_long=1, remove=3, add=10)
     write_corpus(corpus, day2)
     sb.stop()
     slow = start_sandbox(sandbox_factory, models, db=sb.db, args=["--latency-ms", "300"])
-    log = tmp_path / "job.log"
-    proc = start_job(corpus, out, slow, models, log, "--sync")
-    try:
-        wait_for_journal(proc, out, 2, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    slow.stop()
+    kill_once_journaled(corpus, out, slow, models, tmp_path / "job.log", 2, "--sync")
     assert os.readlink(out / "current") == view
     assert sorted(glob_rows(out).column("text_sha256").to_pylist()) == before   # the last complete view
     fast = start_sandbox(sandbox_factory, models, db=sb.db)
@@ -292,14 +274,7 @@ def test_pieces_of_a_text_the_service_split_are_not_paid_again_after_a_kill(tmp_
     rows = corpus_rows(n_short=0, n_long=6)
     corpus, out = write_corpus(tmp_path / "corpus.parquet", rows), tmp_path / "out"
     slow = start_sandbox(sandbox_factory, models, args=["--token-skew", f"{MODEL}=1.3", "--latency-ms", "300"])
-    log = tmp_path / "job.log"
-    proc = start_job(corpus, out, slow, models, log)
-    try:
-        wait_for_journal(proc, out, 3, log)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    slow.stop()
+    kill_once_journaled(corpus, out, slow, models, tmp_path / "job.log", 3)
     pieces = {h for c in ledger(slow) for h in c["input_sha256"]} - set().union(*chunk_hashes(models, rows).values())
     assert pieces, "the killed run paid for pieces"
     sb = start_sandbox(sandbox_factory, models, db=slow.db, args=["--token-skew", f"{MODEL}=1.3"])
