@@ -58,7 +58,8 @@ def run_job(directory: Path, corpus: Path, out: Path, args=()) -> dict:
 
 
 def table(out: Path, kind: str, columns: list[str]):
-    files = sorted(out.glob(f"{kind}-*.parquet"))
+    """The columns of KIND in DIR's current view (DIR/current/)."""
+    files = sorted((out / "current").glob(f"{kind}-*.parquet"))
     return pq.read_table(files, columns=columns) if files else None
 
 
