@@ -38,6 +38,7 @@ class PackSettings:
 @dataclasses.dataclass(frozen=True)
 class EmbedSettings:
     max_in_flight: int = 32
+    initial_in_flight: int = 2
     progress_interval_s: float = 5.0
 
 
@@ -137,7 +138,9 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
         raise ConfigError(f"{where}:client.encoding_format must be base64 or float")
     if not 0 < settings.pack.fill_target <= 1:
         raise ConfigError(f"{where}:pack.fill_target must be in (0, 1]")
-    positive = {"embed.max_in_flight": settings.embed.max_in_flight, "client.max_attempts": settings.client.max_attempts,
+    positive = {"embed.max_in_flight": settings.embed.max_in_flight,
+                "embed.initial_in_flight": settings.embed.initial_in_flight,
+                "client.max_attempts": settings.client.max_attempts,
                 "client.pool_size": settings.client.pool_size, "client.max_decoding": settings.client.max_decoding,
                 "pack.max_open_requests": settings.pack.max_open_requests,
                 "client.connect_timeout_s": settings.client.connect_timeout_s,

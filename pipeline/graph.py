@@ -112,7 +112,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
         model=model.name, dimensions=opts.dimensions, expected_dims=job.dimensions, run_id=job.run_id,
         output_dir=opts.output, retry=job.retry, pool_size=s.client.pool_size,
         encoding_format=s.client.encoding_format, max_decoding=s.client.max_decoding,
-        max_in_flight=s.embed.max_in_flight,
+        max_in_flight=s.embed.max_in_flight, initial_in_flight=s.embed.initial_in_flight,
         balance_before=balance_before, spendable_rub=spendable_rub,
         price_per_token_rub=price_per_token_rub,
         price_margin=margin, learned_margin=1 / model.safety_factor,

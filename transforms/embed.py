@@ -32,7 +32,7 @@ from transforms.caps import AccountWatch, cap_usages
 from transforms.known import KnownStores, known_vector
 from transforms.lineage import embeddings_table, pending_table
 from transforms.progress import Progress
-from transforms.ratelimit import INITIAL, ConcurrencyLimiter, TokenBucketLimiter
+from transforms.ratelimit import ConcurrencyLimiter, TokenBucketLimiter
 from transforms.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.splitting import SplitConfig, Splitter
 
@@ -56,6 +56,7 @@ class EmbedConfig:
     encoding_format: str
     max_decoding: int
     max_in_flight: int
+    initial_in_flight: int          # where the adaptive limit starts (transforms/ratelimit.py)
     balance_before: float | None
     spendable_rub: float | None
     price_per_token_rub: float
@@ -105,7 +106,7 @@ class _Shared:
                                 price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
                                 learned_margin=cfg.learned_margin, caps=caps, read_account=watch.read),
                     Breaker(),
-                    ConcurrencyLimiter(min(INITIAL, cfg.max_in_flight), maximum=cfg.max_in_flight),
+                    ConcurrencyLimiter(min(cfg.initial_in_flight, cfg.max_in_flight), maximum=cfg.max_in_flight),
                     TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
             return cls._by_run[cfg.run_id]
 

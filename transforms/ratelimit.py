@@ -53,12 +53,6 @@ _SLOWER = 1.5    # latency / expected that ends slow start: from there, one step
 _QUEUED = 2.0    # latency / expected at which half of it is a queue: a decrease whatever the step
 _WORTH = 0.5     # a step up must raise the throughput by at least this share of the concurrency added
 _PROBE_ANSWERS = 32   # x the 429's level: answers under it before the first probe of that level
-# Where a worker process starts (or the ceiling, when lower). Low, because processes start
-# together: 2 worker processes starting at 4 on an account that takes 4 drew twice the 429s
-# (12 against 6 in 292 requests), and slow start doubles it every round trip from here (at
-# 20k documents, starting at 2 or 4 made no difference beyond the noise: 13.6 and 14.4 s).
-INITIAL = 2
-
 
 class Permit:
     """One granted place. `rate_limited()` may be called while the request is still retrying
