@@ -24,7 +24,7 @@ from pipeline.config import LockSettings
 from pipeline.inputs import UsageError
 from pipeline.outdir import layout, records, view as views
 from pipeline.outdir.commit import Rewrite, RunFiles, next_view
-from pipeline.outdir.jsonfiles import read_json, write_json
+from pipeline.outdir.jsonfiles import write_json
 from pipeline.outdir.lock import OutputLock
 from pipeline.outdir.view import View
 from transforms import journal
@@ -89,9 +89,6 @@ class OutputDir:
         cost = sum(pc.sum(t.column("cost_rub")).as_py() or 0 for t in tables)
         tokens = sum(pc.sum(t.column("total_tokens")).as_py() or 0 for t in tables)
         return cost / tokens if tokens else None
-
-    def read_summary(self) -> dict | None:
-        return read_json(self.join(layout.SUMMARY))
 
     # -- a run ------------------------------------------------------------------------------
 
