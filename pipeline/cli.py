@@ -13,12 +13,11 @@ import json
 import logging
 import sys
 
-from pipeline import profiles, usage
-from pipeline.inputs import UsageError
-from pipeline.job import model_names, resolve
-from pipeline.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags, use_filesystems
-from pipeline.run import JobFailed
-from pipeline.summary import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
+from pipeline.settings import profiles
+from pipeline.settings.job import model_names, resolve
+from pipeline.settings.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags, use_filesystems
+from pipeline.terminal import usage
 from service import errors
 from service.catalog import ConfigError
 from service.credentials import MissingApiKeyError
@@ -47,7 +46,7 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
 
 
 def cmd_run(argv: list[str]) -> int:
-    from pipeline.run import execute
+    from pipeline.commands.run import execute
     job = resolve(_options(argv), need_output=True)
     opts = job.opts
     code, report = execute(job)
@@ -71,7 +70,7 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def cmd_plan(argv: list[str]) -> int:
-    from pipeline.plan import plan, render
+    from pipeline.commands.plan import plan, render
     opts = _options(argv)
     if names := model_names(opts):
         return _plan_models(opts, names)
@@ -82,7 +81,7 @@ def cmd_plan(argv: list[str]) -> int:
 
 def _plan_models(opts: EmbedPipeOptions, names: list[str]) -> int:
     """`plan --model all|a,b`: exit 0 when at least one model fits, 3 when none does."""
-    from pipeline.plan import plan_models, render_comparison
+    from pipeline.commands.plan import plan_models, render_comparison
     jobs = [resolve(opts, need_output=False, model_name=name) for name in names]
     results = plan_models(jobs)
     print(json.dumps(results, indent=2) if opts.json else render_comparison(results, jobs))
@@ -95,12 +94,12 @@ def cmd_beam_options(argv: list[str]) -> int:
 
 
 def cmd_demo(argv: list[str]) -> int:
-    from pipeline.demo import main as demo_main
+    from pipeline.commands.demo import main as demo_main
     return demo_main(argv, cmd_plan, cmd_run)
 
 
 def cmd_report(argv: list[str]) -> int:
-    from pipeline.report import main as report_main
+    from pipeline.commands.report import main as report_main
     return report_main(argv)
 
 

@@ -6,7 +6,7 @@ On the local runner in one process, a run streams: texts and vectors go from Rea
 in one fused stage and nothing large crosses a stage boundary (the FnApiRunner holds such a
 PCollection in memory whole); the view's document index and the known texts are indexed by
 digest in the process. --doc-vectors and runners with several worker processes group by text
-instead (transforms/dedupe.py says why).
+instead (transforms/dedupe/distinct.py says why).
 """
 from __future__ import annotations
 
@@ -16,20 +16,20 @@ from typing import Mapping, Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions
 
-from pipeline.inputs import InputInfo
-from pipeline.job import Job
-from pipeline.prior import Prior
+from pipeline.checks.inputs import InputInfo
+from pipeline.checks.prior import Prior
 from pipeline.runner import is_local
+from pipeline.settings.job import Job
 from transforms import schemas
-from transforms.changes import CHANGES_SCHEMA
-from transforms.dedupe import ChunkEntries, GroupDistinctTexts, SealClaims, SealReused, StreamDistinctTexts
-from transforms.docvectors import DocumentVectors, documents_schema
-from transforms.embed import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
-from transforms.known import REUSED, AntiJoinKnown, FetchReused, KnownStores, ReuseKnownStream
+from transforms.dedupe.distinct import ChunkEntries, GroupDistinctTexts, SealClaims, SealReused, StreamDistinctTexts
+from transforms.dedupe.known import REUSED, AntiJoinKnown, FetchReused, KnownStores, ReuseKnownStream
+from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedConfig, EmbedRequests
 from transforms.pack import PackRequests
-from transforms.read import CHANGED, REJECTED, ReadDocuments, ReadPending, ViewRef
-from transforms.splitting import SplitConfig
-from transforms.write import WriteRows, WriteTables
+from transforms.read.changes import CHANGES_SCHEMA
+from transforms.read.split import SplitConfig
+from transforms.read.transform import CHANGED, REJECTED, ReadDocuments, ReadPending, ViewRef
+from transforms.write.docvectors import DocumentVectors, documents_schema
+from transforms.write.transform import WriteRows, WriteTables
 
 REUSED_PER_TABLE = 1000
 
@@ -56,7 +56,7 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = 
     rows or None, changed documents, reused (TextItem, ReuseRef) pairs or None,
     requests). COUNT_ONLY drops the texts before they are grouped (plan and the exact
     preflight only count). SCOPE names the in-process state of a pipeline
-    (transforms/runscoped.py): the run id, or another for a counting pipeline, whose claims
+    (transforms/worker/runscoped.py): the run id, or another for a counting pipeline, whose claims
     must not be the run's."""
     opts, model, s = job.opts, job.model, job.settings
     scope = scope or job.run_id

@@ -5,7 +5,6 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner")
 
 

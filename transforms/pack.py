@@ -23,8 +23,8 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms import coders  # noqa: F401  (registers the coder of Request)
 from transforms.records import Request
+from transforms.worker import coders  # noqa: F401  (registers the coder of Request)
 
 
 class _Bin:

@@ -26,7 +26,7 @@ class TextItem(NamedTuple):
 
 
 class Request(tuple):
-    """The TextItems of one embeddings request (transforms/coders.py sizes it cheaply)."""
+    """The TextItems of one embeddings request (transforms/worker/coders.py sizes it cheaply)."""
     __slots__ = ()
 
 

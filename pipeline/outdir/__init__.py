@@ -20,16 +20,17 @@ import uuid
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.config import LockSettings
-from pipeline.inputs import UsageError
-from pipeline.outdir import layout, records, view as views
+from pipeline.exits import UsageError
+from pipeline.outdir import layout, records
+from pipeline.outdir import view as views
 from pipeline.outdir.commit import Rewrite, RunFiles, next_view
 from pipeline.outdir.jsonfiles import write_json
 from pipeline.outdir.lock import OutputLock
 from pipeline.outdir.view import View
-from transforms import journal
-from transforms.source import read_tables, row_count
-from transforms.write import Codec
+from pipeline.settings.config import LockSettings
+from transforms.money import journal
+from transforms.read.parquet import read_tables, row_count
+from transforms.write.transform import Codec
 
 log = logging.getLogger("embedpipe")
 

@@ -1,6 +1,6 @@
 """The next current view of DIR, from the last one and what a run's job wrote.
 
-Per document the run worked on (its `changes` rows, transforms/changes.py), or removed:
+Per document the run worked on (its `changes` rows, transforms/read/changes.py), or removed:
 
 | the run's change                       | complete after the run          | not complete (pending rows)          |
 |----------------------------------------|---------------------------------|--------------------------------------|
@@ -30,10 +30,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.outdir import layout
 from pipeline.outdir.view import View
-from transforms.changes import CHANGES_SCHEMA, DOCINDEX, FINGERPRINT, RESUMED
-from transforms.rewrite import Rules, Task, chunk_keys, count, save_rules
-from transforms.source import read_tables, row_count
-from transforms.write import Codec, open_writer
+from transforms.read.changes import CHANGES_SCHEMA, DOCINDEX, FINGERPRINT, RESUMED
+from transforms.read.parquet import read_tables, row_count
+from transforms.write.rewrite import Rules, Task, chunk_keys, count, save_rules
+from transforms.write.transform import Codec, open_writer
 
 # Where the rows that move from a file of one kind go.
 MOVES = {"staged-embeddings": "embeddings", "staged-failed": "failed",

@@ -12,8 +12,8 @@
     _segments/                   files a commit derived from others (rows filtered out or moved)
     _runs/<run>.json             each run's start and finish (balance, stats): the
                                  reconciliation (records.py)
-    _journal/<run>/              answers paid for and not yet in history (transforms/journal.py)
-    _lock.json, _progress/       the live run (lock.py, transforms/progress.py)
+    _journal/<run>/              answers paid for and not yet in history (transforms/money/journal.py)
+    _lock.json, _progress/       the live run (lock.py, transforms/worker/progress.py)
 
 A view's id is the id of the run that committed it.
 """

@@ -21,10 +21,10 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.config import LockSettings
-from pipeline.inputs import UsageError
+from pipeline.exits import UsageError
 from pipeline.outdir.jsonfiles import read_json, write_json
 from pipeline.outdir.view import is_local
+from pipeline.settings.config import LockSettings
 
 LOCK_FILE = "_lock.json"
 

@@ -1,5 +1,5 @@
 """Each run's record in DIR/_runs/<run_id>.json: its start (balance, key budget, stats: the
-reconciliation of money starts at the first one, pipeline/history.py) and its finish."""
+reconciliation of money starts at the first one, pipeline/money/reconcile.py) and its finish."""
 from __future__ import annotations
 
 import datetime as dt

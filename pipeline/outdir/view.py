@@ -30,7 +30,7 @@ class View:
     view: str                                      # the run that committed it
     model: str
     dimensions: int
-    signature: str                                 # hex: transforms/changes.py
+    signature: str                                 # hex: transforms/read/changes.py
     kept: tuple[str, ...]
     files: dict                                    # kind -> ((relative path, rows), ...)
     docindex: str | None = None

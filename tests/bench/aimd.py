@@ -17,7 +17,7 @@ import time
 from service import errors
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import ApiKey
-from transforms.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter, TokenBucketLimiter
+from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter, TokenBucketLimiter
 
 
 @dataclasses.dataclass
@@ -57,7 +57,7 @@ def _fixed_one(client, model, texts, counter, bucket=None):
 
 
 def _adaptive(client, model, texts, counter, limiter: ConcurrencyLimiter):
-    """As transforms/send.py's _embed: the limiter hears every 429 through on_retry."""
+    """As transforms/embed/send.py's _embed: the limiter hears every 429 through on_retry."""
     permit = limiter.acquire()
 
     def on_retry(status):

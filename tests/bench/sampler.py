@@ -26,7 +26,7 @@ import time
 # matches names the category; order matters where paths nest.
 CATEGORIES = (
     ("tokenise (tiktoken)", ("tiktoken/",)),
-    ("split/pack logic", ("transforms/splitting.py", "transforms/pack.py", "transforms/dedupe.py")),
+    ("split/pack logic", ("transforms/read/split.py", "transforms/pack.py", "transforms/dedupe/distinct.py")),
     ("sha256", ("hashlib", ":_sha")),
     ("json encode", ("json/encoder.py",)),
     ("json decode", ("json/decoder.py", "json/__init__.py:loads")),
@@ -34,9 +34,9 @@ CATEGORIES = (
     ("sandbox embedder (numpy)", ("sandbox/embedder.py",)),
     ("sandbox body build", ("sandbox/server.py:embeddings_body",)),
     ("sqlite ledger", ("sandbox/store.py",)),
-    ("parquet/arrow write", ("pyarrow/parquet", "parquetio.py", "transforms/write.py", "transforms/lineage.py",
-                             "transforms/journal.py")),
-    ("parquet read", ("pyarrow/dataset", "transforms/read.py")),
+    ("parquet/arrow write", ("pyarrow/parquet", "parquetio.py", "transforms/write/transform.py", "transforms/money/lineage.py",
+                             "transforms/money/journal.py")),
+    ("parquet read", ("pyarrow/dataset", "transforms/read/transform.py")),
     ("http client (requests/urllib3)", ("requests/", "urllib3/", "http/client.py")),
     ("http server", ("http/server.py", "socketserver.py")),
     ("socket I/O", ("socket.py", "ssl.py", "selectors.py")),

@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import default_settings_text, parse_settings
+from pipeline.settings.config import default_settings_text, parse_settings
 from service.sandbox.store import read_ledger
 from service.tokenizer import get_encoding
 from tests.bench.corpus import SCHEMA, make_documents
 from tests.bench.report import table
-from transforms.splitting import SplitConfig, Splitter
+from transforms.read.split import SplitConfig, Splitter
 
 EDITED, REMOVED, ADDED = 0.01, 0.005, 0.01
 

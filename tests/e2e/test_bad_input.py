@@ -30,7 +30,7 @@ from service.sandbox.embedder import embed_batch, embed_text
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import WORDS_EN, WORDS_RU, ledger, paragraph, read_kind, run, summary
-from transforms.splitting import SplitConfig, Splitter
+from transforms.read.split import SplitConfig, Splitter
 
 MODEL = "text-embedding-3-small"
 SPEC = load_models()[MODEL]

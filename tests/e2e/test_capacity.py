@@ -25,7 +25,7 @@ def unlimited(tmp_path_factory):
 
 
 def _job(tmp, sandbox_args, *job_args, rate_limits=None):
-    from service.sandbox.launcher import SandboxProcess   # a module fixture cannot use sandbox_factory
+    from service.sandbox.launcher import SandboxProcess  # a module fixture cannot use sandbox_factory
     corpus, out = tmp / "c.parquet", tmp / "out"
     if not corpus.exists():
         write_docs(corpus, DOCS)

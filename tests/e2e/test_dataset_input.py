@@ -1,5 +1,5 @@
 """`run --input DIR` on a hive-partitioned dataset as Spark writes it, with the partition key
-kept as a column and integer ids that come back as strings. The job reads through ReadParquetTables (transforms/source.py)."""
+kept as a column and integer ids that come back as strings. The job reads through ReadParquetTables (transforms/read/parquet.py)."""
 from __future__ import annotations
 
 from tests.conftest import SANDBOX_KEY

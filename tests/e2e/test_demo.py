@@ -2,8 +2,9 @@
 through the sandbox, and a nearest-neighbour query whose answers a reader sees are related."""
 from __future__ import annotations
 
-from pipeline import cli, demo
-from pipeline.python_docs_corpus import passages
+from pipeline import cli
+from pipeline.commands import demo
+from pipeline.corpora.python_docs import passages
 
 # The passage about "for" statements belongs with the other statements that steer a block:
 # its own section in the "compound" chapter, while, if/else, and the break/continue that loops use.

@@ -21,8 +21,8 @@ import pytest
 from apache_beam.io.filesystem import CompressedFile, CompressionTypes, FileMetadata, FileSystem
 from apache_beam.io.filesystems import FileSystems
 
-from tests.conftest import SANDBOX_KEY
 from pipeline.outdir.layout import kind_of
+from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows, ledger, run
 
 MODEL = "text-embedding-3-small"

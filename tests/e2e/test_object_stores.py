@@ -22,13 +22,22 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
+from pipeline.checks.inputs import inspect_input
 from pipeline.cli import main
-from pipeline.inputs import inspect_input
-from pipeline.options import use_filesystems
-from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, ledger, micro,
-                                     start_sandbox, write_corpus, write_models)
-from transforms.apportion import from_micro
-from transforms.source import ReadParquetTables
+from pipeline.settings.options import use_filesystems
+from tests.e2e.money_helpers import (
+    MODEL,
+    assert_every_row_once,
+    billed_twice,
+    corpus_rows,
+    ledger,
+    micro,
+    start_sandbox,
+    write_corpus,
+    write_models,
+)
+from transforms.money.apportion import from_micro
+from transforms.read.parquet import ReadParquetTables
 
 BUCKET = "corp"
 

@@ -13,8 +13,7 @@ from pipeline.cli import main
 from service.sandbox.launcher import SandboxProcess
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows, write_corpus
-from tests.e2e.money_helpers import (MODEL, billed_twice, current, ledger, run, summary,
-                                     write_models)
+from tests.e2e.money_helpers import MODEL, billed_twice, current, ledger, run, summary, write_models
 from tests.unit.test_output_schemas import NULLABLE, assert_declared
 
 KINDS = ("embeddings", "requests", "failed", "pending", "documents")

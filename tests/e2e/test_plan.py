@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sample_corpus import write_sample_corpus
+from pipeline.corpora.sample import write_sample_corpus
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.money_helpers import MODEL, ledger, micro, run, start_sandbox, summary, write_models
 

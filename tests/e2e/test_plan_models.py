@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.sample_corpus import write_sample_corpus
+from pipeline.corpora.sample import write_sample_corpus
 from service.catalog import parse_models
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.money_helpers import MODEL, ledger, run, start_sandbox, write_models

@@ -12,9 +12,22 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current,
-                                     journal_files, kill_once_journaled, ledger, micro, run, start_sandbox, summary,
-                                     write_corpus, write_models)
+from tests.e2e.money_helpers import (
+    MODEL,
+    assert_every_row_once,
+    billed_twice,
+    corpus_rows,
+    current,
+    journal_files,
+    kill_once_journaled,
+    ledger,
+    micro,
+    run,
+    start_sandbox,
+    summary,
+    write_corpus,
+    write_models,
+)
 
 # A request waits this long in the sandbox before it is charged: killing the job (and the
 # sandbox) right after a journal entry appears catches the next request before its charge.
@@ -22,7 +35,7 @@ LATENCY_MS = 300
 JOURNALED_BEFORE_KILL = 3
 
 
-# Resumes stream on the local runner (transforms/delivered.py, transforms/known.py: indexes in
+# Resumes stream on the local runner (transforms/delivered.py, transforms/dedupe/known.py: indexes in
 # the process); with several worker processes they group by doc id and text hash instead.
 # Both must pay for nothing twice.
 WAYS = {"streaming": (), "grouping": ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")}

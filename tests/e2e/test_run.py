@@ -13,7 +13,7 @@ from service.sandbox.launcher import SandboxProcess
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows, ledger, read_kind, run, summary, write_corpus
-from transforms.splitting import SplitConfig, Splitter
+from transforms.read.split import SplitConfig, Splitter
 
 MODEL = "text-embedding-3-small"
 

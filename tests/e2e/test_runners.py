@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import profiles
-from pipeline.options import EmbedPipeOptions
+from pipeline.settings import profiles
+from pipeline.settings.options import EmbedPipeOptions
 from service.catalog import load_models
 from service.sandbox.launcher import SandboxProcess
 from tests.conftest import SANDBOX_KEY
@@ -138,7 +138,7 @@ def run_job(env, name: str, *extra: str) -> Outcome:
 
 @pytest.fixture(scope="module")
 def reference(env) -> Outcome:
-    """The DirectRunner with default options (pipeline/run.py runs it as an FnApiRunner)."""
+    """The DirectRunner with default options (pipeline/commands/run.py runs it as an FnApiRunner)."""
     return run_job(env, "direct-default")
 
 

@@ -1,4 +1,4 @@
-"""Streaming dedupe (transforms/dedupe.py): a text is sent once even when its second row comes
+"""Streaming dedupe (transforms/dedupe/distinct.py): a text is sent once even when its second row comes
 long after the first was sent. Such a late row gets a copy of the first row's outcome: its
 vector and request id at cost 0 (re-split pieces included), or its pending row."""
 from __future__ import annotations

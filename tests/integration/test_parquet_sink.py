@@ -5,7 +5,7 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.write import Codec, WriteTables
+from transforms.write.transform import Codec, WriteTables
 
 SCHEMA = pa.schema([("id", pa.string()), ("vector", pa.list_(pa.float32()))])
 

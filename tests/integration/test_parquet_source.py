@@ -1,5 +1,5 @@
-"""--input as other tools write Parquet: resolved by pipeline/inputs.py, read by
-transforms/source.py's ReadParquetTables in a real Beam pipeline.
+"""--input as other tools write Parquet: resolved by pipeline/checks/inputs.py, read by
+transforms/read/parquet.py's ReadParquetTables in a real Beam pipeline.
 
 The datasets are written with pyarrow's dataset writer (hive flavour), laid out and typed the
 way DuckDB (`COPY ... (PARTITION_BY (lang))`: data_0.parquet), Polars (large_string text,
@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.inputs import UsageError, inspect_input
-from transforms.source import ReadParquetTables
+from pipeline.checks.inputs import inspect_input
+from pipeline.exits import UsageError
+from transforms.read.parquet import ReadParquetTables
 
 ROWS = [(1, "the quick brown fox", "en"), (2, "съешь ещё этих булок", "ru"), (3, "jumps over", "en"),
         (4, "a lazy dog", None), (5, "и выпей чаю", "ru")]

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline.sample_corpus import write_sample_corpus
+from pipeline.corpora.sample import write_sample_corpus
 from service.sandbox.launcher import SandboxProcess
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import ledger, read_kind, run, summary

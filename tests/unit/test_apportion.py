@@ -1,9 +1,10 @@
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from transforms.apportion import apportion_micro, from_micro, to_micro
+from transforms.money.apportion import apportion_micro, from_micro, to_micro
 
 weights_st = st.lists(st.integers(0, 10_000), min_size=1, max_size=60)
 

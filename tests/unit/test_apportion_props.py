@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.apportion import apportion_micro, from_micro, to_micro
+from transforms.money.apportion import apportion_micro, from_micro, to_micro
 
 totals = st.integers(min_value=0, max_value=10**12)
 weights = st.lists(st.integers(min_value=0, max_value=10**6), min_size=1, max_size=60)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from transforms.budget import BudgetGuard, worst_case_micro
+from transforms.money.budget import BudgetGuard, worst_case_micro
 
 PRICE = 2e-6  # RUB per token
 

@@ -7,14 +7,22 @@ import pickle
 
 import pytest
 
-from pipeline.account import Account, spendable
-from pipeline.config import parse_settings
+from pipeline.money.account import Account, spendable
+from pipeline.settings.config import parse_settings
 from service import errors
 from service.catalog import ConfigError
 from service.client import Balance, Stats
-from transforms.budget import BudgetGuard
-from transforms.caps import (DAILY_CAP, MAX_SPEND, MONTHLY_CAP, AccountReading, AccountWatch, Caps, Spendable,
-                             cap_usages)
+from transforms.money.budget import BudgetGuard
+from transforms.money.caps import (
+    DAILY_CAP,
+    MAX_SPEND,
+    MONTHLY_CAP,
+    AccountReading,
+    AccountWatch,
+    Caps,
+    Spendable,
+    cap_usages,
+)
 
 PRICE = 1e-6  # RUB per token: a token costs one micro-rouble
 

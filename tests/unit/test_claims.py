@@ -5,10 +5,9 @@ from __future__ import annotations
 import hashlib
 import threading
 
-
-from transforms import runscoped
-from transforms.dedupe import Claims, LateRef
+from transforms.dedupe.distinct import Claims, LateRef
 from transforms.records import ChunkRef, TextItem
+from transforms.worker import runscoped
 
 
 def ref(doc: str, index: int = 0, start: int = 0) -> ChunkRef:

@@ -7,8 +7,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from transforms import coders, schemas
+from transforms import schemas
 from transforms.records import ChunkRef, Request, TextItem
+from transforms.worker import coders
 
 
 def _table() -> pa.Table:

@@ -1,14 +1,14 @@
 """The commit's decision per document (pipeline/outdir/commit.py), and the file rewrites it
-leads to (transforms/rewrite.py), on small tables and real Parquet files; no Beam."""
+leads to (transforms/write/rewrite.py), on small tables and real Parquet files; no Beam."""
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.outdir.commit import FAILED, PENDING, SERVED, STAGED, THIS_RUN, decide
-from transforms.changes import CHANGES_SCHEMA, DOCINDEX
-from transforms.rewrite import Rules, Task, count, split_file
-from transforms.write import Codec
+from transforms.read.changes import CHANGES_SCHEMA, DOCINDEX
+from transforms.write.rewrite import Rules, Task, count, split_file
+from transforms.write.transform import Codec
 
 
 def fp(n: int) -> bytes:

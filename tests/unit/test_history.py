@@ -2,7 +2,7 @@
 by none of them (other spending), or by what cannot be told apart (ambiguous)."""
 from __future__ import annotations
 
-from pipeline.history import Candidate, Point, _subset, split_gaps
+from pipeline.money.reconcile import Candidate, Point, _subset, split_gaps
 
 
 def charge(after: int, cost: int, at: float) -> Point:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import hashlib
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from transforms.keyindex import KeyIndex, key16
+from transforms.worker.keyindex import KeyIndex, key16
 
 keys = st.binary(min_size=16, max_size=16)
 

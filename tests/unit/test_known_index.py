@@ -9,9 +9,11 @@ import hashlib
 import numpy as np
 import pyarrow.parquet as pq
 
-from transforms import journal, known, schemas
-from transforms.known import KnownIndex, best_ref, read_vectors
-from transforms.lineage import embeddings_table
+from transforms import schemas
+from transforms.dedupe import known
+from transforms.dedupe.known import KnownIndex, best_ref, read_vectors
+from transforms.money import journal
+from transforms.money.lineage import embeddings_table
 from transforms.records import ChunkRef, TextItem
 
 DIMS = 4

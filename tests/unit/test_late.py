@@ -1,15 +1,15 @@
-"""Late copies (pipeline/late.py): a row whose text was sent before it came gets a copy of
+"""Late copies (pipeline/outdir/late.py): a row whose text was sent before it came gets a copy of
 what became of the text's first row, read back from this run's files."""
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.late import write_late_copies
 from pipeline.outdir import OutputDir
-from transforms.dedupe import LateRef
+from pipeline.outdir.late import write_late_copies
+from transforms.dedupe.distinct import LateRef
 from transforms.records import ChunkRef
-from transforms.write import Codec
+from transforms.write.transform import Codec
 
 RUN = "r1"
 

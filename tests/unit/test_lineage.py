@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms import schemas
-from transforms.apportion import apportion_micro
-from transforms.lineage import embeddings_table
+from transforms.money.apportion import apportion_micro
+from transforms.money.lineage import embeddings_table
 from transforms.records import ChunkRef, TextItem
 
 DIMS = 4

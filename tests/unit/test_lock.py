@@ -10,8 +10,8 @@ import time
 import pytest
 
 from pipeline.outdir import lock
-from pipeline.config import LockSettings
 from pipeline.outdir.lock import LOCK_FILE, OutputLock, OutputLocked
+from pipeline.settings.config import LockSettings
 
 FAST = LockSettings(heartbeat_s=0.05, lease_s=1.0)
 

@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.internal import pickler
 
-from transforms import journal, schemas
-from transforms.docvectors import documents_schema
-from transforms.known import _journal_refs, read_vectors
+from transforms import schemas
+from transforms.dedupe.known import _journal_refs, read_vectors
+from transforms.money import journal
+from transforms.write.docvectors import documents_schema
 
 DIMS = 8
 META = schemas.metadata("m", DIMS, "run-1")

@@ -2,7 +2,8 @@ import math
 from typing import NamedTuple
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from transforms.pack import Packer
 

@@ -1,8 +1,8 @@
 """The whole job's progress: each worker process reports its counts to a file; the driver sums."""
 from __future__ import annotations
 
-from transforms import progress
-from transforms.progress import Counts, Progress
+from transforms.worker import progress
+from transforms.worker.progress import Counts, Progress
 
 
 class Clock:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter, TokenBucketLimiter
+from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter, TokenBucketLimiter
 
 EPS = 1e-6
 FULL = 280_000   # tokens of a full request

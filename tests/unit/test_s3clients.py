@@ -1,4 +1,4 @@
-"""Beam's S3 client wrappers share one boto3 client per configuration (transforms/s3clients.py)."""
+"""Beam's S3 client wrappers share one boto3 client per configuration (transforms/worker/s3clients.py)."""
 from __future__ import annotations
 
 import pytest

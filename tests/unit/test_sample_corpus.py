@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.sample_corpus import EMOJI_CJK, SPECIAL_TOKENS, main, write_sample_corpus
+from pipeline.corpora.sample import EMOJI_CJK, SPECIAL_TOKENS, main, write_sample_corpus
 from service.tokenizer import get_encoding
 
 

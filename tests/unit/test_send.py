@@ -5,9 +5,9 @@ here only the pure parts: re-splitting an over-long input."""
 from __future__ import annotations
 
 from service.tokenizer import get_encoding
-from transforms.send import resplit
+from transforms.embed.send import resplit
+from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, TextItem
-from transforms.splitting import SplitConfig, Splitter
 
 
 def _item(text: str) -> TextItem:
@@ -46,9 +46,9 @@ def test_a_request_already_in_this_runs_journal_is_not_paid_again(tmp_path):
 
     from service.client import EmbeddingsClient, RetryPolicy
     from service.credentials import ApiKey
-    from transforms import journal
-    from transforms.budget import BudgetGuard
-    from transforms.send import Breaker, RequestRunner, request_key
+    from transforms.embed.send import Breaker, RequestRunner, request_key
+    from transforms.money import journal
+    from transforms.money.budget import BudgetGuard
 
     batch = [_item("first text"), _item("second text")._replace(text_sha256="sha2")]
     rid = request_key("r1", "m", None, batch)

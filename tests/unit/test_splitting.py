@@ -6,10 +6,11 @@ import sys
 import tracemalloc
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.tokenizer import get_encoding
-from transforms.splitting import _LOOKAHEAD_CHARS, Chunk, SplitConfig, Splitter, _Cut, _piece_boundary
+from transforms.read.split import _LOOKAHEAD_CHARS, Chunk, SplitConfig, Splitter, _Cut, _piece_boundary
 
 ENC = get_encoding()
 

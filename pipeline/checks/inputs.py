@@ -1,0 +1,138 @@
+"""Checks made before anything is sent: input files, columns and types, output directory.
+
+Each failure is a UsageError with a message that says what to fix (exit code 2).
+"""
+from __future__ import annotations
+
+import dataclasses
+import urllib.parse
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.exits import UsageError
+from transforms.read.parquet import normalised_type, open_parquet
+
+
+@dataclasses.dataclass(frozen=True)
+class InputInfo:
+    files: tuple[str, ...]
+    rows: int
+    kept_fields: tuple[pa.Field, ...]
+    # partitions[i]: the hive partition values of files[i] ((key, value or None), ...); empty
+    # when the input is not partitioned. ReadParquetTables takes them as they are.
+    partitions: tuple[tuple[tuple[str, str | None], ...], ...] = ()
+    columns: tuple[str, ...] = ()   # of pending rows, when they are the input (--resume alone)
+
+    @property
+    def partition_mappings(self) -> list[dict] | None:
+        return [dict(p) for p in self.partitions] if self.partitions else None
+
+
+GLOB_CHARS = "*?["
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # how Hive and Spark write a null partition value
+
+
+def _read_schema(path: str) -> tuple[pa.Schema, int]:
+    try:
+        with open_parquet(path) as fh:
+            meta = pq.ParquetFile(fh).metadata
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not a readable Parquet file ({exc})") from None
+    return meta.schema.to_arrow_schema(), meta.num_rows
+
+
+def _list(pattern: str, what: str) -> list[str]:
+    try:
+        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    except Exception as exc:  # FileSystems raises BeamIOError or scheme errors
+        raise UsageError(f"--input {what}: cannot list files ({exc})") from None
+
+
+def _root_of(pattern: str) -> str:
+    """The directory part of PATTERN before its first glob character."""
+    head = pattern[:min((i for i in (pattern.find(c) for c in GLOB_CHARS) if i >= 0), default=len(pattern))]
+    return head[:head.rfind("/") + 1]
+
+
+def _relative_parts(root: str, path: str) -> list[str]:
+    return [p for p in path[len(root):].split("/") if p]
+
+
+def _is_data_file(parts: list[str]) -> bool:
+    """What pyarrow, Spark and Hive skip in a dataset: names starting with _ or . at any level
+    below the root (_SUCCESS, _temporary/, .part-0.parquet.crc, _delta_log/)."""
+    return not any(p.startswith(("_", ".")) for p in parts)
+
+
+def _partition(parts: list[str], where: str) -> tuple[tuple[str, str | None], ...]:
+    pairs = []
+    for part in parts[:-1]:
+        if "=" in part:
+            key, value = part.split("=", 1)
+            value = urllib.parse.unquote(value)
+            pairs.append((urllib.parse.unquote(key), None if value == HIVE_NULL else value))
+    if len({k for k, _ in pairs}) != len(pairs):
+        raise UsageError(f"{where}: a partition key occurs twice in its path")
+    return tuple(pairs)
+
+
+def resolve_files(spec: str) -> tuple[list[str], list[tuple]]:
+    """--input as a file, a glob, a directory or a hive-partitioned dataset: (the data files,
+    the partition values of each). Works the same on local paths and object stores, where a
+    directory is only a prefix."""
+    if any(c in spec for c in GLOB_CHARS):
+        root, found = _root_of(spec), _list(spec, spec)
+    else:
+        root = spec.rstrip("/") + "/"
+        found = [p for p in _list(FileSystems.join(spec.rstrip("/"), "**"), spec) if p.startswith(root)]
+        if not found:  # not a directory (or an empty one): the file itself
+            return [p for p in _list(spec, spec) if p == spec][:1] or _no_files(spec), [()]
+    files = [p for p in found if _is_data_file(_relative_parts(root, p))]
+    if not files:
+        _no_files(spec)
+    partitions = [_partition(_relative_parts(root, p), p) for p in files]
+    keys = {tuple(k for k, _ in p) for p in partitions}
+    if len(keys) > 1:
+        raise UsageError(f"--input {spec}: the files have different partition keys "
+                         f"({' vs '.join('/'.join(k) or '(none)' for k in sorted(keys))})")
+    return files, partitions
+
+
+def _no_files(spec: str):
+    raise UsageError(f"--input {spec}: no file matches (a Parquet file, a glob, or a directory of them)")
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(normalised_type(t))
+
+
+def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence[str]) -> InputInfo:
+    files, partitions = resolve_files(pattern)
+    keys = [k for k, _ in partitions[0]]
+    rows, kept_fields = 0, None
+    for path in files:
+        schema, n = _read_schema(path)
+        rows += n
+        if clash := [k for k in keys if schema.get_field_index(k) >= 0 and k in (id_column, text_column, *keep)]:
+            raise UsageError(f"{path}: column {clash[0]!r} is both in the file and a partition key of its path")
+        for key in keys:
+            schema = schema.append(pa.field(key, pa.string()))
+        for column in (id_column, text_column, *keep):
+            if schema.get_field_index(column) < 0:
+                raise UsageError(f"{path}: no column {column!r} (columns: {', '.join(schema.names)})")
+        text_type = schema.field(text_column).type
+        if not _is_text(text_type):
+            raise UsageError(f"{path}: text column {text_column!r} is {text_type}, expected a string column")
+        id_type = schema.field(id_column).type
+        if not (_is_text(id_type) or pa.types.is_integer(normalised_type(id_type))):
+            raise UsageError(f"{path}: id column {id_column!r} is {id_type}, expected string or integer")
+        fields = tuple(schema.field(c).with_type(normalised_type(schema.field(c).type)) for c in keep)
+        if kept_fields is not None and [f.type for f in fields] != [f.type for f in kept_fields]:
+            raise UsageError(f"{path}: kept columns have other types than in {files[0]}")
+        # required in the outputs only if required in every input file
+        kept_fields = fields if kept_fields is None else tuple(
+            f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields))
+    return InputInfo(tuple(files), rows, kept_fields or (), tuple(partitions) if keys else ())

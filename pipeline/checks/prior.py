@@ -1,0 +1,112 @@
+"""What a run starts from, checked before anything is sent: DIR's current view (what it serves
+and builds, the documents an input no longer has), and every store of vectors already paid
+for (DIR's history and journals, --known). Fresh runs, --resume, --sync and --known are one
+path: they differ only in what the view holds and whether missing documents leave it."""
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.checks.inputs import InputInfo
+from pipeline.exits import UsageError
+from pipeline.outdir import OutputDir
+from pipeline.outdir.view import View
+from pipeline.settings.job import FRESH, Job
+from transforms.dedupe.known import KNOWN_COLUMNS
+from transforms.read.parquet import open_parquet, read_tables
+
+
+@dataclasses.dataclass(frozen=True)
+class Prior:
+    view: View | None = None
+    docindex: str | None = None              # the view's document index (absolute path)
+    pending: tuple[str, ...] = ()            # --resume without --input: the view's pending rows
+    known: tuple[str, ...] = ()              # embeddings files whose vectors are reused
+    journal: tuple[str, ...] = ()            # answers killed runs paid for, not written
+    journal_requests: tuple[dict, ...] = ()  # their request rows, written by this run
+
+    @property
+    def reuses(self) -> bool:
+        return bool(self.known or self.journal)
+
+
+def _fits(view: View, job: Job) -> bool:
+    return (view.model, view.dimensions) == (job.model.name, job.dimensions) and \
+        (not job.opts.input or tuple(view.kept) == job.keep_columns)
+
+
+def _check_view(view: View, job: Job, out: OutputDir) -> None:
+    """A view holds one model's vectors of one length, in rows of one schema."""
+    flag = "" if job.mode == FRESH else f"--{job.mode}: "
+    if (view.model, view.dimensions) != (job.model.name, job.dimensions):
+        raise UsageError(f"{flag}--output {out.path} holds {view.model} vectors of length {view.dimensions}; "
+                         f"this run is {job.model.name} with length {job.dimensions}: use another --output "
+                         "directory for it")
+    if job.opts.input and tuple(view.kept) != job.keep_columns:
+        raise UsageError(f"{flag}--output {out.path} keeps the columns {list(view.kept) or 'none'} in its rows, "
+                         f"this run {list(job.keep_columns) or 'none'}: pass the same --keep-columns, or write to "
+                         f"another --output with --known '{out.join('history/*/embeddings-*.parquet')}' (every "
+                         "vector reused, nothing paid again)")
+
+
+def _known_files(globs) -> list[str]:
+    files = []
+    for glob in globs:
+        matches = FileSystems.match([glob])[0].metadata_list
+        if not matches:
+            raise UsageError(f"--known {glob}: no file matches")
+        for m in matches:
+            with open_parquet(m.path) as fh:
+                names = pq.read_schema(fh).names
+            if missing := [c for c in KNOWN_COLUMNS if c not in names]:
+                raise UsageError(f"--known {m.path}: not an embeddings file (no {', '.join(missing)})")
+            files.append(m.path)
+    return files
+
+
+def prior(job: Job, out: OutputDir | None, *, checked: bool = True) -> Prior:
+    """CHECKED (run): the mode must fit what DIR holds; `plan` only looks."""
+    known = _known_files(job.opts.known)
+    if out is None:
+        return Prior(known=tuple(known))
+    view, results = out.view, out.holds_results()
+    if checked and job.mode == FRESH and results:
+        raise UsageError(f"--output {out.path} already holds an earlier run's results or journal: pass --sync "
+                         "when the input is the whole corpus (DIR becomes exactly it: edited documents are "
+                         "embedded again, removed ones leave, nothing is paid twice), --resume to bring only "
+                         "the input's documents up to date, or choose another directory")
+    if view is not None and not results and not _fits(view, job):
+        view = None   # pending rows of a run that paid nothing (exit 3): another model may take over
+    if view is not None and checked:
+        _check_view(view, job, out)
+    if checked and not job.opts.input and view is None:
+        raise UsageError(f"--resume without --input sends the pending rows of a run's results, and --output "
+                         f"{out.path} holds none: pass --input")
+    journal, journal_requests = out.journal_entries(job.model.name, job.dimensions)
+    return Prior(view, out.join(view.docindex) if view and view.docindex else None,
+                 tuple(out.join(p) for p in view.paths("pending")) if view and not job.opts.input else (),
+                 tuple(out.history_files("embeddings") + known), tuple(journal), tuple(journal_requests))
+
+
+def removed(prior: Prior, input_ids: pa.Array) -> pa.Array:
+    """The documents of the view that the input does not have (they leave it on --sync)."""
+    if prior.docindex is None:
+        return pa.array([], pa.string())
+    (index,) = read_tables([prior.docindex], ["doc_id"])
+    ids = index.column("doc_id")
+    return ids.filter(pc.invert(pc.is_in(ids, value_set=input_ids))).combine_chunks()
+
+
+def pending_input(prior: Prior) -> InputInfo:
+    """--resume without --input: the view's pending rows are the input."""
+    rows, schema = 0, None
+    for path in prior.pending:
+        with open_parquet(path) as fh:
+            meta = pq.ParquetFile(fh).metadata
+        rows, schema = rows + meta.num_rows, meta.schema.to_arrow_schema()
+    kept = tuple(schema.field(i) for i in range(schema.get_field_index("run_id") + 1, len(schema))) if schema else ()
+    return InputInfo(prior.pending, rows, kept, columns=tuple(schema.names) if schema else ())

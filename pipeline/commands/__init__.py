@@ -1,0 +1,1 @@
+"""The commands: run, plan, report, demo."""

@@ -1,0 +1,138 @@
+"""summary.json: what this run did and changed, what DIR's current view holds now, the
+reconciliation over DIR's whole history (pipeline/money/reconcile.py) and the files of the view.
+
+Built from the output files themselves (the durable truth), not from in-memory counters.
+"""
+from __future__ import annotations
+
+import collections
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
+from pipeline.money.reconcile import reconcile
+from pipeline.outdir import OutputDir
+from pipeline.outdir.view import View
+from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
+from transforms.money import journal
+from transforms.money.apportion import from_micro, to_micro
+from transforms.read.changes import counts
+from transforms.read.parquet import read_tables
+
+
+def _sum_micro(tables, column: str) -> int:
+    return sum(to_micro(v) for t in tables for v in t.column(column).to_pylist() if v is not None)
+
+
+REQUEST_COLUMNS = ["request_id", "model", "total_tokens", "cost_rub", "balance_after", "attempts", "latency_ms",
+                   "status", "started_at", "run_id"]
+
+
+def _all_requests(out: OutputDir) -> list[dict]:
+    """Every request row in DIR: the history's requests files, then journaled ones not written yet."""
+    rows = {r["request_id"]: r for t in read_tables(out.history_files("requests"), REQUEST_COLUMNS)
+            for r in t.to_pylist()}
+    for r in journal.read_requests(out.path, skip=set(rows)):
+        rows[r["request_id"]] = r
+    return list(rows.values())
+
+
+def _micro_by_request(tables) -> dict[str, int]:
+    """Σ micro-roubles of the rows of each request (one entry a request, not a row)."""
+    if not tables:
+        return {}
+    rows = pa.concat_tables(tables, promote_options="default")
+    micro = pc.cast(pc.round(pc.multiply(pc.fill_null(rows.column("cost_rub"), 0.0), 1e6)), pa.int64())
+    sums = pa.table({"request_id": rows.column("request_id"), "micro": micro}).group_by("request_id").aggregate(
+        [("micro", "sum")])
+    return dict(zip(sums.column("request_id").to_pylist(), sums.column("micro_sum").to_pylist()))
+
+
+def _reasons(tables) -> dict[str, int]:
+    counts = collections.Counter()
+    for t in tables:
+        counts.update(t.column("reason").to_pylist())
+    return dict(sorted(counts.items()))
+
+
+def exit_code(pending_reasons: dict[str, int]) -> int:
+    if any(r in pending_reasons for r in (UNAUTHORIZED, FORBIDDEN, UNAVAILABLE, INVALID)):
+        return EXIT_FAILED
+    if PREFLIGHT in pending_reasons:
+        return EXIT_DOES_NOT_FIT
+    if BUDGET in pending_reasons or BALANCE in pending_reasons:
+        return EXIT_PARTIAL
+    return EXIT_OK
+
+
+def _changes(out: OutputDir, run_id: str, documents: int | None, removed: int) -> dict:
+    """Documents added, edited, removed, unchanged, and resumed (the version DIR was building:
+    its pending chunks sent now), against the view before this run."""
+    tables = read_tables(out.history_files("changes", run_id), ["doc_id", "change"])
+    changed = {}
+    if tables:
+        distinct = pa.concat_tables(tables).group_by(["change", "doc_id"]).aggregate([])
+        per_change = distinct.group_by("change").aggregate([("doc_id", "count")])
+        changed = dict(zip(per_change.column("change").to_pylist(), per_change.column("doc_id_count").to_pylist()))
+    return counts(changed, documents, removed)
+
+
+def _current(out: OutputDir, view: View) -> dict:
+    """What the view holds: documents (with an id, plus rows without one), and rows."""
+    no_id = sum(pc.sum(pc.is_null(t.column("doc_id"))).as_py() or 0
+                for t in read_tables([out.join(p) for p in view.paths("failed")], ["doc_id"]))
+    embedded, failed, pending = (view.rows(k) for k in ("embeddings", "failed", "pending"))
+    return {"view": view.view, "documents": view.documents + no_id, "chunks": embedded + failed + pending,
+            "embedded": embedded, "failed": failed, "pending": pending,
+            "staged": view.rows("staged-embeddings") + view.rows("staged-failed")}
+
+
+def _timing(requests: list, started: dt.datetime) -> dict:
+    """When the job started and when its first request left (streaming: within seconds)."""
+    firsts = [pc.min(t.column("started_at")).as_py() for t in requests if t.num_rows]
+    first = min((f for f in firsts if f is not None), default=None)
+    return {"started_at": started.isoformat(), "first_request_at": first and first.isoformat(),
+            "seconds_to_first_request": first and round((first - started).total_seconds(), 3)}
+
+
+def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metrics: dict, input_ids: int | None,
+                  removed: int,
+                  account_before: dict, account_after: dict, estimate: dict, catalogue_price: float,
+                  caps: dict, started: dt.datetime) -> dict:
+    def mine(kind: str, columns: list[str]):
+        return read_tables(out.history_files(kind, run_id), columns)
+
+    emb = mine("embeddings", ["cost_rub", "request_id"])
+    req = mine("requests", ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id", "started_at"])
+    failed, pending = mine("failed", ["reason"]), mine("pending", ["reason"])
+    req_micro = _sum_micro(req, "cost_rub")
+    # requests journaled by a killed earlier run, paid before this run's balance was read
+    carried = [t.filter(pc.not_equal(t.column("run_id"), run_id)) for t in req]
+    carried_micro = _sum_micro(carried, "cost_rub")
+    answered = sum(pc.sum(pc.equal(t.column("status"), 200)).as_py() or 0 for t in req)
+    retried = sum(pc.sum(pc.greater(t.column("attempts"), 1)).as_py() or 0 for t in req)
+    rows_by_request = _micro_by_request(read_tables(out.history_files("embeddings"), ["cost_rub", "request_id"]))
+    recon = reconcile(out.path, run_id=run_id, requests=_all_requests(out),
+                              rows_by_request=rows_by_request, account_after=account_after,
+                              catalogue_price=catalogue_price)
+    recon["carried_over_from_journal_rub"] = from_micro(carried_micro)
+    pending_reasons = _reasons(pending)
+    own = [t.filter(pc.equal(t.column("run_id"), run_id)) for t in req]
+    return {
+        "run_id": run_id, "model": model, "documents": metrics.get("documents", 0),
+        "chunks": sum(t.num_rows for t in emb) + sum(t.num_rows for t in failed) + sum(t.num_rows for t in pending),
+        "embedded": sum(t.num_rows for t in emb), "failed": sum(t.num_rows for t in failed),
+        "pending": sum(t.num_rows for t in pending), "failed_reasons": _reasons(failed),
+        "pending_reasons": pending_reasons, "requests": sum(t.num_rows for t in req),
+        "requests_answered": answered, "requests_retried": retried,
+        "prompt_tokens": sum(pc.sum(t.column("prompt_tokens")).as_py() or 0 for t in req),
+        "cost_rub": from_micro(req_micro - carried_micro), "estimate": estimate,
+        "changes": _changes(out, run_id, input_ids, removed), "current": _current(out, view),
+        "balance_before": account_before.get("balance"), "balance_after": account_after.get("balance"),
+        "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),
+        "caps": caps,   # the caps set, and the limit that bound at the start
+        "reconciliation": recon, "metrics": metrics, "exit_code": exit_code(pending_reasons),
+        "timing": _timing(own, started), "files": view.reader_files,
+    }

@@ -1,0 +1,1 @@
+"""Corpora that ship offline: the demo's and the benchmarks'."""

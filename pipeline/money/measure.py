@@ -1,0 +1,72 @@
+"""What a run would send and what it may cost at worst: the cheap bound from the driver's scan,
+and, only when that bound does not fit, the exact count (the whole corpus read and split,
+nothing sent)."""
+from __future__ import annotations
+
+import logging
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipeline.checks.inputs import InputInfo
+from pipeline.checks.prior import Prior
+from pipeline.checks.scan import Scan
+from pipeline.graph import packed_requests, streams
+from pipeline.runner import counters, make_runner
+from pipeline.settings.job import Job
+from transforms.money import preflight
+from transforms.money.preflight import WorstCaseMicro
+from transforms.pack import request_totals
+from transforms.worker import runscoped
+
+log = logging.getLogger("embedpipe")
+
+TOTALS = ("plan_requests", "plan_inputs", "plan_chunks", "plan_tokens")
+
+
+def _count_totals(totals):
+    for name, value in zip(TOTALS, totals):
+        Metrics.counter("embedpipe", name).inc(value)
+
+
+def exact_totals(job: Job, info: InputInfo, prior: Prior, scan: Scan, price: float,
+                 margin: float) -> dict[str, int]:
+    """Beam counters of a counting pipeline: documents, changed_<change> (documents), plan_* totals,
+    plan_worst_case_micro. It streams as the run would (the view's document index and the
+    known texts indexed, not grouped), with claims and indexes of its own, discarded afterwards."""
+    p = beam.Pipeline(runner=make_runner(job.opts), options=job.opts)
+    scope = f"{job.run_id}-count"
+    _, changed, _, requests = packed_requests(p, job, info, prior, duplicate_ids=scan.duplicate_ids,
+                                              streaming=streams(job), count_only=True, scope=scope)
+    (changed  # a repeated id comes once per row: counted once (ids only cross the shuffle)
+     | "ChangedIds" >> beam.Map(lambda r: (r["doc_id"], r["change"])) | "Distinct" >> beam.Distinct()
+     | "CountChanges" >> beam.Map(lambda kv: Metrics.counter("embedpipe", f"changed_{kv[1]}").inc()))
+    request_totals(requests) | "Count" >> beam.Map(_count_totals)
+    (requests | "WorstCase" >> WorstCaseMicro(price, margin)
+     | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))
+    try:
+        result = p.run()
+        result.wait_until_finish()
+    finally:
+        claims = runscoped.discard(scope).get("claims")
+    totals = counters(result)
+    if claims is not None:  # rows whose text had gone when they came: delivered with it, not sent
+        totals["plan_chunks"] = totals.get("plan_chunks", 0) + len(claims.late)
+    return totals
+
+
+def bound_micro(job: Job, scan: Scan, price: float, margin: float) -> int:
+    s = job.settings.split
+    return preflight.bound_worst_case_micro(scan.tokens_bound, scan.rows, job.model.chunk_tokens,
+                                            s.overlap_tokens, price, margin)
+
+
+def fits(job: Job, info: InputInfo, prior: Prior, scan: Scan, spendable_rub: float | None,
+         price: float, margin: float) -> tuple[bool, str]:
+    """(does the run fit the spendable amount, how that was decided)."""
+    if preflight.fits(bound_micro(job, scan, price, margin), spendable_rub):
+        return True, "bound"
+    log.info("preflight: an upper bound of the cost does not fit the spendable amount; counting the "
+             "tokens exactly first (nothing is sent)")
+    worst = exact_totals(job, info, prior, scan, price, margin).get("plan_worst_case_micro", 0)
+    return preflight.fits(worst, spendable_rub), "exact"

@@ -1,0 +1,161 @@
+"""Typed run settings: configs/pipeline.yaml (or --run-config FILE), overridden by flags."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from importlib import resources
+from typing import Any, Mapping
+
+from service.catalog import ConfigError, parse_yaml_mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSettings:
+    max_attempts: int = 6
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 20.0
+    max_total_s: float = 120.0
+    jitter: float = 0.25
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    pool_size: int = 32
+    encoding_format: str = "base64"
+    max_decoding: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSettings:
+    overlap_tokens: int = 0
+    boundary_window: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class PackSettings:
+    fill_target: float = 0.99
+    max_open_requests: int = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedSettings:
+    max_in_flight: int = 32
+    initial_in_flight: int = 2
+    progress_interval_s: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetSettings:
+    reserve_rub: float = 0.0
+    price_margin: float = 1.25
+    balance_poll_s: float = 5.0
+    daily_cap_rub: float | None = None      # account-wide caps (transforms/money/caps.py); None: no cap
+    monthly_cap_rub: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RateLimitSettings:
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+
+
+PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteSettings:
+    codec: str = "zstd"
+    vector_codec: str = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewSettings:
+    keep: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class LockSettings:
+    heartbeat_s: float = 10.0
+    lease_s: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    client: ClientSettings = ClientSettings()
+    split: SplitSettings = SplitSettings()
+    pack: PackSettings = PackSettings()
+    embed: EmbedSettings = EmbedSettings()
+    budget: BudgetSettings = BudgetSettings()
+    rate_limits: RateLimitSettings = RateLimitSettings()
+    write: WriteSettings = WriteSettings()
+    views: ViewSettings = ViewSettings()
+    lock: LockSettings = LockSettings()
+
+    def replace(self, section: str, **changes: Any) -> "RunSettings":
+        return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
+
+
+def _section(cls: type, raw: Any, where: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - fields.keys())
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {unknown}; known: {sorted(fields)}")
+    values = {}
+    for name, value in raw.items():
+        default = getattr(cls(), name)
+        if default is None:  # an optional amount: null (unset) or a finite number of RUB
+            if value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{where}.{name}: expected a finite amount >= 0 or null, got {value!r}")
+            default = 0.0
+        if isinstance(default, bool) or type(default) is str:
+            ok = type(value) is type(default)
+        else:  # numbers: an int is fine where a float is expected, never a bool
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            ok = ok and (isinstance(default, float) or isinstance(value, int))
+        if not ok:
+            raise ConfigError(f"{where}.{name}: expected a non-negative {type(default).__name__}, got {value!r}")
+        values[name] = float(value) if isinstance(default, float) else value
+    return cls(**values)
+
+
+def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
+    doc = parse_yaml_mapping(text, where, "a mapping of sections")
+    sections = {f.name: f.type for f in dataclasses.fields(RunSettings)}
+    unknown = sorted(set(doc) - sections.keys())
+    if unknown:
+        raise ConfigError(f"{where}: unknown section(s) {unknown}; known: {sorted(sections)}")
+    types = {f.name: type(f.default) for f in dataclasses.fields(RunSettings)}
+    settings = RunSettings(**{name: _section(types[name], doc.get(name), f"{where}:{name}")
+                              for name in sections})
+    for name in ("codec", "vector_codec"):
+        if getattr(settings.write, name).lower() not in PARQUET_CODECS:
+            raise ConfigError(f"{where}:write.{name} must be one of {', '.join(PARQUET_CODECS)}")
+    if settings.client.encoding_format not in ("base64", "float"):
+        raise ConfigError(f"{where}:client.encoding_format must be base64 or float")
+    if not 0 < settings.pack.fill_target <= 1:
+        raise ConfigError(f"{where}:pack.fill_target must be in (0, 1]")
+    positive = {"embed.max_in_flight": settings.embed.max_in_flight,
+                "embed.initial_in_flight": settings.embed.initial_in_flight,
+                "client.max_attempts": settings.client.max_attempts,
+                "client.pool_size": settings.client.pool_size, "client.max_decoding": settings.client.max_decoding,
+                "pack.max_open_requests": settings.pack.max_open_requests,
+                "client.connect_timeout_s": settings.client.connect_timeout_s,
+                "client.read_timeout_s": settings.client.read_timeout_s,
+                "client.max_total_s": settings.client.max_total_s, "views.keep": settings.views.keep}
+    if bad := [name for name, value in positive.items() if value <= 0]:
+        raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
+    if settings.budget.price_margin < 1:
+        raise ConfigError(f"{where}:budget.price_margin must be >= 1 (it is a safety margin on the price)")
+    if not 0 < settings.lock.heartbeat_s < settings.lock.lease_s:
+        raise ConfigError(f"{where}:lock.heartbeat_s must be > 0 and below lock.lease_s")
+    if not 0 <= settings.split.boundary_window <= 0.5:
+        raise ConfigError(f"{where}:split.boundary_window must be between 0 and 0.5")
+    return settings
+
+
+def default_settings_text() -> str:
+    return resources.files("configs").joinpath("pipeline.yaml").read_text(encoding="utf-8")

@@ -1,0 +1,155 @@
+"""Everything a run needs, resolved once in the driver from options, configs and the account."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import secrets
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.exits import UsageError
+from pipeline.settings.config import RunSettings, default_settings_text, parse_settings
+from pipeline.settings.options import EmbedPipeOptions
+from service.catalog import ConfigError, ModelSpec, get_model, load_models, parse_models
+from service.client import RetryPolicy, check_base_url
+from service.credentials import KeySource
+from service.tokenizer import ENCODING_NAME
+from transforms import schemas
+from transforms.money.caps import Caps
+from transforms.read import changes
+from transforms.read.split import SplitConfig
+from transforms.write.transform import Codec
+
+# What a run may do to an output directory that holds results (README, "Scheduled runs").
+FRESH, RESUME, SYNC = "fresh", "resume", "sync"
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    opts: EmbedPipeOptions
+    model: ModelSpec
+    settings: RunSettings
+    run_id: str
+    keep_columns: tuple[str, ...]
+
+    @property
+    def dimensions(self) -> int:
+        return self.opts.dimensions or self.model.dimensions
+
+    @property
+    def mode(self) -> str:
+        return SYNC if self.opts.sync else RESUME if self.opts.resume else FRESH
+
+    @property
+    def again(self) -> str:
+        """What to run to continue this run (advice that must work when followed verbatim)."""
+        return "the same command again" + (" with --resume" if self.mode == FRESH else "")
+
+    @property
+    def signature(self) -> bytes:
+        """What shapes a document's chunks and rows (transforms/read/changes.py)."""
+        s = self.settings.split
+        return changes.signature(ENCODING_NAME, self.model.chunk_tokens, s.overlap_tokens, s.boundary_window,
+                                 self.keep_columns)
+
+    @property
+    def codec(self) -> Codec:
+        return Codec(self.settings.write.codec, self.settings.write.vector_codec)
+
+    def initial_margin(self, price_learned: bool) -> float:
+        """Worst case per token over the price: before responses show the price, a wrong
+        estimate and the client's token count may both be off; a learned price leaves only
+        the token count (1 / safety factor). Preflight, plan and guard all use this."""
+        return (1.0 if price_learned else self.settings.budget.price_margin) / self.model.safety_factor
+
+    @property
+    def caps(self) -> Caps:
+        return Caps(self.settings.budget.daily_cap_rub, self.settings.budget.monthly_cap_rub)
+
+    @property
+    def key_source(self) -> KeySource:
+        return KeySource(file=self.opts.api_key_file, secret=self.opts.api_key_secret)
+
+    @property
+    def retry(self) -> RetryPolicy:
+        c = self.settings.client
+        return RetryPolicy(max_attempts=c.max_attempts, initial_backoff_s=c.initial_backoff_s,
+                           max_backoff_s=c.max_backoff_s, max_total_s=c.max_total_s, jitter=c.jitter,
+                           connect_timeout_s=c.connect_timeout_s, read_timeout_s=c.read_timeout_s)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with FileSystems.open(path) as fh:
+            return fh.read().decode("utf-8")
+    except Exception as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def catalogue(opts: EmbedPipeOptions) -> dict[str, ModelSpec]:
+    return parse_models(_read_text(opts.models_config), opts.models_config) if opts.models_config else load_models()
+
+
+def model_names(opts: EmbedPipeOptions) -> list[str] | None:
+    """`--model all` or `--model a,b` (plan compares them): the names, each checked; None for one model."""
+    if opts.model != "all" and "," not in (opts.model or ""):
+        return None
+    models = catalogue(opts)
+    names = list(models) if opts.model == "all" else [n.strip() for n in opts.model.split(",") if n.strip()]
+    for name in names:
+        get_model(models, name)
+    return names
+
+
+def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None = None) -> Job:
+    missing = [flag for flag, value in (("--model", opts.model), ("--base-url", opts.base_url)) if not value]
+    if not opts.input and not (need_output and opts.resume):  # run --resume can take DIR's pending rows
+        missing.insert(0, "--input")
+    if opts.sync and opts.resume:
+        raise UsageError("--sync and --resume are two ways of one run: --sync when the input is the whole "
+                         "corpus (documents it no longer has leave DIR), --resume when it is a part")
+    if need_output and not opts.output:
+        missing.append("--output")
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}")
+    model = get_model(catalogue(opts), model_name or opts.model)
+    settings = parse_settings(_read_text(opts.run_config) if opts.run_config else default_settings_text(),
+                              opts.run_config or "configs/pipeline.yaml")
+    if opts.max_in_flight is not None:
+        if opts.max_in_flight < 1:
+            raise UsageError("--max-in-flight must be at least 1")
+        settings = settings.replace("embed", max_in_flight=opts.max_in_flight)
+    if opts.overlap_tokens is not None:
+        settings = settings.replace("split", overlap_tokens=opts.overlap_tokens)
+    if opts.dimensions is not None:
+        if not model.supports_dimensions:
+            raise UsageError(f"--dimensions is not supported by {model.name}")
+        if not 1 <= opts.dimensions <= model.dimensions:
+            raise UsageError(f"--dimensions must be between 1 and {model.dimensions} for {model.name}")
+    for flag, value in (("--max-spend-rub", opts.max_spend_rub), ("--daily-cap-rub", opts.daily_cap_rub),
+                        ("--monthly-cap-rub", opts.monthly_cap_rub)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{flag} must be a finite amount >= 0")
+    caps = {name: value for name, value in (("daily_cap_rub", opts.daily_cap_rub),
+                                            ("monthly_cap_rub", opts.monthly_cap_rub)) if value is not None}
+    settings = settings.replace("budget", **caps)
+    try:  # the steps' own checks, made here so that a bad number is a usage error, not a crash
+        SplitConfig(max_tokens=model.chunk_tokens, overlap_tokens=settings.split.overlap_tokens,
+                    boundary_window=settings.split.boundary_window)
+    except ValueError as exc:
+        raise UsageError(f"split settings: {exc}") from None
+    try:
+        check_base_url(opts.base_url)
+    except ValueError as exc:
+        raise UsageError(f"--base-url: {exc}") from None
+    keep = tuple(c.strip() for c in opts.keep_columns.split(",") if c.strip())
+    if clash := schemas.OUTPUT_COLUMNS.intersection(keep):
+        raise UsageError(f"--keep-columns {sorted(clash)} would clash with output columns of the same name")
+    if len(set(keep)) != len(keep):
+        raise UsageError("--keep-columns names a column twice")
+    return Job(opts, model, settings, new_run_id(), keep)

@@ -1,0 +1,108 @@
+"""Command-line options of `run` and `plan`, as a Beam PipelineOptions subclass."""
+from __future__ import annotations
+
+import difflib
+
+# Registers the Flink and Spark runners' options, so their flags count as known.
+import apache_beam.runners.portability.flink_runner  # noqa: F401
+import apache_beam.runners.portability.spark_runner  # noqa: F401
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
+from apache_beam.runners.runner import create_runner
+
+from pipeline.exits import UsageError
+
+
+class _Parser(_BeamArgumentParser):
+    def error(self, message):  # argparse would print Beam's 100-line usage and exit
+        raise UsageError(message)
+
+
+def all_options_parser() -> _Parser:
+    """Every option of every registered options class: the parser Beam builds in get_all_options."""
+    parser = _Parser(allow_abbrev=False, add_help=False, usage="python -m pipeline run|plan [options]")
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)
+    return parser
+
+
+def unknown_flags(flags: list[str]) -> list[str]:
+    """Flags no options class knows, each with a suggestion. Beam only warns about them, and a
+    misspelt --max-spend-rub would then run without the cap the user asked for. A malformed
+    value (--direct_num_workers abc) is a UsageError."""
+    parser = all_options_parser()
+    _, unknown = parser.parse_known_args(flags)
+    known = [opt for action in parser._actions for opt in action.option_strings]
+    found = []
+    for arg in unknown:
+        if arg.startswith("--"):
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name, known, n=1)
+            found.append(name + (f" (did you mean {close[0]}?)" if close else ""))
+        else:
+            found.append(repr(arg))
+    return found
+
+
+def use_filesystems(opts: PipelineOptions) -> None:
+    """The driver's own file checks (input, output, resume, summary, report) go through
+    FileSystems as the workers do; without the options, s3:// has no endpoint or keys."""
+    FileSystems.set_options(opts)
+
+
+def check_runner(opts: PipelineOptions) -> None:
+    """An unknown --runner would otherwise end in Beam's traceback once the job is built."""
+    name = opts.view_as(StandardOptions).runner
+    try:
+        create_runner(name) if name else None
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--runner {name}: {exc}") from None
+
+
+class EmbedPipeOptions(PipelineOptions):
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        add = parser.add_argument
+        add("--input", help="Parquet file, glob, directory or hive dataset (local, gs://, s3://)")
+        add("--output", help="output directory")
+        add("--model", help="model id from configs/models.yaml (plan: also all, or A,B)")
+        add("--base_url", "--base-url", dest="base_url", help="service base URL ending in /v1")
+        add("--max_spend_rub", "--max-spend-rub", dest="max_spend_rub", type=float, default=None,
+            help="never spend more than this in one run")
+        add("--daily_cap_rub", "--daily-cap-rub", dest="daily_cap_rub", type=float, default=None,
+            help="the account's spending in the service's day (all clients) stays under this")
+        add("--monthly_cap_rub", "--monthly-cap-rub", dest="monthly_cap_rub", type=float, default=None,
+            help="the account's spending in the last 31 days (all clients) stays under this")
+        add("--allow_partial", "--allow-partial", dest="allow_partial", action="store_true",
+            help="when the estimate exceeds the budget, embed what fits and exit 4")
+        add("--max_in_flight", "--max-in-flight", dest="max_in_flight", type=int, default=None,
+            help="concurrent requests per worker (default from configs/pipeline.yaml)")
+        add("--sync", action="store_true",
+            help="the input is the whole corpus: --output becomes exactly it (edited documents "
+                 "embedded again, removed ones leave); nothing is paid twice")
+        add("--resume", action="store_true",
+            help="bring the input's documents up to date in --output, keep the others; "
+                 "without --input: send --output's pending rows")
+        add("--known", action="append", default=[],
+            help="earlier runs' embeddings files whose vectors are reused (repeatable)")
+        add("--dimensions", type=int, default=None, help="ask the service for shorter vectors")
+        add("--id_column", "--id-column", dest="id_column", default="id", help="default: id")
+        add("--text_column", "--text-column", dest="text_column", default="text", help="default: text")
+        add("--keep_columns", "--keep-columns", dest="keep_columns", default="",
+            help="comma-separated input columns carried to the outputs")
+        add("--api_key_file", "--api-key-file", dest="api_key_file", default=None,
+            help="read the API key from this file (else $EMBEDDINGS_API_KEY)")
+        add("--api_key_secret", "--api-key-secret", dest="api_key_secret", default=None,
+            help="secret manager version name, resolved on the workers")
+        add("--account_segment", "--account-segment", dest="account_segment", default="service",
+            help="path segment of the account endpoints (default: service)")
+        add("--models_config", "--models-config", dest="models_config", default=None,
+            help="model catalogue (default: the packaged configs/models.yaml)")
+        add("--run_config", "--run-config", dest="run_config", default=None,
+            help="run settings (default: the packaged configs/pipeline.yaml)")
+        add("--overlap_tokens", "--overlap-tokens", dest="overlap_tokens", type=int, default=None,
+            help="tokens neighbouring chunks share (default from configs/pipeline.yaml)")
+        add("--doc_vectors", "--doc-vectors", dest="doc_vectors", action="store_true",
+            help="also write one token-weighted mean vector per document")
+        add("--profile", default=None, help="configs/profiles/NAME.yaml (flags override it)")
+        add("--json", dest="json", action="store_true", help="print JSON: one object, an array for several models")

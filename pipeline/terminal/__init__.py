@@ -1,0 +1,1 @@
+"""What the user sees in a terminal: help, progress, the short summary."""

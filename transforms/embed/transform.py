@@ -1,0 +1,240 @@
+"""Embed: packed requests -> embeddings tables, with requests / failed / pending tagged outputs.
+
+The DoFn builds its client in setup() and keeps requests in flight with a thread pool, as many
+as the process's adaptive limit allows (transforms/embed/ratelimit.ConcurrencyLimiter, at most
+`max_in_flight`): requests is blocking and releases the GIL while waiting, and threads need no
+new dependency (asyncio would need an async HTTP client). Budget guard and breaker are shared
+by every DoFn instance of one worker process.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import datetime as dt
+import logging
+import threading
+from typing import ClassVar, Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+from service.client import EmbeddingsClient, RetryPolicy
+from service.credentials import KeySource
+from service.tokenizer import get_encoding
+from transforms.dedupe.known import KnownStores, known_vector
+from transforms.embed.ratelimit import ConcurrencyLimiter, TokenBucketLimiter
+from transforms.embed.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
+from transforms.money import journal
+from transforms.money.budget import BudgetGuard
+from transforms.money.caps import AccountWatch, cap_usages
+from transforms.money.lineage import embeddings_table, pending_table
+from transforms.read.split import SplitConfig, Splitter
+from transforms.worker import coders  # noqa: F401  (registers the coder of pa.Table)
+from transforms.worker.progress import Progress
+
+log = logging.getLogger("embedpipe.embed")
+
+REQUESTS, FAILED, PENDING = "requests", "failed", "pending"
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedConfig:
+    base_url: str
+    account_segment: str
+    key_source: KeySource
+    model: str
+    dimensions: int | None          # sent to the service only when set
+    expected_dims: int
+    run_id: str
+    output_dir: str
+    retry: RetryPolicy
+    pool_size: int
+    encoding_format: str
+    max_decoding: int
+    max_in_flight: int
+    initial_in_flight: int          # where the adaptive limit starts (transforms/embed/ratelimit.py)
+    balance_before: float | None
+    spendable_rub: float | None
+    price_per_token_rub: float
+    price_margin: float             # until responses show the price
+    learned_margin: float           # after: only the token count can be off
+    balance_poll_s: float
+    allow_partial: bool
+    boundary_window: float
+    progress_interval_s: float
+    requests_per_minute: int
+    tokens_per_minute: int
+    embeddings_schema: pa.Schema
+    pending_schema: pa.Schema
+    kept: tuple
+    known: KnownStores | None = None  # where pieces of a re-split text are looked up first
+    fits: bool = True               # the driver's preflight; False: send nothing, all pending
+
+
+@dataclasses.dataclass
+class _Shared:
+    """What every DoFn instance of one worker process shares for a run: one budget guard,
+    breaker and pair of rate limiters (the provider's limits are per key, not
+    per thread)."""
+    guard: BudgetGuard
+    breaker: Breaker
+    concurrency: ConcurrencyLimiter
+    quota: TokenBucketLimiter
+    breaker_logged: bool = False
+    reported: dict = dataclasses.field(default_factory=dict)   # limiter figures in the counters
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _by_run: ClassVar[dict] = {}
+
+    @classmethod
+    def for_run(cls, cfg: EmbedConfig) -> "_Shared":
+        with cls._lock:
+            if cfg.run_id not in cls._by_run:
+                # the caps travel inside spendable_rub (transforms/money/caps.Spendable); account
+                # readings use a client of their own that tries once: a 429 only delays them
+                spendable, caps = cap_usages(cfg.spendable_rub, cfg.balance_before)
+                watch = AccountWatch(EmbeddingsClient(
+                    cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
+                    retry=dataclasses.replace(cfg.retry, max_attempts=1), pool_size=1,
+                    encoding_format=cfg.encoding_format), cfg.balance_poll_s, with_stats=bool(caps))
+                cls._by_run[cfg.run_id] = cls(
+                    BudgetGuard(balance_before=cfg.balance_before, spendable_rub=spendable,
+                                price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
+                                learned_margin=cfg.learned_margin, caps=caps, read_account=watch.read),
+                    Breaker(),
+                    ConcurrencyLimiter(min(cfg.initial_in_flight, cfg.max_in_flight), maximum=cfg.max_in_flight),
+                    TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
+            return cls._by_run[cfg.run_id]
+
+    def limit_changes(self) -> list[tuple[str, int]]:
+        """What the limiter's figures moved since the last report: counters summed over bundles
+        and processes (in summary.json's metrics: the limits of all processes added up)."""
+        lim = self.concurrency
+        now = {"in_flight_limit": lim.allowed, "in_flight_peak": int(lim.peak), "limit_decreases": lim.decreases,
+               "latency_decreases": lim.latency_decreases, "rate_limited": lim.rate_limited_count}
+        with self._lock:
+            changes = [(k, v - self.reported.get(k, 0)) for k, v in now.items() if v != self.reported.get(k, 0)]
+            self.reported.update(now)
+        return changes
+
+
+class _EmbedDoFn(beam.DoFn):
+    def __init__(self, cfg: EmbedConfig):
+        self._cfg = cfg
+        self._m = {name: Metrics.counter("embedpipe", name) for name in (
+            "requests", "embedded_chunks", "tokens", "cost_micro_rub", "retries", "failed_chunks",
+            "pending_chunks", "in_flight_limit", "in_flight_peak", "limit_decreases", "latency_decreases",
+            "rate_limited")}
+
+    def setup(self):
+        cfg = self._cfg
+        self._client = EmbeddingsClient(cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
+                                        retry=cfg.retry, pool_size=cfg.pool_size,
+                                        encoding_format=cfg.encoding_format, max_decoding=cfg.max_decoding)
+        self._shared = shared = _Shared.for_run(cfg)
+        self._progress = Progress.for_run(cfg.output_dir, cfg.run_id, cfg.progress_interval_s)
+        encoding = get_encoding()
+        self._runner = RequestRunner(
+            self._client, model=cfg.model, dimensions=cfg.dimensions, expected_dims=cfg.expected_dims,
+            guard=shared.guard, breaker=shared.breaker, run_id=cfg.run_id,
+            resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
+                max_tokens=n, boundary_window=cfg.boundary_window))),
+            journal=self._journal,
+            recall=lambda request_id: journal.read_entry(cfg.output_dir, cfg.run_id, request_id),
+            intend=lambda request_id, tokens, worst: journal.write_intent(cfg.output_dir, cfg.run_id, request_id,
+                                                                          tokens, worst),
+            concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
+            known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None)
+        self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight + 1, thread_name_prefix="embed")
+
+    def start_bundle(self):
+        # Requests of a bundle that failed may still be running: let them finish (their answers
+        # are journaled, so a retry finds them) before anything is sent again.
+        cf.wait(getattr(self, "_futures", ()))
+        self._futures: set[cf.Future] = set()
+
+    def process(self, request: Sequence):
+        if not self._cfg.fits and not self._cfg.allow_partial:  # preflight said no: send nothing
+            yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
+            return
+        self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
+        # Answers are written out as soon as this thread comes by: each holds its vectors until
+        # then. One request more than may be in flight waits ready for the next place; more
+        # (twice the limit) cost ~140 MB at 20k documents for no speed: each holds its text
+        done = {fut for fut in self._futures if fut.done()}
+        while len(self._futures) - len(done) > self._shared.concurrency.allowed:
+            done |= cf.wait(self._futures - done, return_when=cf.FIRST_COMPLETED).done
+        self._futures -= done
+        for fut in done:
+            yield from self._emit(fut.result())
+        self._futures.add(self._pool.submit(self._runner.run, request))
+
+    def finish_bundle(self):
+        for fut in cf.as_completed(self._futures):
+            for out in self._emit(fut.result()):
+                tag, value = (out.tag, out.value) if isinstance(out, beam.pvalue.TaggedOutput) else (None, out)
+                wv = WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
+                yield beam.pvalue.TaggedOutput(tag, wv) if tag else wv
+        self._futures = set()
+        self._progress.flush()
+        for name, change in self._shared.limit_changes():
+            self._m[name].inc(change)
+
+    def teardown(self):
+        if getattr(self, "_pool", None):
+            self._pool.shutdown(wait=True)
+            self._client.close()
+
+    def _journal(self, delivery, request_row):
+        journal.write_entry(self._cfg.output_dir, self._cfg.run_id, request_row,
+                            [i.text_sha256 for i in delivery.items], [i.n_tokens for i in delivery.items],
+                            delivery.vectors, delivery.shares_micro)
+
+    def _emit(self, outcome: Outcome):
+        cfg, now = self._cfg, dt.datetime.now(dt.timezone.utc)
+        rows = tokens = 0
+        for d in outcome.deliveries:
+            table = embeddings_table(d.items, d.vectors, [d.request_id] * len(d.items), d.shares_micro,
+                                     cfg.embeddings_schema, cfg.model, cfg.run_id, cfg.kept, now)
+            rows += table.num_rows
+            tokens += sum(i.n_tokens for i in d.items)
+            yield table
+        cost = sum(r["cost_rub"] for r in outcome.requests)
+        for row in outcome.requests:
+            yield beam.pvalue.TaggedOutput(REQUESTS, row)
+        for rejected in outcome.failed:
+            yield beam.pvalue.TaggedOutput(FAILED, rejected)
+        if outcome.pending:
+            yield beam.pvalue.TaggedOutput(PENDING, pending_table(
+                outcome.pending, cfg.pending_schema, cfg.model, cfg.run_id, cfg.kept))
+        m = self._m
+        m["requests"].inc(len(outcome.requests))
+        m["embedded_chunks"].inc(rows)
+        m["tokens"].inc(tokens)
+        m["cost_micro_rub"].inc(round(cost * 1e6))
+        m["retries"].inc(outcome.retries)
+        m["failed_chunks"].inc(len(outcome.failed))
+        m["pending_chunks"].inc(sum(len(i.refs) for i, _ in outcome.pending))
+        self._progress.add(chunks=rows, tokens=tokens, requests=len(outcome.requests), cost_micro=round(cost * 1e6))
+        shared = self._shared
+        if shared.breaker.reason and not shared.breaker_logged:
+            shared.breaker_logged = True
+            log.error("stopped sending: %s (%s)", shared.breaker.reason, shared.breaker.message)
+
+
+class EmbedRequests(beam.PTransform):
+    """Packed requests -> main: embeddings tables; tagged requests (dicts), failed (Rejected),
+    pending (tables)."""
+
+    def __init__(self, cfg: EmbedConfig):
+        super().__init__()
+        self._cfg = cfg
+
+    def expand(self, requests):
+        return requests | "Embed" >> beam.ParDo(_EmbedDoFn(self._cfg)).with_output_types(pa.Table).with_outputs(
+            REQUESTS, FAILED, PENDING, main="embeddings")
+

@@ -1,0 +1,127 @@
+"""ReadParquetTables: Parquet files (with hive partition values) -> Arrow tables of a row group.
+
+A drop-in for ReadFromParquetBatched (same element type, pa.Table) that also takes what a
+dataset directory means: partition keys as columns. Each file's partition values come from
+its path (`lang=en/part-0.parquet`), resolved in the driver (pipeline/checks/inputs.py), and are
+appended as constant string columns: the text of the path, never a guessed type, so
+`month=01` stays "01". Files are read through Beam's FileSystems, so gs:// and s3:// work.
+
+String-like columns come out as plain `string` (from large_string, string_view, or
+dictionary-encoded strings), so the steps after it see one type whatever wrote the file.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.worker import coders  # noqa: F401  (registers the coder of pa.Table)
+
+Partition = Mapping[str, "str | None"]
+
+
+_is_string_view = getattr(pa.types, "is_string_view", lambda t: False)  # pyarrow >= 16
+
+
+def _is_string_like(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or _is_string_view(t)
+
+
+def normalised_type(t: pa.DataType) -> pa.DataType:
+    """The type a column has after the read: dictionary-encoded values decoded, strings plain."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.string() if _is_string_like(t) else t
+
+
+def normalise(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    target = normalised_type(column.type)
+    return column if column.type == target else column.cast(target)
+
+
+def open_parquet(path: str):
+    return FileSystems.open(path, mime_type="application/octet-stream",
+                            compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def row_count(path: str) -> int:
+    """Rows of the Parquet file at PATH, from its footer."""
+    with open_parquet(path) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows
+
+
+def read_tables(paths: Sequence[str], columns: Sequence[str]) -> list[pa.Table]:
+    """COLUMNS of each Parquet file of PATHS, one table each."""
+    tables = []
+    for path in paths:
+        with open_parquet(path) as fh:
+            tables.append(pq.read_table(fh, columns=list(columns)))
+    return tables
+
+
+def matching_rows(path: str, key_columns: Sequence[str], match: Callable[[pa.Table], pa.Array]):
+    """PATH's rows for which MATCH (of a table of KEY_COLUMNS) is true, a row group at a time:
+    the key columns are read first, the whole row group (texts, vectors) only where a row matches."""
+    with open_parquet(path) as fh:
+        parquet = pq.ParquetFile(fh)
+        for g in range(parquet.metadata.num_row_groups):
+            mask = match(parquet.read_row_group(g, columns=list(key_columns)))
+            if pc.any(mask).as_py():
+                yield parquet.read_row_group(g).filter(mask)
+
+
+def row_groups(entry: tuple[str, dict]):
+    """(path, partition) -> (path, row group index, partition) for each non-empty row group,
+    so that a runner can spread the row groups of one large file over workers."""
+    path, partition = entry
+    with open_parquet(path) as fh:
+        meta = pq.ParquetFile(fh).metadata
+    for i in range(meta.num_row_groups):
+        if meta.row_group(i).num_rows:
+            yield path, i, partition
+
+
+# Rows per table out of a row group: a writer's default row group (1Mi rows in pyarrow) would
+# otherwise be one element, split as a whole and held at once. 512 rows of ~2 KB documents
+# hold about one request's text: the Split step then keeps ~1 MB of texts and chunks at a time,
+# and Beam's per-table cost stays negligible (2,000 tables for a million documents).
+BATCH_ROWS = 512
+
+
+def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str]):
+    """The row group, as tables of at most BATCH_ROWS rows."""
+    path, index, partition = ref
+    in_file = [c for c in columns if c not in partition]
+    with open_parquet(path) as fh:
+        for batch in pq.ParquetFile(fh).iter_batches(BATCH_ROWS, row_groups=[index], columns=in_file):
+            n = batch.num_rows
+            yield pa.Table.from_arrays(
+                [normalise(pa.chunked_array([batch.column(c)])) if c in in_file
+                 else pa.chunked_array([pa.array([partition[c]] * n, pa.string())]) for c in columns],
+                names=list(columns))
+
+
+class ReadParquetTables(beam.PTransform):
+    """FILES (with PARTITIONS[i], the partition values of FILES[i], or none) -> pa.Tables of at
+    most BATCH_ROWS rows of one row group, holding COLUMNS in that order; a partition key is a
+    column like any other."""
+
+    def __init__(self, files: Sequence[str], columns: Sequence[str],
+                 partitions: Sequence[Partition] | None = None):
+        super().__init__()
+        if partitions is not None and len(partitions) != len(files):
+            raise ValueError("one partition mapping per file")
+        self._entries = [(f, dict(p)) for f, p in zip(files, partitions or [{}] * len(files))]
+        self._columns = list(columns)
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "Files" >> beam.Create(self._entries)
+                | "RowGroups" >> beam.FlatMap(row_groups)
+                | "Spread" >> beam.Reshuffle()
+                | "ReadRowGroup" >> beam.FlatMap(read_row_group, self._columns).with_output_types(pa.Table))

@@ -1,0 +1,179 @@
+"""Read: Parquet row groups -> each document that needs work, split into chunks (or a
+rejection), keyed by doc id; what changed against DIR's current view (transforms/read/changes.py)
+comes out beside them, one small record per document worked on.
+
+Works on whole Arrow tables so that tokenisation is batched (tiktoken's threads) and Beam's
+per-element cost is paid per document, not per row value. An unchanged document is only
+hashed, never tokenised.
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple, Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+
+from service.tokenizer import get_encoding
+from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, classify, fingerprint
+from transforms.read.parquet import Partition, ReadParquetTables
+from transforms.read.split import SplitConfig, Splitter
+from transforms.records import ChunkRef, Rejected
+from transforms.worker import runscoped
+from transforms.worker.progress import Progress
+
+REJECTED, CHANGED = "rejected", "changed"
+
+
+def _id_strings(column: pa.ChunkedArray) -> list:
+    """Ids as the outputs write them (ReadParquetTables made string-like columns `string`)."""
+    return (column if pa.types.is_string(column.type) else column.cast(pa.string())).to_pylist()
+
+
+def _texts(column: pa.ChunkedArray) -> tuple[list, dict[int, str]]:
+    """The column as Python strings; rows whose bytes are not valid UTF-8 (Arrow does not
+    check what writers put in a string column) come back as None, with the reason by row."""
+    try:
+        return column.to_pylist(), {}
+    except UnicodeDecodeError:
+        texts, invalid = [], {}
+        for i, raw in enumerate(column.cast(pa.binary()).to_pylist()):
+            try:
+                texts.append(None if raw is None else raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                texts.append(None)
+                invalid[i] = f"the text is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        return texts, invalid
+
+
+class ViewRef(NamedTuple):
+    """What the workers need of DIR's current view: its document index (None: no view yet),
+    the signature of its versions, and the scope of the in-process index (the run id)."""
+    docindex: str | None
+    signature: bytes
+    scope: str
+
+
+def _row_rejection(doc_id, text) -> Rejected | None:
+    if text is None:
+        return Rejected(doc_id, None, "null_text", "the text column is null")
+    if not text.strip():
+        return Rejected(doc_id, None, "empty_text", "the text is empty or whitespace only")
+    return None
+
+
+class _SplitTable(beam.DoFn):
+    """One Arrow table in; per row that needs work, (doc_id, (chunks, kept)) or a tagged
+    Rejected, and a tagged `changed` record (doc_id, change, fingerprint)."""
+
+    def __init__(self, id_column: str, text_column: str, keep_columns: Sequence[str], split: SplitConfig,
+                 duplicate_ids: Mapping[str, int], view: ViewRef, progress: tuple[str, str, float] | None):
+        self._id_column, self._text_column = id_column, text_column
+        self._progress_of = progress  # (output dir, run id, interval): where this worker reports
+        self._keep_columns = tuple(keep_columns)
+        self._split = split
+        self._duplicate_ids = dict(duplicate_ids)
+        self._view = view
+        self._rows = Metrics.counter("embedpipe", "documents")
+        self._chunks = Metrics.counter("embedpipe", "chunks")
+
+    def setup(self):
+        self._splitter = Splitter(get_encoding(), self._split)
+        self._progress = Progress.for_run(*self._progress_of) if self._progress_of else None
+        view = self._view
+        self._index = runscoped.shared(view.scope, "docindex", lambda: DocIndex(view.docindex))
+
+    def _version(self, doc_id, text, extra, row: int, invalid: dict) -> bytes:
+        if doc_id in self._duplicate_ids:
+            return fingerprint(self._view.signature, None, (), f"duplicate:{self._duplicate_ids[doc_id]}")
+        if row in invalid:
+            return fingerprint(self._view.signature, None, (), invalid[row])
+        return fingerprint(self._view.signature, text, tuple(extra))
+
+    def process(self, table: pa.Table):
+        ids = _id_strings(table.column(self._id_column))
+        texts, invalid = _texts(table.column(self._text_column))
+        kept = list(zip(*(table.column(c).to_pylist() for c in self._keep_columns))) or [()] * len(ids)
+        self._rows.inc(len(ids))
+        valid, todos = [], []
+        for row, (doc_id, text, extra) in enumerate(zip(ids, texts, kept)):
+            if doc_id is None:  # no id: nothing to match across runs; a failed row every time
+                yield beam.pvalue.TaggedOutput(REJECTED, Rejected(None, None, "null_id", "the id column is null"))
+                continue
+            version = self._version(doc_id, text, extra, row, invalid)
+            change, todo = classify(self._index.get(doc_id), version)
+            if change == UNCHANGED:
+                continue
+            yield beam.pvalue.TaggedOutput(CHANGED, {"doc_id": doc_id, "change": change, "fingerprint": version})
+            if doc_id in self._duplicate_ids:  # every row of a repeated id: ambiguity is not resolved
+                rejection = Rejected(doc_id, None, "duplicate_id",
+                                     f"id occurs {self._duplicate_ids[doc_id]} times in the input")
+            elif row in invalid:
+                rejection = Rejected(doc_id, None, "invalid_utf8", invalid[row])
+            else:
+                rejection = _row_rejection(doc_id, text)
+            if rejection is None:
+                valid.append((doc_id, text, extra))
+                todos.append(todo)
+            else:
+                yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+        chunk_lists = self._splitter.split_many([(d, t) for d, t, _ in valid])
+        for (doc_id, _, extra), chunks, todo in zip(valid, chunk_lists, todos):
+            if todo is not None:   # resumed: only the chunks still pending
+                chunks = [c for c in chunks if c.chunk_index in todo]
+            self._chunks.inc(len(chunks))
+            yield doc_id, (tuple(chunks), tuple(extra))
+        if self._progress:
+            self._progress.add(documents=len(ids))
+
+
+class ReadDocuments(beam.PTransform):
+    """Parquet FILES (with their hive PARTITIONS) -> main: (doc_id, (chunks, kept)) of the
+    documents that need work against VIEW; tagged `rejected`: Rejected rows; tagged `changed`:
+    one record per document worked on.
+    DUPLICATE_IDS (id -> count, from the driver's scan) are rejected without being split;
+    PROGRESS (output dir, run id, interval) is where documents read are reported."""
+
+    def __init__(self, files: Sequence[str], partitions: Sequence[Partition] | None, id_column: str,
+                 text_column: str, keep_columns: Sequence[str], split: SplitConfig,
+                 duplicate_ids: Mapping[str, int], view: ViewRef,
+                 progress: tuple[str, str, float] | None = None):
+        super().__init__()
+        self._files, self._partitions = list(files), partitions
+        self._columns = (id_column, text_column, *keep_columns)
+        self._split_fn = _SplitTable(id_column, text_column, keep_columns, split, duplicate_ids, view, progress)
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "ReadParquet" >> ReadParquetTables(self._files, self._columns, self._partitions)
+                | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, CHANGED, main="docs"))
+
+
+def pending_entries(table: pa.Table, kept_names: tuple):
+    cols = {name: table.column(name).to_pylist() for name in table.schema.names}
+    kept = list(zip(*(cols[name] for name in kept_names))) or [()] * table.num_rows
+    for i in range(table.num_rows):
+        ref = ChunkRef(cols["doc_id"][i], cols["chunk_index"][i], cols["chunk_count"][i],
+                       cols["token_start"][i], cols["token_end"][i], cols["n_tokens"][i], tuple(kept[i]))
+        yield cols["text_sha256"][i], (cols["text"][i], cols["n_tokens"][i], ref)
+
+
+def _resumed(table: pa.Table):
+    """Each document of a table of pending rows, once: it is resumed."""
+    for doc_id in dict.fromkeys(table.column("doc_id").to_pylist()):
+        yield {"doc_id": doc_id, "change": RESUMED, "fingerprint": None}
+
+
+class ReadPending(beam.PTransform):
+    """pending-*.parquet FILES of DIR's current view -> main: (text_sha256, (text, n_tokens,
+    ChunkRef)); tagged `changed`: their documents, resumed. What `--resume` without `--input`
+    sends, without reading the corpus again."""
+
+    def __init__(self, files: Sequence[str], columns: Sequence[str], kept_names: Sequence[str]):
+        super().__init__()
+        self._files, self._columns, self._kept = list(files), list(columns), tuple(kept_names)
+
+    def expand(self, pbegin):
+        tables = pbegin | "ReadPendingParquet" >> ReadParquetTables(self._files, self._columns)
+        return {"entries": tables | "PendingEntries" >> beam.FlatMap(pending_entries, self._kept),
+                CHANGED: tables | "Resumed" >> beam.FlatMap(_resumed)}
