@@ -76,6 +76,14 @@ def test_every_guarantee_holds(text, config):
         check(chunks, "doc", text, config)
 
 
+def test_a_run_of_newlines_split_again_is_kept():
+    """Found by the property above: the last chunk ran over the limit, was split again, and its
+    all-newline piece was taken for a blank document and dropped."""
+    text = "quickquick 你好😀aa" + "a" * 998 + "0\x8100:0:0" + "\n" * 98
+    config = SplitConfig(max_tokens=4, overlap_tokens=0, boundary_window=0.0, segment_chars=1024, batch_chars=1)
+    check(Splitter(ENC, config).split("doc", text), "doc", text, config)
+
+
 BOUNDARY_FRAGMENTS = FRAGMENTS + ["\u0085", "\r", "\n \n", " \n", "\u2029", "'", ".\n", "   \n  x",
                                   "\n   ", "!\n\n", "  ", "\t\n", "a\u3000\n", "x\u00a0 y"]
 boundary_texts = st.lists(st.one_of(st.sampled_from(BOUNDARY_FRAGMENTS), st.text(max_size=6)),

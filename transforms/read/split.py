@@ -291,16 +291,17 @@ class Splitter:
         on tiktoken's threads; a blank text yields [] (the caller dead-letters it)."""
         out: list[list[Chunk]] = []
         for group in self._groups(docs):
-            plans = self._plan_group([text for _, text in group])
+            plans = self._plan_group(["" if _blank(text) else text for _, text in group])
             self._count([cut for plan in plans for cut in plan])
             out.extend(self._chunks(doc_id, self._fit(plan))
                        for (doc_id, _), plan in zip(group, plans))
         return out
 
     def _plan_group(self, texts: list[str]) -> list[list[_Cut]]:
-        """Plans for a group, its first segments encoded in one batch."""
+        """Plans for a group, its first segments encoded in one batch; none for an empty text. A
+        blank one is planned: a piece of a document that _fit splits again may be all spaces."""
         segments = [_segments(text, self._config.segment_chars) for text in texts]
-        firsts = [None if _blank(text) else next(it)[0] for text, it in zip(texts, segments)]
+        firsts = [next(it)[0] if text else None for text, it in zip(texts, segments)]
         tokens = iter(_encode(self._encoding, [f for f in firsts if f is not None]))
         plans: list[list[_Cut]] = []
         for text, it, first in zip(texts, segments, firsts):
