@@ -44,9 +44,9 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
         "max_spend_rub": opts.max_spend_rub, "reserve_rub": s.budget.reserve_rub,
         "stats": account.stats, "daily_cap_rub": job.caps.daily_cap_rub,
         "monthly_cap_rub": job.caps.monthly_cap_rub, "binding_limit": spendable.binding,
-        "spendable_rub": round(spendable, 6),
+        "spendable_rub": round(spendable.rub, 6),
         "worst_case_rub": from_micro(metrics.get("plan_worst_case_micro", 0)),
-        "fits": preflight.fits(metrics.get("plan_worst_case_micro", 0), spendable),
+        "fits": preflight.fits(metrics.get("plan_worst_case_micro", 0), spendable.rub),
     }
 
 

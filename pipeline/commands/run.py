@@ -32,6 +32,7 @@ from pipeline.terminal.progress import progress_lines
 from service import errors
 from service.client import EmbeddingsClient
 from transforms.money import journal
+from transforms.money.budget import Budget
 from transforms.worker import progress, runscoped
 from transforms.write.rewrite import RewriteFiles
 
@@ -39,9 +40,8 @@ log = logging.getLogger("embedpipe")
 
 
 def client_for(job: Job) -> EmbeddingsClient:
-    s = job.settings.client
-    return EmbeddingsClient(job.opts.base_url, job.key_source.load(), account_segment=job.opts.account_segment,
-                            retry=job.retry, pool_size=2, encoding_format=s.encoding_format)
+    """The driver's client: the account before and after, never embeddings."""
+    return job.service.client(pool_size=2)
 
 
 def _account_after(job: Job) -> acct.Account:
@@ -73,14 +73,14 @@ def _template(job: Job, before: Prior, info) -> View:
                 {})
 
 
-def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, **embed) -> dict[str, int]:
+def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> dict[str, int]:
     opts = job.opts
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     graph.build(pipeline, job, info, before, out.run_dir(job.run_id),
-                duplicate_ids=scan.duplicate_ids, streaming=graph.streams(job), **embed)
+                duplicate_ids=scan.duplicate_ids, streaming=graph.streams(job), budget=budget)
     try:
         with progress_lines(opts.output, job.run_id, scan.rows, job.settings.embed.progress_interval_s):
-            result = pipeline.commands.run()
+            result = pipeline.run()
             result.wait_until_finish()
     except Exception as exc:  # a worker's error arrives wrapped by the runner
         last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
@@ -125,12 +125,13 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
     price = learned if learned is not None else job.model.price_per_token
     margin = job.initial_margin(learned is not None)
     log.info("run %s (%s): %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB (%s binds)",
-             job.run_id, job.mode, len(info.files), info.rows, job.model.name, account.balance or 0, spendable,
-             spendable.binding)
+             job.run_id, job.mode, len(info.files), info.rows, job.model.name, account.balance or 0,
+             spendable.rub, spendable.binding)
     fits, decided_by = ((True, "allow_partial") if opts.allow_partial
-                        else measure.fits(job, info, before, scan, spendable, price, margin))
-    metrics = _run_job(job, out, info, before, scan, fits=fits, balance_before=account.balance,
-                       spendable_rub=spendable, price_per_token_rub=price, margin=margin)
+                        else measure.fits(job, info, before, scan, spendable.rub, price, margin))
+    budget = Budget(account.balance, spendable, price, margin, 1 / job.model.safety_factor,
+                    s.budget.balance_poll_s, fits)
+    metrics = _run_job(job, out, info, before, scan, budget)
     requests = tuple(out.relative(p) for p in out.history_files("requests"))   # a killed run's too
     view = out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(opts.input), gone, requests),
                       before.view, _template(job, before, info), job.codec, _rewriter(job))
@@ -139,7 +140,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
         out, view, run_id=job.run_id, model=job.model.name, metrics=metrics, removed=len(gone),
         input_ids=len(pc.drop_null(scan.ids)) if opts.input else None,
         account_before=account.as_dict(), account_after=after.as_dict(),
-        estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable, "preflight": decided_by},
+        estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable.rub, "preflight": decided_by},
         catalogue_price=job.model.price_per_token,
         caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started)
     out.write_summary(report)

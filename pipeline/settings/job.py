@@ -16,6 +16,7 @@ from service.client import RetryPolicy, check_base_url
 from service.credentials import KeySource
 from service.tokenizer import ENCODING_NAME
 from transforms import schemas
+from transforms.embed.config import ServiceConfig
 from transforms.money.caps import Caps
 from transforms.read import changes
 from transforms.read.split import SplitConfig
@@ -77,6 +78,15 @@ class Job:
         return RetryPolicy(max_attempts=c.max_attempts, initial_backoff_s=c.initial_backoff_s,
                            max_backoff_s=c.max_backoff_s, max_total_s=c.max_total_s, jitter=c.jitter,
                            connect_timeout_s=c.connect_timeout_s, read_timeout_s=c.read_timeout_s)
+
+    @property
+    def service(self) -> ServiceConfig:
+        """How the Embed step reaches the service and how hard it presses it."""
+        c, e, r = self.settings.client, self.settings.embed, self.settings.rate_limits
+        return ServiceConfig(self.opts.base_url, self.opts.account_segment, self.key_source, self.model.name,
+                             self.opts.dimensions, self.dimensions, self.retry, c.pool_size, c.encoding_format,
+                             c.max_decoding, e.max_in_flight, e.initial_in_flight, r.requests_per_minute,
+                             r.tokens_per_minute)
 
 
 def _read_text(path: str) -> str:

@@ -12,7 +12,7 @@ from pipeline.settings.config import parse_settings
 from service import errors
 from service.catalog import ConfigError
 from service.client import Balance, Stats
-from transforms.money.budget import BudgetGuard
+from transforms.money.budget import Budget
 from transforms.money.caps import (
     DAILY_CAP,
     MAX_SPEND,
@@ -21,7 +21,6 @@ from transforms.money.caps import (
     AccountWatch,
     Caps,
     Spendable,
-    cap_usages,
 )
 
 PRICE = 1e-6  # RUB per token: a token costs one micro-rouble
@@ -33,16 +32,16 @@ def _account(balance=100.0, budget=None, daily=0.0, monthly=0.0):
 
 def test_spendable_is_the_least_limit_and_names_it():
     s = spendable(_account(daily=2.5, monthly=40.0), 0.0, 10.0, Caps(daily_cap_rub=3.0, monthly_cap_rub=50.0))
-    assert s == 0.5 and s.binding == DAILY_CAP
+    assert s.rub == 0.5 and s.binding == DAILY_CAP
     assert s.limits == {"balance": 100.0, MAX_SPEND: 10.0, DAILY_CAP: 0.5, MONTHLY_CAP: 10.0}
     s = spendable(_account(daily=2.5, monthly=49.9), 0.0, None, Caps(daily_cap_rub=3.0, monthly_cap_rub=50.0))
-    assert s.binding == MONTHLY_CAP and s == pytest.approx(0.1)
+    assert s.binding == MONTHLY_CAP and s.rub == pytest.approx(0.1)
     assert spendable(_account(), 0.0, 10.0).binding == MAX_SPEND
 
 
 def test_other_clients_already_over_a_cap_leave_zero_not_less():
     s = spendable(_account(daily=7.0), 0.0, None, Caps(daily_cap_rub=5.0))
-    assert s == 0.0 and s.binding == DAILY_CAP
+    assert s.rub == 0.0 and s.binding == DAILY_CAP
 
 
 def test_caps_need_the_statistics():
@@ -52,11 +51,11 @@ def test_caps_need_the_statistics():
 
 def test_the_breakdown_survives_pickling_to_the_workers():
     s = spendable(_account(daily=1.0), 0.0, 10.0, Caps(daily_cap_rub=3.0))
-    back = pickle.loads(pickle.dumps(s))
-    assert back == s and back.limits == s.limits and back.caps == s.caps and back.stats == s.stats
-    run_limit, caps = cap_usages(back, 100.0)
-    assert run_limit == 10.0 and [c.name for c in caps] == [DAILY_CAP]
-    assert cap_usages(2.0, 100.0) == (2.0, [])
+    back = pickle.loads(pickle.dumps(Budget(100.0, s, PRICE, 1.0, 1.0, 5.0)))
+    assert back.spendable == s and back.spendable.limits == s.limits and back.has_caps
+    assert back.spendable.without_caps == 10.0 and [c.name for c in s.cap_usages(100.0)] == [DAILY_CAP]
+    plain = Budget(100.0, spendable(_account(), 0.0, 2.0), PRICE, 1.0, 1.0, 5.0)
+    assert not plain.has_caps and plain.guard(None).limited and plain.spendable.cap_usages(100.0) == []
 
 
 def test_caps_in_the_settings_file():
@@ -70,9 +69,7 @@ def test_caps_in_the_settings_file():
 def _guard(daily_cap=1.0, daily=0.0, balance=100.0, read=None, spendable_rub=50.0):
     s = Spendable({"balance": balance, MAX_SPEND: spendable_rub, DAILY_CAP: max(daily_cap - daily, 0)},
                   Caps(daily_cap_rub=daily_cap), {"daily_usage": daily, "monthly_usage": daily})
-    run_limit, caps = cap_usages(s, balance)
-    return BudgetGuard(balance_before=balance, spendable_rub=run_limit, price_per_token_rub=PRICE,
-                       margin=1.0, caps=caps, read_account=read)
+    return Budget(balance, s, PRICE, margin=1.0, learned_margin=1.0, poll_s=5.0).guard(read)
 
 
 def test_the_room_under_a_cap_starts_from_the_account_usage():

@@ -1,6 +1,6 @@
-"""Dedupe: each distinct chunk text of the run is sent once, for every row that uses it.
+"""Distinct texts: each distinct chunk text of the run is sent once, for every row that uses it.
 
-Two ways, chosen by the runner:
+Two ways (transforms/dedupe/transform.py chooses):
 - GroupDistinctTexts (a GroupByKey on text_sha256): exact on any number of workers, and the
   shuffle spreads the Embed step over workers by text hash. On Dataflow and Flink the shuffle
   goes to disk; on the local FnApiRunner it is held in memory whole, texts included.
@@ -27,13 +27,6 @@ from transforms.worker import (
 from transforms.worker.keyindex import KeyIndex, key16
 
 
-def _chunk_entries(keyed_doc):
-    doc_id, (chunks, kept) = keyed_doc
-    for c in chunks:
-        ref = ChunkRef(doc_id, c.chunk_index, c.chunk_count, c.token_start, c.token_end, c.n_tokens, kept)
-        yield c.text_sha256, (c.text, c.n_tokens, ref)
-
-
 class _ToTextItem(beam.DoFn):
     def __init__(self):
         self._distinct = Metrics.counter("embedpipe", "distinct_chunks")
@@ -46,13 +39,6 @@ class _ToTextItem(beam.DoFn):
         self._distinct.inc()
         self._shared.inc(len(entries) - 1)
         yield TextItem(sha, text, n_tokens, tuple(sorted(ref for _, _, ref in entries)))
-
-
-class ChunkEntries(beam.PTransform):
-    """(doc_id, (chunks, kept)) -> (text_sha256, (text, n_tokens, ChunkRef)) per chunk."""
-
-    def expand(self, docs):
-        return docs | "ChunkEntries" >> beam.FlatMap(_chunk_entries)
 
 
 class GroupDistinctTexts(beam.PTransform):
@@ -155,14 +141,17 @@ class StreamDistinctTexts(beam.PTransform):
 
 
 class SealClaims(beam.PTransform):
-    """Packed requests -> the same requests, each text carrying every row that claimed it."""
+    """Packed requests -> the same requests, each text carrying every row that claimed it in
+    RUN_ID's claims; RUN_ID None: no claims (grouped texts), the requests as they are."""
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str | None):
         super().__init__()
         self._run_id = run_id
 
     def expand(self, requests):
         run_id = self._run_id
+        if run_id is None:
+            return requests
         def seal(request: Request) -> Request:
             claims = Claims.for_run(run_id)
             return Request(claims.seal(item) for item in request)

@@ -8,7 +8,8 @@ Sources, keyed by text_sha256:
   file at a time; the driver only lists them.
 - `--known GLOB`: embeddings files of other runs, reused at no cost.
 
-Two ways, as for dedupe (transforms/dedupe/distinct.py), to find a text's place (ReuseRef):
+Two ways, as for distinct texts (transforms/dedupe/transform.py chooses), to find a text's
+place (ReuseRef):
 - AntiJoinKnown: a CoGroupByKey of this run's texts with every known text's digest and
   place; exact on any runner, no vector crosses it.
 - ReuseKnownStream (one process): the process reads the sources' digests into a KnownIndex
@@ -139,17 +140,16 @@ class AntiJoinKnown(beam.PTransform):
     """TextItems x known texts -> main: TextItems still to send; `reused`: (TextItem, ReuseRef).
     Only digests and places cross the join, never a vector: FetchReused reads the vectors."""
 
-    def __init__(self, model: str, dims: int, files: Sequence[str], journal_paths: Sequence[str]):
+    def __init__(self, stores: KnownStores):
         super().__init__()
-        self._model, self._dims = model, dims
-        self._files, self._journal = list(files), list(journal_paths)
+        self._stores = stores
 
     def expand(self, items):
-        p = items.pipeline
-        journaled = (p | "JournalEntries" >> beam.Create(self._journal) | "SpreadEntries" >> beam.Reshuffle()
+        p, stores = items.pipeline, self._stores
+        journaled = (p | "JournalEntries" >> beam.Create(list(stores.journal)) | "SpreadEntries" >> beam.Reshuffle()
                      | "ReadJournal" >> beam.FlatMap(_journal_refs))
-        stored = (p | "KnownFiles" >> beam.Create(self._files) | "SpreadFiles" >> beam.Reshuffle()
-                  | "ReadKnown" >> beam.FlatMap(_stored_refs, self._model, self._dims))
+        stored = (p | "KnownFiles" >> beam.Create(list(stores.files)) | "SpreadFiles" >> beam.Reshuffle()
+                  | "ReadKnown" >> beam.FlatMap(_stored_refs, stores.model, stores.dims))
         all_known = (journaled, stored) | "AllKnown" >> beam.Flatten()
         keyed = items | "KeyItems" >> beam.Map(lambda item: (item.text_sha256, item))
         return ({"items": keyed, "known": all_known}

@@ -1,1 +1,2 @@
-"""Embed: packed requests -> vectors, through the service's client, under the budget and the adaptive in-flight limit."""
+"""Embed: packed requests -> vectors, through the service's client, under the budget and the
+adaptive in-flight limit."""

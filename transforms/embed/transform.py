@@ -22,15 +22,14 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from service.client import EmbeddingsClient, RetryPolicy
-from service.credentials import KeySource
 from service.tokenizer import get_encoding
-from transforms.dedupe.known import KnownStores, known_vector
+from transforms.dedupe.known import known_vector
+from transforms.embed.config import EmbedConfig
 from transforms.embed.ratelimit import ConcurrencyLimiter, TokenBucketLimiter
 from transforms.embed.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.money import journal
 from transforms.money.budget import BudgetGuard
-from transforms.money.caps import AccountWatch, cap_usages
+from transforms.money.caps import AccountWatch
 from transforms.money.lineage import embeddings_table, pending_table
 from transforms.read.split import SplitConfig, Splitter
 from transforms.worker import coders  # noqa: F401  (registers the coder of pa.Table)
@@ -39,40 +38,6 @@ from transforms.worker.progress import Progress
 log = logging.getLogger("embedpipe.embed")
 
 REQUESTS, FAILED, PENDING = "requests", "failed", "pending"
-
-
-@dataclasses.dataclass(frozen=True)
-class EmbedConfig:
-    base_url: str
-    account_segment: str
-    key_source: KeySource
-    model: str
-    dimensions: int | None          # sent to the service only when set
-    expected_dims: int
-    run_id: str
-    output_dir: str
-    retry: RetryPolicy
-    pool_size: int
-    encoding_format: str
-    max_decoding: int
-    max_in_flight: int
-    initial_in_flight: int          # where the adaptive limit starts (transforms/embed/ratelimit.py)
-    balance_before: float | None
-    spendable_rub: float | None
-    price_per_token_rub: float
-    price_margin: float             # until responses show the price
-    learned_margin: float           # after: only the token count can be off
-    balance_poll_s: float
-    allow_partial: bool
-    boundary_window: float
-    progress_interval_s: float
-    requests_per_minute: int
-    tokens_per_minute: int
-    embeddings_schema: pa.Schema
-    pending_schema: pa.Schema
-    kept: tuple
-    known: KnownStores | None = None  # where pieces of a re-split text are looked up first
-    fits: bool = True               # the driver's preflight; False: send nothing, all pending
 
 
 @dataclasses.dataclass
@@ -93,22 +58,17 @@ class _Shared:
     @classmethod
     def for_run(cls, cfg: EmbedConfig) -> "_Shared":
         with cls._lock:
-            if cfg.run_id not in cls._by_run:
-                # the caps travel inside spendable_rub (transforms/money/caps.Spendable); account
-                # readings use a client of their own that tries once: a 429 only delays them
-                spendable, caps = cap_usages(cfg.spendable_rub, cfg.balance_before)
-                watch = AccountWatch(EmbeddingsClient(
-                    cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
-                    retry=dataclasses.replace(cfg.retry, max_attempts=1), pool_size=1,
-                    encoding_format=cfg.encoding_format), cfg.balance_poll_s, with_stats=bool(caps))
-                cls._by_run[cfg.run_id] = cls(
-                    BudgetGuard(balance_before=cfg.balance_before, spendable_rub=spendable,
-                                price_per_token_rub=cfg.price_per_token_rub, margin=cfg.price_margin,
-                                learned_margin=cfg.learned_margin, caps=caps, read_account=watch.read),
-                    Breaker(),
-                    ConcurrencyLimiter(min(cfg.initial_in_flight, cfg.max_in_flight), maximum=cfg.max_in_flight),
-                    TokenBucketLimiter(cfg.requests_per_minute, cfg.tokens_per_minute))
-            return cls._by_run[cfg.run_id]
+            run_id, service, budget = cfg.output.run_id, cfg.service, cfg.budget
+            if run_id not in cls._by_run:
+                # account readings use a client of their own that tries once: a 429 only delays them
+                watch = AccountWatch(service.client(retry=dataclasses.replace(service.retry, max_attempts=1),
+                                                    pool_size=1), budget.poll_s, with_stats=budget.has_caps)
+                cls._by_run[run_id] = cls(
+                    budget.guard(watch.read), Breaker(),
+                    ConcurrencyLimiter(min(service.initial_in_flight, service.max_in_flight),
+                                       maximum=service.max_in_flight),
+                    TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute))
+            return cls._by_run[run_id]
 
     def limit_changes(self) -> list[tuple[str, int]]:
         """What the limiter's figures moved since the last report: counters summed over bundles
@@ -131,25 +91,23 @@ class _EmbedDoFn(beam.DoFn):
             "rate_limited")}
 
     def setup(self):
-        cfg = self._cfg
-        self._client = EmbeddingsClient(cfg.base_url, cfg.key_source.load(), account_segment=cfg.account_segment,
-                                        retry=cfg.retry, pool_size=cfg.pool_size,
-                                        encoding_format=cfg.encoding_format, max_decoding=cfg.max_decoding)
+        cfg, service, out = self._cfg, self._cfg.service, self._cfg.output
+        self._client = service.client()
         self._shared = shared = _Shared.for_run(cfg)
-        self._progress = Progress.for_run(cfg.output_dir, cfg.run_id, cfg.progress_interval_s)
+        self._progress = Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s)
         encoding = get_encoding()
         self._runner = RequestRunner(
-            self._client, model=cfg.model, dimensions=cfg.dimensions, expected_dims=cfg.expected_dims,
-            guard=shared.guard, breaker=shared.breaker, run_id=cfg.run_id,
+            self._client, model=service.model, dimensions=service.dimensions, expected_dims=service.expected_dims,
+            guard=shared.guard, breaker=shared.breaker, run_id=out.run_id,
             resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
                 max_tokens=n, boundary_window=cfg.boundary_window))),
             journal=self._journal,
-            recall=lambda request_id: journal.read_entry(cfg.output_dir, cfg.run_id, request_id),
-            intend=lambda request_id, tokens, worst: journal.write_intent(cfg.output_dir, cfg.run_id, request_id,
+            recall=lambda request_id: journal.read_entry(out.output_dir, out.run_id, request_id),
+            intend=lambda request_id, tokens, worst: journal.write_intent(out.output_dir, out.run_id, request_id,
                                                                           tokens, worst),
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
             known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None)
-        self._pool = cf.ThreadPoolExecutor(cfg.max_in_flight + 1, thread_name_prefix="embed")
+        self._pool = cf.ThreadPoolExecutor(service.max_in_flight + 1, thread_name_prefix="embed")
 
     def start_bundle(self):
         # Requests of a bundle that failed may still be running: let them finish (their answers
@@ -158,7 +116,7 @@ class _EmbedDoFn(beam.DoFn):
         self._futures: set[cf.Future] = set()
 
     def process(self, request: Sequence):
-        if not self._cfg.fits and not self._cfg.allow_partial:  # preflight said no: send nothing
+        if not self._cfg.budget.fits:  # the preflight said no (and no --allow-partial): send nothing
             yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
             return
         self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
@@ -190,16 +148,17 @@ class _EmbedDoFn(beam.DoFn):
             self._client.close()
 
     def _journal(self, delivery, request_row):
-        journal.write_entry(self._cfg.output_dir, self._cfg.run_id, request_row,
+        out = self._cfg.output
+        journal.write_entry(out.output_dir, out.run_id, request_row,
                             [i.text_sha256 for i in delivery.items], [i.n_tokens for i in delivery.items],
                             delivery.vectors, delivery.shares_micro)
 
     def _emit(self, outcome: Outcome):
-        cfg, now = self._cfg, dt.datetime.now(dt.timezone.utc)
+        out, now = self._cfg.output, dt.datetime.now(dt.timezone.utc)
         rows = tokens = 0
         for d in outcome.deliveries:
             table = embeddings_table(d.items, d.vectors, [d.request_id] * len(d.items), d.shares_micro,
-                                     cfg.embeddings_schema, cfg.model, cfg.run_id, cfg.kept, now)
+                                     out.embeddings_schema, self._cfg.service.model, out.run_id, out.kept, now)
             rows += table.num_rows
             tokens += sum(i.n_tokens for i in d.items)
             yield table
@@ -210,7 +169,7 @@ class _EmbedDoFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(FAILED, rejected)
         if outcome.pending:
             yield beam.pvalue.TaggedOutput(PENDING, pending_table(
-                outcome.pending, cfg.pending_schema, cfg.model, cfg.run_id, cfg.kept))
+                outcome.pending, out.pending_schema, self._cfg.service.model, out.run_id, out.kept))
         m = self._m
         m["requests"].inc(len(outcome.requests))
         m["embedded_chunks"].inc(rows)

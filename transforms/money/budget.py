@@ -19,12 +19,13 @@ reading before the guard gives up, since that room can grow (the service's day t
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from typing import Callable, Sequence
 
 from transforms.money.apportion import to_micro
-from transforms.money.caps import USAGE, AccountReading, CapUsage
+from transforms.money.caps import USAGE, AccountReading, CapUsage, Spendable
 
 # A learned price this close to the estimate is the estimate, rounded per request.
 PRICE_NOISE = 1e-3
@@ -176,3 +177,30 @@ class BudgetGuard:
             if not self.exhausted:
                 self.exhausted, self.stop_reason = True, reason
             self._cond.notify_all()
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What a run may spend, as its workers need it: the balance before the run, the
+    spendable amount with the caps it honours, the price and its margins, how often the
+    account is read, and the driver's preflight."""
+    balance_before: float | None
+    spendable: Spendable | None
+    price_per_token_rub: float
+    margin: float               # until responses show the price
+    learned_margin: float       # after: only the token count can be off
+    poll_s: float               # the account is read at most this often
+    fits: bool = True           # the driver's preflight; False: send nothing, all pending
+
+    @property
+    def has_caps(self) -> bool:
+        return self.spendable is not None and bool(self.spendable.caps.by_name())
+
+    def guard(self, read_account: Callable[[bool], AccountReading | None] | None) -> BudgetGuard:
+        """This worker process's guard; the caps are limits of their own, renewed by READ_ACCOUNT."""
+        s = self.spendable
+        return BudgetGuard(balance_before=self.balance_before, spendable_rub=None if s is None else s.without_caps,
+                           price_per_token_rub=self.price_per_token_rub, margin=self.margin,
+                           learned_margin=self.learned_margin,
+                           caps=s.cap_usages(self.balance_before) if self.has_caps else (),
+                           read_account=read_account)

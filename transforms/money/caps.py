@@ -54,19 +54,18 @@ class Caps:
         return {name: max(cap - stats[USAGE[name]], 0.0) for name, cap in self.by_name().items()}
 
 
-class Spendable(float):
-    """The spendable amount in RUB. A float, so the preflight and the guard compare it as any
-    amount; it also keeps what it is the least of (`limits`: name -> room when read) and the
-    caps with the statistics they were read against, which the in-run guard needs to keep
-    honouring the caps while the account's usage moves (transforms/embed/transform.py)."""
+@dataclasses.dataclass(frozen=True)
+class Spendable:
+    """What may be spent: the least of LIMITS (name -> room in RUB when read). With caps set,
+    also the CAPS and the account's STATS they were read against, which the in-run guard
+    needs to keep honouring the caps while the account's usage moves (transforms/money/budget.py)."""
+    limits: Mapping[str, float]
+    caps: Caps = Caps()
+    stats: Mapping[str, float] | None = None
 
-    def __new__(cls, limits: Mapping[str, float], caps: Caps = Caps(), stats: Mapping | None = None):
-        self = super().__new__(cls, min(limits.values()))
-        self.limits, self.caps, self.stats = dict(limits), caps, None if stats is None else dict(stats)
-        return self
-
-    def __reduce__(self):  # pickled to the workers with its breakdown, not as a bare float
-        return type(self), (self.limits, self.caps, self.stats)
+    @property
+    def rub(self) -> float:
+        return min(self.limits.values())
 
     @property
     def binding(self) -> str:
@@ -76,6 +75,10 @@ class Spendable(float):
     @property
     def without_caps(self) -> float:
         return min(v for k, v in self.limits.items() if k not in USAGE)
+
+    def cap_usages(self, balance_rub: float | None) -> list[CapUsage]:
+        """One CapUsage per cap that is set, from the statistics read with the limits."""
+        return [CapUsage(name, cap, self.stats[USAGE[name]], balance_rub) for name, cap in self.caps.by_name().items()]
 
 
 class CapUsage:
@@ -98,14 +101,6 @@ class CapUsage:
     def room(self, settled: int) -> int:
         fell = 0 if self._balance_at is None else self._balance_at - self._lowest
         return self.cap - self._usage - max(settled - self._settled_at, fell)
-
-
-def cap_usages(spendable: float | None, balance_rub: float | None) -> tuple[float | None, list[CapUsage]]:
-    """What the guard takes: (the spendable amount without the caps, one CapUsage per cap)."""
-    if not isinstance(spendable, Spendable) or not spendable.caps.by_name():
-        return spendable, []
-    return spendable.without_caps, [CapUsage(name, cap, spendable.stats[USAGE[name]], balance_rub)
-                                    for name, cap in spendable.caps.by_name().items()]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from transforms.records import ChunkRef, Rejected
 from transforms.worker import runscoped
 from transforms.worker.progress import Progress
 
-REJECTED, CHANGED = "rejected", "changed"
+ENTRIES, REJECTED, CHANGED = "entries", "rejected", "changed"
 
 
 def _id_strings(column: pa.ChunkedArray) -> list:
@@ -63,8 +63,9 @@ def _row_rejection(doc_id, text) -> Rejected | None:
 
 
 class _SplitTable(beam.DoFn):
-    """One Arrow table in; per row that needs work, (doc_id, (chunks, kept)) or a tagged
-    Rejected, and a tagged `changed` record (doc_id, change, fingerprint)."""
+    """One Arrow table in; per chunk of a row that needs work, (text_sha256, (text, n_tokens,
+    ChunkRef)), or a tagged Rejected for the row; per row, a tagged `changed` record (doc_id,
+    change, fingerprint)."""
 
     def __init__(self, id_column: str, text_column: str, keep_columns: Sequence[str], split: SplitConfig,
                  duplicate_ids: Mapping[str, int], view: ViewRef, progress: tuple[str, str, float] | None):
@@ -122,15 +123,18 @@ class _SplitTable(beam.DoFn):
             if todo is not None:   # resumed: only the chunks still pending
                 chunks = [c for c in chunks if c.chunk_index in todo]
             self._chunks.inc(len(chunks))
-            yield doc_id, (tuple(chunks), tuple(extra))
+            extra = tuple(extra)
+            for c in chunks:
+                ref = ChunkRef(doc_id, c.chunk_index, c.chunk_count, c.token_start, c.token_end, c.n_tokens, extra)
+                yield c.text_sha256, (c.text, c.n_tokens, ref)
         if self._progress:
             self._progress.add(documents=len(ids))
 
 
 class ReadDocuments(beam.PTransform):
-    """Parquet FILES (with their hive PARTITIONS) -> main: (doc_id, (chunks, kept)) of the
-    documents that need work against VIEW; tagged `rejected`: Rejected rows; tagged `changed`:
-    one record per document worked on.
+    """Parquet FILES (with their hive PARTITIONS) -> `entries`: (text_sha256, (text, n_tokens,
+    ChunkRef)) per chunk of the documents that need work against VIEW; `rejected`: Rejected
+    rows; `changed`: one record per document worked on.
     DUPLICATE_IDS (id -> count, from the driver's scan) are rejected without being split;
     PROGRESS (output dir, run id, interval) is where documents read are reported."""
 
@@ -146,7 +150,7 @@ class ReadDocuments(beam.PTransform):
     def expand(self, pbegin):
         return (pbegin
                 | "ReadParquet" >> ReadParquetTables(self._files, self._columns, self._partitions)
-                | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, CHANGED, main="docs"))
+                | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, CHANGED, main=ENTRIES))
 
 
 def pending_entries(table: pa.Table, kept_names: tuple):
@@ -165,9 +169,9 @@ def _resumed(table: pa.Table):
 
 
 class ReadPending(beam.PTransform):
-    """pending-*.parquet FILES of DIR's current view -> main: (text_sha256, (text, n_tokens,
-    ChunkRef)); tagged `changed`: their documents, resumed. What `--resume` without `--input`
-    sends, without reading the corpus again."""
+    """pending-*.parquet FILES of DIR's current view -> the outputs of ReadDocuments: their
+    `entries`, no `rejected` (they were read and checked once), `changed`: their documents,
+    resumed. What `--resume` without `--input` sends, without reading the corpus again."""
 
     def __init__(self, files: Sequence[str], columns: Sequence[str], kept_names: Sequence[str]):
         super().__init__()
@@ -175,5 +179,7 @@ class ReadPending(beam.PTransform):
 
     def expand(self, pbegin):
         tables = pbegin | "ReadPendingParquet" >> ReadParquetTables(self._files, self._columns)
-        return {"entries": tables | "PendingEntries" >> beam.FlatMap(pending_entries, self._kept),
+        entries = tables | "PendingEntries" >> beam.FlatMap(pending_entries, self._kept).with_outputs(
+            REJECTED, main=ENTRIES)
+        return {ENTRIES: entries[ENTRIES], REJECTED: entries[REJECTED],
                 CHANGED: tables | "Resumed" >> beam.FlatMap(_resumed)}
