@@ -1,4 +1,4 @@
-"""The job: options, settings, graph and CLI.
+"""The driver: settings/, checks/, money/, graph.py, outdir/, commands/, terminal/, cli.py.
 
 glibc gives each thread that allocates an arena of its own (up to 8 per core) and keeps what is
 freed there: with the Embed threads that was ~1 KB of RSS per document that never came back

@@ -1,4 +1,5 @@
-"""One Beam PTransform per step, with the pure logic it needs beside it.
+"""The job's steps, a package each (read/, dedupe/, embed/, write/; pack.py), with the Beam
+part in `transform.py` and the pure logic beside it; money/ and worker/ serve several steps.
 
 Imported wherever the steps run (driver and workers), so Beam's S3 filesystem shares its
 boto3 clients there (transforms/worker/s3clients.py says why)."""
