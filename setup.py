@@ -27,6 +27,7 @@ setup(
         "requests>=2.31,<3",
         "numpy>=1.24,<3",
         "PyYAML>=6,<7",
+        "tqdm>=4.66,<5",
     ],
     extras_require={
         # moto's S3 server on loopback proves s3:// end to end (tests/e2e/test_object_stores.py);

@@ -1,6 +1,6 @@
 """embedpipe command line: run, plan, demo, report.
 
-    python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [options]
+    python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [--json] [options]
     python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
     python -m pipeline run --help            embedpipe's options, grouped
     python -m pipeline beam-options          every Beam pipeline option (they all pass through)
@@ -17,6 +17,7 @@ from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, 
 from pipeline.settings import profiles
 from pipeline.settings.job import model_names, resolve
 from pipeline.settings.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags, use_filesystems
+from pipeline.terminal import summary as short
 from pipeline.terminal import usage
 from service import errors
 from service.catalog import ConfigError
@@ -26,10 +27,13 @@ from service.tokenizer import TokenizerError
 log = logging.getLogger("embedpipe")
 
 USAGE = __doc__
+ON_SCREEN = "on_screen"   # a log record's flag: the screen already shows it, the console handler skips it
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+    console = logging.StreamHandler(sys.stderr)
+    console.addFilter(lambda record: not getattr(record, ON_SCREEN, False))
+    logging.basicConfig(level=logging.WARNING, handlers=[console],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("embedpipe", "service", "transforms", "pipeline"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -50,22 +54,11 @@ def cmd_run(argv: list[str]) -> int:
     job = resolve(_options(argv), need_output=True)
     opts = job.opts
     code, report = execute(job)
-    shown = report if opts.json else {k: report[k] for k in (
-        "run_id", "documents", "changes", "chunks", "embedded", "failed", "pending", "requests", "prompt_tokens",
-        "cost_rub", "pending_reasons", "failed_reasons", "current", "exit_code")}
-    print(json.dumps(shown, indent=2, default=str))
-    messages = {
-        EXIT_FAILED: "stopped early: {why}. The unsent chunks are pending in {output} (summary.json lists "
-                     "the files); fix the cause and run {again}: nothing is paid twice.",
-        EXIT_DOES_NOT_FIT: "the estimate does not fit the spendable amount ({binding} binds): nothing "
-                           "was sent. Raise that limit or the balance, or pass --allow-partial.",
-        4: "the budget ran out: the rest is pending in {output} (summary.json lists the files); run "
-           "{again} when there is more budget (under --daily-cap-rub: on the service's next day).",
-    }
-    if code in messages:
-        why = ", ".join(report["pending_reasons"]) or "see summary.json"
-        log.error(messages[code].format(why=why, binding=report["caps"].get("binding_limit"), output=opts.output,
-                                        again=job.again))
+    next_step = short.advice(report, opts.output, job.again)
+    print(json.dumps(report, indent=2, default=str) if opts.json
+          else "\n".join(short.lines(report, opts.output, next_step)))
+    if next_step:  # logged too, for logs and schedulers; a screen showing the summary has it already
+        log.error(next_step, extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
     return code
 
 

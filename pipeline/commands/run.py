@@ -28,7 +28,7 @@ from pipeline.outdir.commit import RunFiles
 from pipeline.outdir.view import View
 from pipeline.runner import counters, make_runner
 from pipeline.settings.job import RESUME, Job
-from pipeline.terminal.progress import progress_lines
+from pipeline.terminal.progress import job_progress
 from service import errors
 from service.client import EmbeddingsClient
 from transforms.money import journal
@@ -79,7 +79,8 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget
     graph.build(pipeline, job, info, before, out.run_dir(job.run_id),
                 duplicate_ids=scan.duplicate_ids, streaming=graph.streams(job), budget=budget)
     try:
-        with progress_lines(opts.output, job.run_id, scan.rows, job.settings.embed.progress_interval_s):
+        with job_progress(opts.output, job.run_id, scan.rows, budget.spendable.rub,
+                          job.settings.embed.progress_interval_s):
             result = pipeline.run()
             result.wait_until_finish()
     except Exception as exc:  # a worker's error arrives wrapped by the runner

@@ -1,0 +1,84 @@
+"""`run`'s short summary: what a person reads after a run, in a few lines (`run --json` prints
+the whole of summary.json instead), and what to do next when the exit code is not 0."""
+from __future__ import annotations
+
+from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
+from pipeline.outdir.view import is_local
+from pipeline.terminal.figures import count, exact, rub
+
+ADVICE = {
+    EXIT_FAILED: "stopped early: {why}. The unsent chunks are pending in {output} (summary.json lists "
+                 "the files); fix the cause and run {again}: nothing is paid twice.",
+    EXIT_DOES_NOT_FIT: "the estimate does not fit the spendable amount ({binding} binds): nothing "
+                       "was sent. Raise that limit or the balance, or pass --allow-partial.",
+    EXIT_PARTIAL: "the budget ran out: the rest is pending in {output} (summary.json lists the files); run "
+                  "{again} when there is more budget (under --daily-cap-rub: on the service's next day).",
+}
+STATUS = {EXIT_OK: "done", EXIT_FAILED: "stopped early", EXIT_DOES_NOT_FIT: "nothing sent, the estimate does not fit",
+          EXIT_PARTIAL: "stopped, the budget ran out"}
+
+
+def advice(report: dict, output: str, again: str) -> str | None:
+    """What to do next, for an exit code other than 0; None for 0."""
+    message = ADVICE.get(report["exit_code"])
+    return message and message.format(why=", ".join(report["pending_reasons"]) or "see summary.json",
+                                      binding=report["caps"].get("binding_limit"), output=output, again=again)
+
+
+def lines(report: dict, output: str, next_step: str | None = None) -> list[str]:
+    code, changes, view = report["exit_code"], report["changes"], report["current"]
+    status = STATUS.get(code, "finished")
+    if code == EXIT_FAILED and report["pending_reasons"]:
+        status += ": " + ", ".join(report["pending_reasons"])
+    read = f"{report['documents']:,} documents"
+    if any(changes.get(c) for c in ("edited", "removed", "unchanged", "resumed")):   # not a first run
+        read += ": " + ", ".join(f"{changes[c]:,} {c}" for c in ("added", "edited", "removed", "unchanged"))
+        read += f", {changes['resumed']:,} resumed" if changes.get("resumed") else ""
+    staged = f", {view['staged']:,} staged" if view.get("staged") else ""
+    rows = [f"run {report['run_id']} ({report['model']}): {status} (exit {code})",
+            _row("read", read),
+            _row("this run", f"{report['embedded']:,} chunks embedded, {report['failed']:,} failed"
+                             f"{_why(report['failed_reasons'])}, {report['pending']:,} pending"
+                             f"{_why(report['pending_reasons'])}"),
+            _row("view", f"{view['documents']:,} documents, {view['chunks']:,} chunks: {view['embedded']:,} "
+                         f"embedded, {view['failed']:,} failed, {view['pending']:,} pending{staged}"),
+            _row("money", f"{rub(report['cost_rub'])} RUB for {count(report['requests'], 'request')} "
+                          f"({report['prompt_tokens']:,} tokens) · {_reconciliation(report['reconciliation'])}"),
+            _row("files", _files(output))]
+    return rows + ([_row("next", next_step)] if next_step else [])
+
+
+def _row(label: str, text: str) -> str:
+    return f"  {label:<9} {text}"
+
+
+def _why(reasons: dict[str, int]) -> str:
+    """(reason), or (reason n, reason n, ...) for more than one, most frequent first."""
+    if not reasons:
+        return ""
+    if len(reasons) == 1:
+        return f" ({next(iter(reasons))})"
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])
+    return " (" + ", ".join(f"{r} {n:,}" for r, n in top[:3]) + (", ..." if len(top) > 3 else "") + ")"
+
+
+def _reconciliation(recon: dict) -> str:
+    """balance delta = rows + lost + others + unexplained over DIR's history, the parts that are 0
+    left out; exact to the micro-rouble, as billed."""
+    delta = recon.get("balance_delta_rub")
+    if delta is None:
+        return "the balance was not read at both ends: see the notes in summary.json"
+    parts = [("rows", recon["rows_cost_rub"]), ("lost", (recon.get("lost") or {}).get("rub")),
+             ("others", recon.get("others_rub")), ("unexplained", recon.get("unexplained_rub"))]
+    text = f"balance {'−' if delta >= 0 else '+'}{exact(abs(delta))} = " + " + ".join(
+        f"{name} {exact(value)}" for name, value in parts if name == "rows" or value) + " RUB"
+    if len(recon.get("runs") or ()) > 1:
+        text += f" over {len(recon['runs'])} runs"
+    return text + (" (notes in summary.json)" if recon.get("notes") else "")
+
+
+def _files(output: str) -> str:
+    root = output.rstrip("/")
+    if is_local(output):
+        return f"{root}/current/ (the view), {root}/summary.json"
+    return f"{root}/summary.json (its `files` are the view)"
