@@ -1,10 +1,10 @@
 """`make run`: the whole job offline. Sandbox on a free loopback port, a real corpus (the
-Python language reference that ships with Python), plan, run, the summary, and the passages
-nearest to the one about the "for" statement, found with the vectors written."""
+Python language reference that ships with Python), plan, run, the summary, the passages
+nearest to the one about the "for" statement, found with the vectors written, and the report's
+picture where matplotlib is installed."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 from pathlib import Path
@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipeline.commands import report
 from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.sandbox.launcher import SandboxProcess
 
@@ -36,31 +37,46 @@ def nearest(output_dir: Path, corpus: Path, doc_id: str, k: int = 5) -> list[tup
 
 
 def main(argv: list[str], cmd_plan: Callable[[list[str]], int], cmd_run: Callable[[list[str]], int]) -> int:
-    """The CLI's own plan and run commands are passed in (the CLI imports this module)."""
+    """The CLI's own plan and run commands are passed in (the CLI imports this module). One
+    screen: the plan table, the run (its bar on a terminal, its short summary), the neighbours,
+    the report picture."""
     ap = argparse.ArgumentParser(prog="embedpipe demo")
     ap.add_argument("--workdir", default="demo")
     args = ap.parse_args(argv)
-    work = Path(args.workdir).resolve()
+    work = Path(_shown(Path(args.workdir)))
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.parquet"
     counts = write_python_docs_corpus(str(corpus))
-    print(f"corpus: {corpus}, the Python language reference (pydoc_data.topics) {counts}")
+    print(f"corpus   {corpus}: the Python language reference (pydoc_data.topics), {counts['passages']:,} "
+          f"passages of {counts['topics']} topics")
     db = work / "sandbox.db"
     db.unlink(missing_ok=True)
     with SandboxProcess(db, key=DEMO_KEY, balance=100.0) as sandbox:
-        print(f"sandbox: {sandbox.base_url} (demo key, balance 100 RUB)")
+        print(f"sandbox  {sandbox.base_url} (a demo key, balance 100 RUB)")
         os.environ["EMBEDDINGS_API_KEY"] = DEMO_KEY
         common = ["--input", str(corpus), "--model", MODEL, "--base-url", sandbox.base_url]
-        print("\n== plan ==")
+        print("== plan ==")
         cmd_plan(common)
-        print("\n== run ==")
+        print("== run ==", flush=True)   # before the run's log and bar on stderr
         code = cmd_run(common + ["--output", str(out), "--keep-columns", "topic"])
-        summary = json.loads((out / "summary.json").read_text())
-        print(f"\nsummary: {out / 'summary.json'}")
-        print(json.dumps({k: summary[k] for k in ("reconciliation", "balance_before", "balance_after")}, indent=2))
-    print(f"\n== passages nearest to {QUERY_ID} ==")
+    print(f"== passages nearest to {QUERY_ID} ==")
     for score, doc_id, heading in nearest(out, corpus, QUERY_ID):
         print(f"  {score:.3f}  {doc_id:<16}  {heading}")
+    print(f"report   {_picture(out)}")
     return code
+
+
+def _picture(out: Path) -> str:
+    """The report's picture of the run, or how to get it."""
+    if not report.can_draw():
+        return "a picture of the spending needs matplotlib: pip install -e '.[report]'"
+    requests = report.load(report.current_files(str(out), "requests"), report.REQUEST_COLUMNS)
+    return f"{report.write_picture(str(out), requests)} (spending over time, latency of each request)"
+
+
+def _shown(path: Path) -> str:
+    """PATH relative to the working directory when it is below it: shorter lines on the screen."""
+    relative = os.path.relpath(path.resolve())
+    return relative if not relative.startswith("..") else str(path.resolve())

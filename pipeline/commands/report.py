@@ -1,13 +1,14 @@
 """`python -m pipeline report DIR`: what DIR's embeddings cost, per model, and a picture of it.
 
-Reads DIR's current view (pipeline/outdir): every request DIR's runs made, and the chunks DIR
-serves now, through Beam's FileSystems so that gs:// and s3:// work like local paths.
+Reads DIR's current view (pipeline/outdir): every request DIR's runs made, through Beam's
+FileSystems so that gs:// and s3:// work like local paths.
 The table needs nothing beyond the project; DIR/report.png needs matplotlib, an optional
 extra (`pip install 'embedpipe[report]'`), imported only when drawing.
 """
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import io
 import logging
 
@@ -24,7 +25,7 @@ from transforms.read.parquet import read_tables
 
 log = logging.getLogger("embedpipe")
 
-REQUEST_COLUMNS = ["model", "total_tokens", "cost_rub", "attempts", "started_at"]
+REQUEST_COLUMNS = ["model", "total_tokens", "cost_rub", "attempts", "started_at", "latency_ms"]
 HEADER = ("model", "requests", "tokens", "RUB", "RUB per 1M tokens", "retries")
 
 
@@ -68,30 +69,64 @@ def render(rows: list[dict]) -> str:
                      for row in cells)
 
 
-def draw(requests: pa.Table | None, n_tokens: list[int]) -> bytes:
-    """PNG: cumulative cost and tokens over the requests' start times; chunk length histogram."""
-    from matplotlib.figure import Figure  # optional extra; no pyplot, so no GUI backend or global state
+def can_draw() -> bool:
+    try:
+        import matplotlib  # noqa: F401  (only to know whether the picture can be drawn)
+    except ImportError:
+        return False
+    return True
+
+
+def draw(requests: pa.Table | None) -> bytes:
+    """PNG: each model's cumulative RUB over the requests' start times, from 0; beside it, each
+    request's latency over the same times (retried ones marked x). Times in UTC, as the requests
+    files hold them."""
+    from matplotlib.figure import Figure  # optional extra; not pyplot: no GUI backend, no global state
 
     fig = Figure(figsize=(11, 4.5), layout="constrained")
-    spend, hist = fig.subplots(1, 2)
-    if requests is not None and requests.num_rows:
-        t = requests.sort_by("started_at")
-        when = t.column("started_at").to_pylist()
-        cost = spend.step(when, pc.cumulative_sum(pc.fill_null(t.column("cost_rub"), 0.0)).to_pylist(),
-                          where="post", color="tab:red", label="RUB")
-        tokens = spend.twinx()
-        used = tokens.step(when, pc.cumulative_sum(pc.fill_null(t.column("total_tokens"), 0)).to_pylist(),
-                           where="post", color="tab:blue", linestyle="--", label="tokens")
-        tokens.set_ylabel("tokens", color="tab:blue")
-        spend.legend(handles=cost + used, loc="upper left")
-        fig.autofmt_xdate()
-    spend.set(title="spending over time", xlabel="request started (UTC)")
-    spend.set_ylabel("RUB", color="tab:red")
-    hist.hist(n_tokens, bins=min(50, max(1, len(set(n_tokens)))), color="tab:gray")
-    hist.set(title="chunk length", xlabel="tokens per chunk", ylabel="chunks")
+    spend, latency = fig.subplots(1, 2, sharex=True)
+    spend.set(title="spending over time", ylabel="RUB (cumulative)")
+    latency.set(title="latency of each request", ylabel="ms")
+    if requests is None or not requests.num_rows:
+        spend.text(0.5, 0.5, "no requests", ha="center", transform=spend.transAxes)
+    else:
+        _plot(spend, latency, requests.sort_by("started_at"))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
+
+
+def _plot(spend, latency, t: pa.Table) -> None:
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
+    starts = t.column("started_at").to_pylist()
+    last = max(w + dt.timedelta(milliseconds=ms) for w, ms in zip(starts, t.column("latency_ms").to_pylist()))
+    for model in sorted(set(t.column("model").to_pylist())):
+        rows = t.filter(pc.equal(t.column("model"), model))
+        when = rows.column("started_at").to_pylist()
+        rub = pc.cumulative_sum(pc.fill_null(rows.column("cost_rub"), 0.0)).to_pylist()
+        line, = spend.step([when[0], *when, last], [0.0, *rub, rub[-1]], where="post", label=model)
+        retried = pc.greater(rows.column("attempts"), 1)
+        for points, marker, label in ((pc.invert(retried), "o", model), (retried, "x", f"{model}, retried")):
+            mine = rows.filter(points)
+            if mine.num_rows:   # a retried request's latency includes its backoff
+                latency.scatter(mine.column("started_at").to_pylist(), mine.column("latency_ms").to_pylist(),
+                                s=12, marker=marker, color=line.get_color(), label=label)
+    # from the first request to the last answer; a run of one request still gets a second or so
+    pad = max((last - starts[0]) * 0.03, dt.timedelta(seconds=0.5))
+    for ax in (spend, latency):
+        locator = AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        ax.set(xlabel="request started (UTC)", xlim=(starts[0] - pad, last + pad), ylim=(0, None))
+        ax.legend(loc="best")
+
+
+def write_picture(output_dir: str, requests: pa.Table | None) -> str:
+    png = FileSystems.join(output_dir, "report.png")
+    with FileSystems.create(png) as fh:
+        fh.write(draw(requests))
+    return png
 
 
 def main(argv: list[str]) -> int:
@@ -108,14 +143,8 @@ def main(argv: list[str]) -> int:
     use_filesystems(PipelineOptions(beam_flags))
     requests = load(current_files(args.dir, "requests"), REQUEST_COLUMNS)
     print(render(cost_table(requests)))
-    try:
-        import matplotlib  # noqa: F401  (only to know whether the picture can be drawn)
-    except ImportError:
+    if can_draw():
+        print(f"wrote {write_picture(args.dir, requests)}")
+    else:
         print("report.png not written: matplotlib is not installed (pip install 'embedpipe[report]')")
-        return EXIT_OK
-    chunks = load(current_files(args.dir, "embeddings"), ["n_tokens"])
-    png = FileSystems.join(args.dir, "report.png")
-    with FileSystems.create(png) as fh:
-        fh.write(draw(requests, [] if chunks is None else chunks.column("n_tokens").to_pylist()))
-    print(f"wrote {png}")
     return EXIT_OK
