@@ -78,7 +78,13 @@ def can_draw() -> bool:
 
 
 def draw(requests: pa.Table | None) -> bytes:
-    """PNG: each model's cumulative RUB over the requests' start times, from 0; beside it, each
+    buf = io.BytesIO()
+    figure(requests).savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def figure(requests: pa.Table | None):
+    """Each model's cumulative RUB over the requests' start times, from 0; beside it, each
     request's latency over the same times (retried ones marked x). Times in UTC, as the requests
     files hold them."""
     from matplotlib.figure import Figure  # optional extra; not pyplot: no GUI backend, no global state
@@ -91,9 +97,7 @@ def draw(requests: pa.Table | None) -> bytes:
         spend.text(0.5, 0.5, "no requests", ha="center", transform=spend.transAxes)
     else:
         _plot(spend, latency, requests.sort_by("started_at"))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
+    return fig
 
 
 def _plot(spend, latency, t: pa.Table) -> None:

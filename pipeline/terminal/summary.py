@@ -70,6 +70,8 @@ def _reconciliation(recon: dict) -> str:
         return "the balance was not read at both ends: see the notes in summary.json"
     parts = [("rows", recon["rows_cost_rub"]), ("lost", (recon.get("lost") or {}).get("rub")),
              ("others", recon.get("others_rub")), ("unexplained", recon.get("unexplained_rub"))]
+    if not delta and not any(value for _, value in parts):
+        return "the balance did not change"
     text = f"balance {'−' if delta >= 0 else '+'}{exact(abs(delta))} = " + " + ".join(
         f"{name} {exact(value)}" for name, value in parts if name == "rows" or value) + " RUB"
     if len(recon.get("runs") or ()) > 1:

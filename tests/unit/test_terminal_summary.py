@@ -1,0 +1,114 @@
+"""`run`'s short summary as a pure function: summary.json's dict in, a few lines out, one per
+exit code a run can end with after the job (0, 1, 3, 4)."""
+from __future__ import annotations
+
+import copy
+
+from pipeline.terminal import summary
+from pipeline.terminal.figures import count, exact, rub
+
+FIRST_RUN = {
+    "run_id": "20261124T090528Z-d9d3a8", "model": "text-embedding-3-small", "documents": 354,
+    "embedded": 354, "failed": 0, "pending": 0, "failed_reasons": {}, "pending_reasons": {},
+    "requests": 1, "prompt_tokens": 98166, "cost_rub": 0.245415,
+    "changes": {"added": 354, "edited": 0, "removed": 0, "unchanged": 0, "resumed": 0},
+    "current": {"view": "20261124T090528Z-d9d3a8", "documents": 354, "chunks": 354, "embedded": 354,
+                "failed": 0, "pending": 0, "staged": 0},
+    "caps": {"daily_cap_rub": None, "monthly_cap_rub": None, "binding_limit": "balance"},
+    "reconciliation": {"runs": ["20261124T090528Z-d9d3a8"], "rows_cost_rub": 0.245415,
+                       "balance_delta_rub": 0.245415, "lost": {"count": 0, "rub": 0.0}, "others_rub": 0.0,
+                       "unexplained_rub": 0.0, "notes": []},
+    "exit_code": 0,
+}
+AGAIN = "the same command again with --resume"
+
+
+def report(**changes) -> dict:
+    doc = copy.deepcopy(FIRST_RUN)
+    for key, value in changes.items():
+        doc[key] = {**doc[key], **value} if isinstance(doc.get(key), dict) else value
+    return doc
+
+
+def rendered(doc: dict, output: str = "out") -> list[str]:
+    return summary.lines(doc, output, summary.advice(doc, output, AGAIN))
+
+
+def row(lines: list[str], label: str) -> str:
+    found = [line for line in lines if line.split()[0] == label]
+    assert len(found) == 1, lines
+    return found[0]
+
+
+def test_exit_0_says_what_was_embedded_what_it_cost_and_where_the_files_are():
+    lines = rendered(FIRST_RUN)
+    assert lines[0] == "run 20261124T090528Z-d9d3a8 (text-embedding-3-small): done (exit 0)"
+    assert row(lines, "read").split(None, 1)[1] == "354 documents"   # a first run: no change counts
+    assert "354 chunks embedded, 0 failed, 0 pending" in row(lines, "this")
+    assert "354 documents, 354 chunks: 354 embedded, 0 failed, 0 pending" in row(lines, "view")
+    money = row(lines, "money")
+    assert "0.245415 RUB for 1 request (98,166 tokens)" in money
+    assert money.endswith("balance −0.245415 = rows 0.245415 RUB")   # the parts that are 0 left out
+    assert row(lines, "files").split(None, 1)[1] == "out/current/ (the view), out/summary.json"
+    assert summary.advice(FIRST_RUN, "out", AGAIN) is None and not any(line.split()[0] == "next" for line in lines)
+    assert len(lines) <= 10
+
+
+def test_a_sync_run_shows_the_changes_with_thousands_separators():
+    doc = report(documents=12_345, changes={"added": 3, "edited": 2, "removed": 1, "unchanged": 12_340},
+                 current={"documents": 12_344, "chunks": 20_001, "embedded": 20_001, "staged": 4})
+    lines = rendered(doc)
+    assert row(lines, "read").endswith("12,345 documents: 3 added, 2 edited, 1 removed, 12,340 unchanged")
+    assert row(lines, "view").endswith("12,344 documents, 20,001 chunks: 20,001 embedded, 0 failed, 0 pending, "
+                                       "4 staged")
+
+
+def test_exit_1_names_the_cause_and_the_command_that_continues():
+    doc = report(exit_code=1, embedded=100, pending=254, pending_reasons={"unauthorized": 254})
+    lines = rendered(doc)
+    assert lines[0].endswith("stopped early: unauthorized (exit 1)")
+    assert "100 chunks embedded, 0 failed, 254 pending (unauthorized)" in row(lines, "this")
+    assert row(lines, "next").split(None, 1)[1] == (
+        "stopped early: unauthorized. The unsent chunks are pending in out (summary.json lists the files); "
+        "fix the cause and run the same command again with --resume: nothing is paid twice.")
+
+
+def test_exit_3_says_nothing_was_sent_and_which_limit_binds():
+    doc = report(exit_code=3, embedded=0, pending=354, pending_reasons={"estimate_exceeds_budget": 354},
+                 requests=0, prompt_tokens=0, cost_rub=0.0, caps={"binding_limit": "max_spend_rub"},
+                 reconciliation={"rows_cost_rub": 0.0, "balance_delta_rub": 0.0})
+    lines = rendered(doc)
+    assert lines[0].endswith("nothing sent, the estimate does not fit (exit 3)")
+    assert row(lines, "money").endswith("0 RUB for 0 requests (0 tokens) · the balance did not change")
+    assert "(max_spend_rub binds): nothing was sent" in row(lines, "next")
+    assert "--allow-partial" in row(lines, "next")
+
+
+def test_exit_4_points_at_the_pending_rows_and_the_whole_reconciliation():
+    doc = report(exit_code=4, embedded=265, failed=1, pending=52, failed_reasons={"empty_text": 1},
+                 pending_reasons={"budget_exhausted": 50, "insufficient_balance": 2}, requests=1_234,
+                 prompt_tokens=1_234_567, cost_rub=1234.567891,
+                 reconciliation={"runs": ["a", "b"], "rows_cost_rub": 1.2, "balance_delta_rub": 1.3,
+                                 "lost": {"rub": 0.05}, "others_rub": 0.05, "notes": ["..."]})
+    lines = rendered(doc, "gs://bucket/out")
+    assert lines[0].endswith("stopped, the budget ran out (exit 4)")
+    assert row(lines, "this").endswith("265 chunks embedded, 1 failed (empty_text), 52 pending "
+                                       "(budget_exhausted 50, insufficient_balance 2)")
+    assert row(lines, "money").split(None, 1)[1] == (
+        "1,234.57 RUB for 1,234 requests (1,234,567 tokens) · "
+        "balance −1.3 = rows 1.2 + lost 0.05 + others 0.05 RUB over 2 runs (notes in summary.json)")
+    assert row(lines, "files").split(None, 1)[1] == "gs://bucket/out/summary.json (its `files` are the view)"
+    assert "the rest is pending in gs://bucket/out" in row(lines, "next")
+    assert f"run {AGAIN} when there is more budget" in row(lines, "next")
+
+
+def test_a_balance_not_read_after_the_run_is_said_not_guessed():
+    doc = report(reconciliation={"balance_delta_rub": None})
+    assert row(rendered(doc), "money").endswith("the balance was not read at both ends: see the notes in summary.json")
+
+
+def test_roubles_to_the_micro_rouble_below_100_and_to_the_kopeck_above():
+    assert [rub(v) for v in (0.245415, 0.0, 1.5, 99.754585, 100.0, 1234.5678, None)] == [
+        "0.245415", "0", "1.5", "99.754585", "100.00", "1,234.57", "?"]
+    assert [exact(v) for v in (1234.5, -0.0000001, 0.000001)] == ["1,234.5", "0", "0.000001"]
+    assert [count(n, "request") for n in (0, 1, 1234)] == ["0 requests", "1 request", "1,234 requests"]
