@@ -48,23 +48,24 @@ class Bar(contextlib.AbstractContextManager):
 
     def __init__(self, total_documents: int, spendable_rub: float):
         self._spendable = spendable_rub
+        money, work = self._fields(Counts())
         self._bar = _Tqdm(total=total_documents or None, file=sys.stderr, dynamic_ncols=True, smoothing=0,
-                          bar_format=BAR if total_documents else NO_TOTAL, **self._fields(Counts()))
+                          bar_format=BAR if total_documents else NO_TOTAL, money=money, work=work)
         self._logs = logging_redirect_tqdm(tqdm_class=_Tqdm)
 
     def __enter__(self):
         self._logs.__enter__()
         return self
 
-    def _fields(self, counts: Counts) -> dict[str, str]:
-        return {"money": f"{rub(counts.cost_micro / 1e6)}/{rub(self._spendable)} RUB",
-                "work": f"{counts.chunks:,} chunks, {_short(counts.tokens)} tokens, "
-                        f"{count(counts.requests, 'request')}"}
+    def _fields(self, counts: Counts) -> tuple[str, str]:
+        """The money, and the work done."""
+        return (f"{rub(counts.cost_micro / 1e6)}/{rub(self._spendable)} RUB",
+                f"{counts.chunks:,} chunks, {_short(counts.tokens)} tokens, {count(counts.requests, 'request')}")
 
     def show(self, counts: Counts | None) -> None:
         """New counts, or None: only the clock moved."""
         if counts is not None:
-            vars(self._bar).update(self._fields(counts))
+            self._bar.money, self._bar.work = self._fields(counts)
             self._bar.n = counts.documents
         self._bar.refresh()
 
