@@ -125,9 +125,8 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
     learned = out.learned_price(job.model.name)
     price = learned if learned is not None else job.model.price_per_token
     margin = job.initial_margin(learned is not None)
-    log.info("run %s (%s): %d files, %d rows, model %s; balance %.6f RUB, spendable %.6f RUB (%s binds)",
-             job.run_id, job.mode, len(info.files), info.rows, job.model.name, account.balance or 0,
-             spendable.rub, spendable.binding)
+    log.info("run %s (%s, %s): %d rows; spendable %.6f RUB of balance %.6f (%s binds)", job.run_id, job.mode,
+             job.model.name, info.rows, spendable.rub, account.balance or 0, spendable.binding)
     fits, decided_by = ((True, "allow_partial") if opts.allow_partial
                         else measure.fits(job, info, before, scan, spendable.rub, price, margin))
     budget = Budget(account.balance, spendable, price, margin, 1 / job.model.safety_factor,
