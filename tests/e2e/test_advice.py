@@ -10,16 +10,8 @@ import pytest
 
 from pipeline.cli import main
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (
-    MODEL,
-    assert_every_row_once,
-    billed_twice,
-    corpus_rows,
-    ledger,
-    start_sandbox,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, ledger, start_sandbox,
+                                     write_corpus, write_models)
 
 
 def follow(argv: list[str], advice: str) -> list[str]:

@@ -10,20 +10,8 @@ import pytest
 from pipeline.cli import main
 from pipeline.settings.config import default_settings_text, parse_settings
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (
-    MODEL,
-    assert_every_row_once,
-    billed_twice,
-    corpus_rows,
-    current,
-    ledger,
-    micro,
-    run,
-    start_sandbox,
-    summary,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current, ledger, micro,
+                                     run, start_sandbox, summary, write_corpus, write_models)
 
 CAP_RUB = 1.0   # about half of what the corpus costs (~2.1 RUB)
 MAX_IN_FLIGHT = parse_settings(default_settings_text()).embed.max_in_flight

@@ -16,19 +16,8 @@ import requests
 from pipeline.cli import main
 from service.credentials import key_fingerprint
 from service.sandbox.store import Charge, Store
-from tests.e2e.money_helpers import (
-    MODEL,
-    assert_every_row_once,
-    billed_twice,
-    corpus_rows,
-    current,
-    ledger,
-    micro,
-    run,
-    summary,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current, ledger, micro,
+                                     run, summary, write_corpus, write_models)
 
 JOB_KEY, OTHER_KEY = "sk-caps-job", "sk-caps-other"
 MAX_IN_FLIGHT = 4

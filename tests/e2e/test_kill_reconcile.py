@@ -14,22 +14,9 @@ import pytest
 from service.client import EmbeddingsClient
 from service.credentials import ApiKey
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (
-    MODEL,
-    assert_every_row_once,
-    corpus_rows,
-    current,
-    journal_files,
-    ledger,
-    micro,
-    run,
-    start_job,
-    start_sandbox,
-    summary,
-    wait_for_journal,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, corpus_rows, current, journal_files, ledger, micro,
+                                     run, start_job, start_sandbox, summary, wait_for_journal, write_corpus,
+                                     write_models)
 
 LATENCY_MS = 40        # the service bills a request this long after it arrives, answer or not
 IN_FLIGHT = 3

@@ -11,20 +11,8 @@ import subprocess
 import pytest
 
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (
-    REPO,
-    assert_every_row_once,
-    billed_twice,
-    corpus_rows,
-    job_argv,
-    ledger,
-    run,
-    start_job,
-    start_sandbox,
-    wait_for_journal,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (REPO, assert_every_row_once, billed_twice, corpus_rows, job_argv, ledger, run,
+                                     start_job, start_sandbox, wait_for_journal, write_corpus, write_models)
 
 LATENCY_MS = 300  # slow enough that the first run is still sending when the second one starts
 

@@ -25,17 +25,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from pipeline.checks.inputs import inspect_input
 from pipeline.cli import main
 from pipeline.settings.options import use_filesystems
-from tests.e2e.money_helpers import (
-    MODEL,
-    assert_every_row_once,
-    billed_twice,
-    corpus_rows,
-    ledger,
-    micro,
-    start_sandbox,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, ledger, micro,
+                                     start_sandbox, write_corpus, write_models)
 from transforms.money.apportion import from_micro
 from transforms.read.parquet import ReadParquetTables
 

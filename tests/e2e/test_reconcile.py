@@ -9,17 +9,8 @@ import yaml
 
 from pipeline.settings.config import default_settings_text
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (
-    corpus_rows,
-    current,
-    ledger,
-    micro,
-    run,
-    start_sandbox,
-    summary,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (corpus_rows, current, ledger, micro, run, start_sandbox, summary, write_corpus,
+                                     write_models)
 
 
 @pytest.fixture

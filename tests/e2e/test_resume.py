@@ -12,22 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import (
-    MODEL,
-    assert_every_row_once,
-    billed_twice,
-    corpus_rows,
-    current,
-    journal_files,
-    kill_once_journaled,
-    ledger,
-    micro,
-    run,
-    start_sandbox,
-    summary,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current, journal_files,
+                                     kill_once_journaled, ledger, micro, run, start_sandbox, summary, write_corpus,
+                                     write_models)
 
 # A request waits this long in the sandbox before it is charged: killing the job (and the
 # sandbox) right after a journal entry appears catches the next request before its charge.

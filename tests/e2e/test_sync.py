@@ -20,21 +20,9 @@ from service.catalog import parse_models
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import WORDS_EN, WORDS_RU, paragraph
-from tests.e2e.money_helpers import (
-    MODEL,
-    assert_every_row_once,
-    billed_twice,
-    corpus_rows,
-    current,
-    kill_once_journaled,
-    ledger,
-    micro,
-    run,
-    start_sandbox,
-    summary,
-    write_corpus,
-    write_models,
-)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current,
+                                     kill_once_journaled, ledger, micro, run, start_sandbox, summary, write_corpus,
+                                     write_models)
 from transforms.read.split import SplitConfig, Splitter
 
 

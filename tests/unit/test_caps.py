@@ -13,15 +13,7 @@ from service import errors
 from service.catalog import ConfigError
 from service.client import Balance, Stats
 from transforms.money.budget import Budget
-from transforms.money.caps import (
-    DAILY_CAP,
-    MAX_SPEND,
-    MONTHLY_CAP,
-    AccountReading,
-    AccountWatch,
-    Caps,
-    Spendable,
-)
+from transforms.money.caps import DAILY_CAP, MAX_SPEND, MONTHLY_CAP, AccountReading, AccountWatch, Caps, Spendable
 
 PRICE = 1e-6  # RUB per token: a token costs one micro-rouble
 

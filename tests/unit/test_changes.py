@@ -5,18 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from transforms.read.changes import (
-    ADDED,
-    DOCINDEX,
-    EDITED,
-    RESUMED,
-    UNCHANGED,
-    DocIndex,
-    Entry,
-    classify,
-    fingerprint,
-    signature,
-)
+from transforms.read.changes import (ADDED, DOCINDEX, EDITED, RESUMED, UNCHANGED, DocIndex, Entry, classify,
+                                     fingerprint, signature)
 
 SIG = signature("cl100k_base", 512, 0, 0.1, ("lang",))
 OLD, NEW, OTHER = (fingerprint(SIG, text) for text in ("old text", "new text", "other text"))
