@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 import logging
 import threading
-from typing import ClassVar, Sequence
+from typing import Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -32,7 +32,7 @@ from transforms.money.budget import BudgetGuard
 from transforms.money.caps import AccountWatch
 from transforms.money.lineage import embeddings_table, pending_table
 from transforms.read.split import SplitConfig, Splitter
-from transforms.worker import coders  # noqa: F401  (registers the coder of pa.Table)
+from transforms.worker import coders, runscoped  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.worker.progress import Progress
 
 log = logging.getLogger("embedpipe.embed")
@@ -51,24 +51,22 @@ class _Shared:
     quota: TokenBucketLimiter
     breaker_logged: bool = False
     reported: dict = dataclasses.field(default_factory=dict)   # limiter figures in the counters
-
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-    _by_run: ClassVar[dict] = {}
+    _mutex: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @classmethod
     def for_run(cls, cfg: EmbedConfig) -> "_Shared":
-        with cls._lock:
-            run_id, service, budget = cfg.output.run_id, cfg.service, cfg.budget
-            if run_id not in cls._by_run:
-                # account readings use a client of their own that tries once: a 429 only delays them
-                watch = AccountWatch(service.client(retry=dataclasses.replace(service.retry, max_attempts=1),
-                                                    pool_size=1), budget.poll_s, with_stats=budget.has_caps)
-                cls._by_run[run_id] = cls(
-                    budget.guard(watch.read), Breaker(),
-                    ConcurrencyLimiter(min(service.initial_in_flight, service.max_in_flight),
-                                       maximum=service.max_in_flight),
-                    TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute))
-            return cls._by_run[run_id]
+        return runscoped.shared(cfg.output.run_id, "embed", lambda: cls._build(cfg))
+
+    @classmethod
+    def _build(cls, cfg: EmbedConfig) -> "_Shared":
+        service, budget = cfg.service, cfg.budget
+        # account readings use a client of their own that tries once: a 429 only delays them
+        watch = AccountWatch(service.client(retry=dataclasses.replace(service.retry, max_attempts=1), pool_size=1),
+                             budget.poll_s, with_stats=budget.has_caps)
+        return cls(budget.guard(watch.read), Breaker(),
+                   ConcurrencyLimiter(min(service.initial_in_flight, service.max_in_flight),
+                                      maximum=service.max_in_flight),
+                   TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute))
 
     def limit_changes(self) -> list[tuple[str, int]]:
         """What the limiter's figures moved since the last report: counters summed over bundles
@@ -76,7 +74,7 @@ class _Shared:
         lim = self.concurrency
         now = {"in_flight_limit": lim.allowed, "in_flight_peak": int(lim.peak), "limit_decreases": lim.decreases,
                "latency_decreases": lim.latency_decreases, "rate_limited": lim.rate_limited_count}
-        with self._lock:
+        with self._mutex:
             changes = [(k, v - self.reported.get(k, 0)) for k, v in now.items() if v != self.reported.get(k, 0)]
             self.reported.update(now)
         return changes
