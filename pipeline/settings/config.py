@@ -39,6 +39,7 @@ class PackSettings:
 class EmbedSettings:
     max_in_flight: int = 32
     initial_in_flight: int = 2
+    admitted_after_s: float = 0.25
     progress_interval_s: float = 5.0
 
 
@@ -140,6 +141,7 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
         raise ConfigError(f"{where}:pack.fill_target must be in (0, 1]")
     positive = {"embed.max_in_flight": settings.embed.max_in_flight,
                 "embed.initial_in_flight": settings.embed.initial_in_flight,
+                "embed.admitted_after_s": settings.embed.admitted_after_s,
                 "client.max_attempts": settings.client.max_attempts,
                 "client.pool_size": settings.client.pool_size, "client.max_decoding": settings.client.max_decoding,
                 "pack.max_open_requests": settings.pack.max_open_requests,

@@ -85,7 +85,8 @@ class Job:
         c, e, r = self.settings.client, self.settings.embed, self.settings.rate_limits
         return ServiceConfig(self.opts.base_url, self.opts.account_segment, self.key_source, self.model.name,
                              self.opts.dimensions, self.dimensions, self.retry, c.pool_size, c.encoding_format,
-                             c.max_decoding, e.max_in_flight, e.initial_in_flight, r.requests_per_minute,
+                             c.max_decoding, e.max_in_flight, e.initial_in_flight, e.admitted_after_s,
+                             r.requests_per_minute,
                              r.tokens_per_minute)
 
 

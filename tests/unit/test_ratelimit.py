@@ -180,17 +180,84 @@ def test_release_twice_and_bad_arguments_are_refused():
             ConcurrencyLimiter(*args)
 
 
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_before_the_first_answer_a_full_limit_grows_by_one_per_admission_interval_up_to_4x():
+    clock = Clock()
+    lim = ConcurrencyLimiter(2, maximum=32, admitted_after_s=0.25, clock=clock)
+    held = fill(lim)
+    assert len(held) == 2 and lim.acquire(timeout=0) is None
+    for step in range(1, 20):
+        clock.now = step * 0.25 - 0.01
+        assert lim.acquire(timeout=0) is None          # not yet: a 429 may still be on its way
+        clock.now = step * 0.25
+        p = lim.acquire(timeout=0)
+        if step <= 6:
+            assert p is not None and lim.allowed == 2 + step
+            held.append(p)
+        else:
+            assert p is None and lim.allowed == 8      # 4 x where it started, until an answer
+    assert lim.decreases == 0 and lim.peak == 8
+
+
+def test_the_ramp_ends_at_the_first_answer_and_at_a_429():
+    clock = Clock()
+    lim = ConcurrencyLimiter(2, maximum=32, admitted_after_s=0.25, clock=clock)
+    held = fill(lim)
+    clock.now = 0.25
+    held += fill(lim)
+    answer(held.pop(0))                     # full when it came: slow start's +1
+    held += fill(lim)
+    assert lim.allowed == 4 == len(held)
+    clock.now = 100.0
+    assert lim.acquire(timeout=0) is None   # from now on only answers move the limit
+
+    clock.now = 0.0
+    lim = ConcurrencyLimiter(4, maximum=32, admitted_after_s=0.25, clock=clock)
+    held = fill(lim)
+    held.pop().release(RATE_LIMITED)
+    clock.now = 100.0
+    assert lim.allowed == 2 and lim.acquire(timeout=0) is None
+
+
+def test_a_waiting_caller_is_given_the_place_the_ramp_adds():
+    lim = ConcurrencyLimiter(1, maximum=4, admitted_after_s=0.05)
+    first = lim.acquire()
+    second = lim.acquire(timeout=30)        # woken by the ramp, not by an answer
+    assert second is not None and lim.allowed == 2 and lim.in_flight == 2
+    first.release(OK)
+    second.release(OK)
+
+
+def test_without_an_admission_interval_nothing_grows_before_an_answer():
+    clock = Clock()
+    lim = ConcurrencyLimiter(2, maximum=32, clock=clock)
+    fill(lim)
+    clock.now = 100.0
+    assert lim.acquire(timeout=0) is None and lim.allowed == 2
+
+
 # -- against a simulated service with a capacity ---------------------------------------------
 
 def simulate(capacity: int, mode: str, workers: int = 1, requests: int = 400, service_s: float = 1.5,
-             retry_after_s: float = 1.0, ceiling: int = 32, seed: int = 0, slowdown: float = 0.0):
+             retry_after_s: float = 1.0, ceiling: int = 32, seed: int = 0, slowdown: float = 0.0,
+             admitted_after_s: float | None = None):
     """Workers that always have a full request ready, each with its own limiter, against a
     service that works on CAPACITY requests at once and queues the others (mode "queue") or
     refuses them with 429 (mode "429"). Returns the limiters, the 429s and the total limit at
     each answer of the second half. Service times vary by +-10% (seeded), and grow by SLOWDOWN
-    x the requests being worked on (a service that gets slower, yet answers more a second)."""
+    x the requests being worked on (a service that gets slower, yet answers more a second).
+    ADMITTED_AFTER_S: the limiters' ramp before the first answer, on the simulation's clock."""
     rng = random.Random(seed)
-    limiters = [ConcurrencyLimiter(2, maximum=ceiling) for _ in range(workers)]
+    clock = Clock()
+    limiters = [ConcurrencyLimiter(2, maximum=ceiling, admitted_after_s=admitted_after_s, clock=clock)
+                for _ in range(workers)]
     events, seq, now = [], 0, 0.0
     busy, queue = 0, collections.deque()
     sent = refused = 0
@@ -227,9 +294,16 @@ def simulate(capacity: int, mode: str, workers: int = 1, requests: int = 400, se
 
     for w in range(workers):
         send(w)
+        if admitted_after_s is not None:   # the callers look again while they wait for a place
+            for i in range(1, int(2 * service_s / admitted_after_s) + 1):
+                push(i * admitted_after_s, "tick", w)
     answered = 0
     while events:
         now, _, kind, data = heapq.heappop(events)
+        clock.now = now
+        if kind == "tick":
+            send(data)
+            continue
         if kind == "retry":
             retry[data].append(None)
             send(data)
@@ -262,6 +336,15 @@ def test_latency_that_still_buys_throughput_does_not_stop_the_growth():
 @pytest.mark.parametrize("capacity", [4, 8])
 def test_a_refusing_service_sees_few_429s_and_is_shared(capacity, workers):
     limiters, refused, totals = simulate(capacity, "429", workers=workers, requests=1000)
+    assert refused <= 0.02 * 1000
+    assert capacity - 1 <= sum(totals) / len(totals) <= capacity + 1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("capacity", [4, 8])
+def test_the_ramp_before_a_slow_first_answer_draws_few_429s(capacity, workers):
+    limiters, refused, totals = simulate(capacity, "429", workers=workers, requests=1000, service_s=1.5,
+                                         admitted_after_s=0.25)
     assert refused <= 0.02 * 1000
     assert capacity - 1 <= sum(totals) / len(totals) <= capacity + 1
 
@@ -373,6 +456,15 @@ def test_both_limits_wait_for_the_slower_one():
     assert lim.acquire(30) == pytest.approx(2.0)         # a full burst of tokens; 20 borrowed
     assert lim.acquire(1) == pytest.approx(4.1)          # tokens bind: the debt first
     assert clock.slept == pytest.approx([1.0, 2.0, 4.1])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("capacity", [4, 8])
+def test_the_ramp_before_a_slow_first_answer_draws_few_429s(capacity, workers):
+    limiters, refused, totals = simulate(capacity, "429", workers=workers, requests=1000, service_s=1.5,
+                                         admitted_after_s=0.25)
+    assert refused <= 0.02 * 1000
+    assert capacity - 1 <= sum(totals) / len(totals) <= capacity + 1
 
 
 @settings(max_examples=200, deadline=None)

@@ -26,6 +26,13 @@ ConcurrencyLimiter starts low and reads two signals, as TCP does with its conges
   least `_WORTH` of the concurrency it added, and undone if not; else the limit grows by one.
   A service that gets slower but answers more a second (a shared CPU) is still climbed; one
   that queues past a capacity is held near it.
+Before the first answer there is no round trip to read, and a large request's first answer may
+take seconds (1.5 s for 300k tokens in the bench, far more upstream): doubling per round trip
+would leave a fast service idle for several of them. A refusal comes back at once, though, so a
+request out for `admitted_after_s` without a 429 holds a place: until the first answer (or
+429), the limit grows by one each time that passes with every place in use, up to
+`_RAMP_FACTOR` x where it started. A service past its capacity refuses the first request over
+it before the next step; a queueing one shows its queue in the first answers' latency.
 The concurrency a round trip measured is the mean in-flight count its requests were sent with,
 not the limit (reading may leave the limit unfilled). Decreases at most halve the limit at
 once. Growth needs the limit full when an answer comes (a caller that never fills it proves
@@ -53,6 +60,7 @@ _SLOWER = 1.5    # latency / expected that ends slow start: from there, one step
 _QUEUED = 2.0    # latency / expected at which half of it is a queue: a decrease whatever the step
 _WORTH = 0.5     # a step up must raise the throughput by at least this share of the concurrency added
 _PROBE_ANSWERS = 32   # x the 429's level: answers under it before the first probe of that level
+_RAMP_FACTOR = 4      # x the initial limit: how far it may grow before the first answer
 
 class Permit:
     """One granted place. `rate_limited()` may be called while the request is still retrying
@@ -73,11 +81,20 @@ class Permit:
 
 
 class ConcurrencyLimiter:
-    def __init__(self, initial: float, minimum: float = 1, maximum: float = 64):
+    def __init__(self, initial: float, minimum: float = 1, maximum: float = 64, *,
+                 admitted_after_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+        """ADMITTED_AFTER_S: the ramp before the first answer (above); None: none."""
         if not 1 <= minimum <= initial <= maximum:
             raise ValueError(f"need 1 <= minimum <= initial <= maximum, got {minimum}, {initial}, {maximum}")
+        if admitted_after_s is not None and admitted_after_s <= 0:
+            raise ValueError(f"admitted_after_s must be > 0, got {admitted_after_s}")
         self._min, self._max = float(minimum), float(maximum)
         self._limit = float(initial)
+        self._clock = clock
+        self._admitted_after_s = admitted_after_s
+        self._ramp_to = min(self._max, _RAMP_FACTOR * self._limit)
+        self._ramping = admitted_after_s is not None   # until the first answer or 429
+        self._granted_at = clock()                     # when the last place was given
         self._in_flight = 0
         self._epoch = 0              # bumped by every decrease
         self._level = 0              # bumped by every change of the limit
@@ -111,10 +128,25 @@ class ConcurrencyLimiter:
     def acquire(self, timeout: float | None = None) -> Permit | None:
         """Block until a place is free; None if `timeout` seconds passed first."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._in_flight < int(self._limit), timeout):
-                return None
+            deadline = None if timeout is None else self._clock() + timeout
+            while self._in_flight >= int(self._limit):
+                now, ramp_at = self._clock(), self._ramp_at()
+                if ramp_at is not None and now >= ramp_at:
+                    self._grow()
+                    continue
+                if deadline is not None and now >= deadline:
+                    return None
+                waits = [t - now for t in (ramp_at, deadline) if t is not None]
+                self._cond.wait(min(waits) if waits else None)
             self._in_flight += 1
+            self._granted_at = self._clock()
             return Permit(self, self._epoch, self._level, self._in_flight)
+
+    def _ramp_at(self) -> float | None:
+        """When the ramp before the first answer adds the next place, if it still may."""
+        if not self._ramping or self._limit >= self._ramp_to:
+            return None
+        return self._granted_at + self._admitted_after_s
 
     def release(self, permit: Permit, outcome: str = OK, *, tokens: int | None = None,
                 latency_s: float | None = None) -> None:
@@ -126,6 +158,7 @@ class ConcurrencyLimiter:
             if permit.released:
                 raise RuntimeError("permit released twice")
             permit.released = True
+            self._ramping = False   # an answer, an error or a 429: from now on, the signals decide
             if outcome == RATE_LIMITED:
                 self._throttle(permit)
             elif outcome == OK and not permit.throttled:
@@ -214,6 +247,7 @@ class ConcurrencyLimiter:
     def _throttle(self, permit: Permit) -> None:
         with self._cond:
             self.rate_limited_count += 1
+            self._ramping = False
             if permit.throttled:
                 return
             permit.throttled = True

@@ -38,6 +38,7 @@ from transforms.worker.progress import Progress
 log = logging.getLogger("embedpipe.embed")
 
 REQUESTS, FAILED, PENDING = "requests", "failed", "pending"
+_RECHECK_S = 0.05   # how often a reader waiting for a place looks at the limit again
 
 
 @dataclasses.dataclass
@@ -65,7 +66,7 @@ class _Shared:
                              budget.poll_s, with_stats=budget.has_caps)
         return cls(budget.guard(watch.read), Breaker(),
                    ConcurrencyLimiter(min(service.initial_in_flight, service.max_in_flight),
-                                      maximum=service.max_in_flight),
+                                      maximum=service.max_in_flight, admitted_after_s=service.admitted_after_s),
                    TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute))
 
     def limit_changes(self) -> list[tuple[str, int]]:
@@ -120,10 +121,11 @@ class _EmbedDoFn(beam.DoFn):
         self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
         # Answers are written out as soon as this thread comes by: each holds its vectors until
         # then. One request more than may be in flight waits ready for the next place; more
-        # (twice the limit) cost ~140 MB at 20k documents for no speed: each holds its text
+        # (twice the limit) cost ~140 MB at 20k documents for no speed: each holds its text.
+        # The limit also grows with no answer (the ramp before the first one): look again often
         done = {fut for fut in self._futures if fut.done()}
         while len(self._futures) - len(done) > self._shared.concurrency.allowed:
-            done |= cf.wait(self._futures - done, return_when=cf.FIRST_COMPLETED).done
+            done |= cf.wait(self._futures - done, timeout=_RECHECK_S, return_when=cf.FIRST_COMPLETED).done
         self._futures -= done
         for fut in done:
             yield from self._emit(fut.result())
