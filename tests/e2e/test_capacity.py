@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import collections
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.helpers import current_rows, ledger, run, summary
+from tests.e2e.helpers import current_files, current_rows, ledger, run, summary
 from tests.e2e.test_faults import MODEL, PER_REQUEST, models_config, run_config, write_docs
 
 DOCS = 24 * PER_REQUEST   # 24 requests
@@ -24,7 +26,7 @@ def unlimited(tmp_path_factory):
     return _job(tmp, [])[0]
 
 
-def _job(tmp, sandbox_args, *job_args, rate_limits=None):
+def _job(tmp, sandbox_args, *job_args, rate_limits=None, embed=None):
     from service.sandbox.launcher import SandboxProcess  # a module fixture cannot use sandbox_factory
     corpus, out = tmp / "c.parquet", tmp / "out"
     if not corpus.exists():
@@ -34,7 +36,8 @@ def _job(tmp, sandbox_args, *job_args, rate_limits=None):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
             code = run("--input", str(corpus), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url,
-                       "--models-config", str(models_config(tmp)), "--run-config", str(_config(tmp, rate_limits)),
+                       "--models-config", str(models_config(tmp)),
+                       "--run-config", str(_config(tmp, rate_limits, embed)),
                        *job_args)
         assert code == 0
         charges = ledger(sb.db)
@@ -43,13 +46,32 @@ def _job(tmp, sandbox_args, *job_args, rate_limits=None):
     return rows, charges, summary(out)
 
 
-def _config(tmp, rate_limits):
+def _config(tmp, rate_limits, embed=None):
     path = run_config(tmp)
-    if rate_limits:
-        doc = yaml.safe_load(path.read_text())
-        doc["rate_limits"].update(rate_limits)
-        path.write_text(yaml.safe_dump(doc))
+    doc = yaml.safe_load(path.read_text())
+    doc["rate_limits"].update(rate_limits or {})
+    doc["embed"].update(embed or {})
+    path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def _sent_before_the_first_answer(out) -> int:
+    t = pa.concat_tables([pq.read_table(f, columns=["started_at", "latency_ms"])
+                          for f in current_files(out, "requests")])
+    starts = [s.timestamp() for s in t["started_at"].to_pylist()]
+    first_answer = min(s + ms / 1000 for s, ms in zip(starts, t["latency_ms"].to_pylist()))
+    return sum(s < first_answer for s in starts)
+
+
+@pytest.mark.parametrize("admitted_after_s, sent", [(0.25, (4, 8)), (1000.0, (2, 2))])
+def test_before_a_slow_first_answer_the_limit_grows_while_nothing_is_refused(tmp_path, admitted_after_s, sent):
+    """A 2 s first answer: requests out for embed.admitted_after_s without a 429 let the next one
+    go (up to 4 x the initial 2); with the ramp out of reach, only the initial 2 leave."""
+    write_docs(tmp_path / "c.parquet", 8 * PER_REQUEST)
+    rows, charges, s = _job(tmp_path, ["--latency-ms", "2000"], embed={"admitted_after_s": admitted_after_s})
+    assert len(rows) == 8 * PER_REQUEST and len(charges) == s["requests"] == 8
+    low, high = sent
+    assert low <= _sent_before_the_first_answer(tmp_path / "out") <= high
 
 
 @pytest.mark.parametrize("mode, workers", [("429", 1), ("429", 2), ("queue", 1)])
