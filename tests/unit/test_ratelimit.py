@@ -332,19 +332,12 @@ def test_latency_that_still_buys_throughput_does_not_stop_the_growth():
     assert min(totals) >= 24    # at 32 in flight each answer takes 1.6x as long, and 20x as many come
 
 
+@pytest.mark.parametrize("admitted_after_s", [None, 0.25])   # with the ramp before a 1.5 s first answer
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("capacity", [4, 8])
-def test_a_refusing_service_sees_few_429s_and_is_shared(capacity, workers):
-    limiters, refused, totals = simulate(capacity, "429", workers=workers, requests=1000)
-    assert refused <= 0.02 * 1000
-    assert capacity - 1 <= sum(totals) / len(totals) <= capacity + 1
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-@pytest.mark.parametrize("capacity", [4, 8])
-def test_the_ramp_before_a_slow_first_answer_draws_few_429s(capacity, workers):
-    limiters, refused, totals = simulate(capacity, "429", workers=workers, requests=1000, service_s=1.5,
-                                         admitted_after_s=0.25)
+def test_a_refusing_service_sees_few_429s_and_is_shared(capacity, workers, admitted_after_s):
+    limiters, refused, totals = simulate(capacity, "429", workers=workers, requests=1000,
+                                         admitted_after_s=admitted_after_s)
     assert refused <= 0.02 * 1000
     assert capacity - 1 <= sum(totals) / len(totals) <= capacity + 1
 
@@ -456,15 +449,6 @@ def test_both_limits_wait_for_the_slower_one():
     assert lim.acquire(30) == pytest.approx(2.0)         # a full burst of tokens; 20 borrowed
     assert lim.acquire(1) == pytest.approx(4.1)          # tokens bind: the debt first
     assert clock.slept == pytest.approx([1.0, 2.0, 4.1])
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-@pytest.mark.parametrize("capacity", [4, 8])
-def test_the_ramp_before_a_slow_first_answer_draws_few_429s(capacity, workers):
-    limiters, refused, totals = simulate(capacity, "429", workers=workers, requests=1000, service_s=1.5,
-                                         admitted_after_s=0.25)
-    assert refused <= 0.02 * 1000
-    assert capacity - 1 <= sum(totals) / len(totals) <= capacity + 1
 
 
 @settings(max_examples=200, deadline=None)
