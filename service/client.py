@@ -40,7 +40,10 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
     """How long to keep trying one logical request. The pipeline fills these from configs/."""
-    max_attempts: int = 6            # first try included
+    max_attempts: int = 6            # attempts that fail (first try included); a 429 is not one
+    max_refusals: int = 20           # 429s one request may meet: the service asks for a wait, the
+                                     # request is not at fault (several clients sharing an account's
+                                     # capacity can refuse one request many times in a row)
     initial_backoff_s: float = 0.5   # wait before the 2nd attempt; doubles each retry
     max_backoff_s: float = 20.0      # cap of one computed wait (a Retry-After may exceed it)
     max_total_s: float = 120.0       # no retry starts if its wait would end after this
@@ -51,6 +54,8 @@ class RetryPolicy:
     def __post_init__(self):
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
+        if self.max_refusals < 0:
+            raise ValueError("max_refusals must be >= 0")
         if not 0 <= self.jitter <= 1:
             raise ValueError("jitter must be in [0, 1]")
         for name in ("initial_backoff_s", "max_backoff_s", "max_total_s",
@@ -95,9 +100,11 @@ def backoff_delay(policy: RetryPolicy, retry_number: int, retry_after: float | N
 
 
 def next_wait(policy: RetryPolicy, attempts_made: int, elapsed_s: float,
-              retry_after: float | None, rand: float) -> float | None:
-    """The wait before the next attempt, or None when attempts or total time are used up."""
-    if attempts_made >= policy.max_attempts:
+              retry_after: float | None, rand: float, refusals: int = 0) -> float | None:
+    """The wait before the next attempt, or None when attempts, refusals or total time are used
+    up. REFUSALS: how many of the attempts made were 429s; they count against max_refusals, the
+    others against max_attempts."""
+    if attempts_made - refusals >= policy.max_attempts or refusals > policy.max_refusals:
         return None
     wait = backoff_delay(policy, attempts_made, retry_after, rand)
     if elapsed_s + wait > policy.max_total_s:
@@ -490,7 +497,7 @@ class EmbeddingsClient:
               parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None = None) -> _Reply:
         url = self.base_url + path
         started = time.monotonic()
-        attempts = uncertain = 0
+        attempts = uncertain = refusals = 0
         while True:
             attempts += 1
             outcome = self._attempt(method, url, body, request_id, parse)
@@ -507,8 +514,10 @@ class EmbeddingsClient:
                                             secret=self._key.reveal())
             if outcome.sent and (outcome.error is not None or outcome.status >= 500):
                 uncertain += 1
+            refused = outcome.error is None and outcome.status == 429
+            refusals += refused
             elapsed = time.monotonic() - started
-            wait = (next_wait(self.retry, attempts, elapsed, retry_after, random.random())
+            wait = (next_wait(self.retry, attempts, elapsed, retry_after, random.random(), refusals)
                     if error.retryable else None)
             if wait is None:
                 error.attempts, error.uncertain_attempts = attempts, uncertain
@@ -517,10 +526,10 @@ class EmbeddingsClient:
             reason = (f"HTTP {outcome.status}" + (f" {error.code}" if error.code not in
                                                   (None, "", outcome.status) else "")
                       if outcome.error is None else type(error).__name__)
-            log.log(logging.INFO if outcome.status == 429 else logging.WARNING,
-                    "%s %s attempt %d/%d failed (%s); retrying in %.2f s%s [request_id=%s]",
-                    method, path, attempts, self.retry.max_attempts, reason, wait,
-                    " as the server asked" if retry_after else "", request_id)
+            what = (f"refused {refusals}/{self.retry.max_refusals}" if refused
+                    else f"attempt {attempts - refusals}/{self.retry.max_attempts} failed")
+            log.log(logging.INFO if refused else logging.WARNING, "%s %s %s (%s); retrying in %.2f s%s [request_id=%s]",
+                    method, path, what, reason, wait, " as the server asked" if retry_after else "", request_id)
             if on_retry is not None:
                 on_retry(outcome.status if outcome.error is None else 0)
             time.sleep(wait)

@@ -12,6 +12,7 @@ from service.catalog import ConfigError, parse_yaml_mapping
 @dataclasses.dataclass(frozen=True)
 class ClientSettings:
     max_attempts: int = 6
+    max_refusals: int = 20
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 20.0
     max_total_s: float = 120.0

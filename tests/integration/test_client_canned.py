@@ -282,6 +282,19 @@ def test_retry_after_is_obeyed(canned, client, headers, floor, record_property):
     assert res.attempts == 2 and res.uncertain_attempts == 0 and gap >= floor
 
 
+def test_a_request_refused_more_often_than_max_attempts_still_goes_through(canned, client):
+    """Several clients sharing an account's capacity may see one request refused many times in
+    a row: a 429 asks for a wait, it is not a failed attempt."""
+    refused = {**error_json(429, "too many concurrent requests"), "headers": {"Retry-After": "0"}}
+    canned.script.extend([refused] * 5)
+    res = client.embed("m", ["a"])
+    assert res.attempts == 6 and res.vectors.shape == (1, 4)     # FAST allows 3 failed attempts
+    canned.script.extend([refused] * (FAST.max_refusals + 1))
+    with pytest.raises(E.RateLimitError) as info:
+        client.embed("m", ["a"])
+    assert info.value.attempts == FAST.max_refusals + 1
+
+
 def test_retry_after_beyond_the_time_cap_gives_up_at_once(canned):
     canned.script.append({**error_json(429, "come back later"), "headers": {"Retry-After": "3600"}})
     with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=FAST) as c:
@@ -393,7 +406,7 @@ def test_the_key_never_appears_on_any_error_path(canned, caplog):
                 {"status": 502, "body": f"<html>{KEY}</html>".encode(), "headers": {"Content-Type": "text/html"}},
                 {"drop": True}, {"status": 200, "body": KEY.encode()},
                 lambda req: embeddings_answer(req, count=0)]
-    policy = RetryPolicy(max_attempts=1, read_timeout_s=0.3)
+    policy = RetryPolicy(max_attempts=1, max_refusals=0, read_timeout_s=0.3)
     errors = []
     with caplog.at_level(logging.DEBUG):
         for base in (canned.base_url, dead):

@@ -184,7 +184,7 @@ def test_the_key_never_appears_on_any_sandbox_error_path(sandbox_factory, caplog
     sb = sandbox_factory(key=key, balance=0.00001,
                          args=["--account-rps", "1", "--account-burst", "1"])
     faulty = sandbox_factory(key=key, balance=10.0, args=["--rate-502", "0.5", "--rate-reset", "0.5"])
-    one_try = RetryPolicy(max_attempts=1)
+    one_try = RetryPolicy(max_attempts=1, max_refusals=0)
     errors = []
     with caplog.at_level(logging.DEBUG):
         with client_for(sb, key=key, retry=one_try) as c, client_for(sb, key="sk-wrong") as bad:

@@ -53,6 +53,16 @@ def test_next_wait_stops_after_max_attempts():
     assert next_wait(POLICY, 6, 0.0, None, 0.0) is None
 
 
+def test_429s_count_against_max_refusals_not_max_attempts():
+    p = RetryPolicy(max_attempts=2, max_refusals=3, max_total_s=30.0, jitter=0)
+    assert next_wait(p, 3, 0.0, 1.0, 0.0, refusals=3) == 1.0      # 3 refusals: still waits
+    assert next_wait(p, 4, 0.0, 1.0, 0.0, refusals=4) is None     # a 4th: gives up
+    assert next_wait(p, 4, 0.0, None, 0.0, refusals=3) == 4.0     # 1 failure after 3 refusals, of 2
+    assert next_wait(p, 5, 0.0, None, 0.0, refusals=3) is None    # the 2nd failure ends it
+    once = RetryPolicy(max_attempts=1, max_refusals=0)
+    assert next_wait(once, 1, 0.0, 1.0, 0.0, refusals=1) is None  # tries once: a 429 ends it too
+
+
 def test_next_wait_stops_when_the_wait_would_pass_the_total_cap():
     assert next_wait(POLICY, 1, 29.0, None, 0.0) == 0.5
     assert next_wait(POLICY, 1, 29.6, None, 0.0) is None

@@ -62,8 +62,8 @@ class _Shared:
     def _build(cls, cfg: EmbedConfig) -> "_Shared":
         service, budget = cfg.service, cfg.budget
         # account readings use a client of their own that tries once: a 429 only delays them
-        watch = AccountWatch(service.client(retry=dataclasses.replace(service.retry, max_attempts=1), pool_size=1),
-                             budget.poll_s, with_stats=budget.has_caps)
+        once = dataclasses.replace(service.retry, max_attempts=1, max_refusals=0)
+        watch = AccountWatch(service.client(retry=once, pool_size=1), budget.poll_s, with_stats=budget.has_caps)
         return cls(budget.guard(watch.read), Breaker(),
                    ConcurrencyLimiter(min(service.initial_in_flight, service.max_in_flight),
                                       maximum=service.max_in_flight, admitted_after_s=service.admitted_after_s),
