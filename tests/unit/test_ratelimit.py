@@ -327,6 +327,13 @@ def test_a_queueing_service_is_met_near_its_capacity(capacity):
     assert refused == 0 and capacity <= mean <= capacity + 1.5 and max(totals) <= capacity + 3
 
 
+@pytest.mark.parametrize("capacity", [4, 8])
+def test_two_processes_share_a_queueing_service_near_its_capacity(capacity):
+    """Each sees the queue the other makes too: together they hold about the capacity."""
+    limiters, refused, totals = simulate(capacity, "queue", workers=2, requests=1000)
+    assert refused == 0 and capacity <= sum(totals) / len(totals) <= capacity + 2
+
+
 def test_latency_that_still_buys_throughput_does_not_stop_the_growth():
     limiters, refused, totals = simulate(10_000, "queue", requests=2000, slowdown=0.02)
     assert min(totals) >= 24    # at 32 in flight each answer takes 1.6x as long, and 20x as many come

@@ -20,7 +20,9 @@ ConcurrencyLimiter starts low and reads two signals, as TCP does with its conges
   In slow start, an answer `_QUEUED` x slower brings the limit down to what it says fits
   (Gradient2's gradient: the concurrency it was sent with / the ratio); one `_SLOWER` x slower
   ends slow start where it was sent. After that, one decision per round trip of requests sent
-  at the current limit: a mean ratio of `_QUEUED` or more brings the limit down the same way;
+  at the current limit: a mean ratio of `_SLOWER` or more brings the limit down the same way
+  (a mean over a round trip is steadier than one answer, and with several processes each one
+  sees the queue of all: at `_QUEUED` two processes held 1.5x a capacity between them);
   else the step up from the nearest concurrency seen below is kept only if the answers per
   second (concurrency / ratio, as TCP Vegas compares expected and actual rates) grew by at
   least `_WORTH` of the concurrency it added, and undone if not; else the limit grows by one.
@@ -56,8 +58,8 @@ _OUTCOMES = (OK, RATE_LIMITED, IGNORED)
 # _SIZE_SLACK x the size; within that slack, size explains the difference.
 _WINDOW = 500
 _SIZE_SLACK = 0.9
-_SLOWER = 1.5    # latency / expected that ends slow start: from there, one step per round trip
-_QUEUED = 2.0    # latency / expected at which half of it is a queue: a decrease whatever the step
+_SLOWER = 1.5    # latency / expected that ends slow start, and over a round trip brings the limit down
+_QUEUED = 2.0    # latency / expected of one answer in slow start at which half of it is a queue
 _WORTH = 0.5     # a step up must raise the throughput by at least this share of the concurrency added
 _PROBE_ANSWERS = 32   # x the 429's level: answers under it before the first probe of that level
 _RAMP_FACTOR = 4      # x the initial limit: how far it may grow before the first answer
@@ -209,7 +211,7 @@ class ConcurrencyLimiter:
                 self._grow()
             return
         below = max((k for k, (_, n) in self._seen.items() if k <= round(sent_with) - 1 and n >= 2), default=None)
-        if mean >= _QUEUED:
+        if mean >= _SLOWER:
             self._latency_decrease(sent_with, mean)
         elif below is not None and \
                 sent_with / mean < below / self._seen[below][0] * (1 + _WORTH * (sent_with - below) / below):
