@@ -324,15 +324,17 @@ class Bench:
                 m, s, _ = self.pipeline(f"pipeline-scale-{docs}", corpus, sb, None, 1)
                 timing = s.get("timing") or {}
                 first = timing.get("seconds_to_first_request")
+                from_process = timing.get("seconds_from_process_start_to_first_request")
                 self.cpu_per_m[docs] = m.cpu_s / s["prompt_tokens"] * 1e6
-                rows.append([f"{docs:,}", m.wall_s, "" if first is None else first, m.first_request_s, m.peak_rss_mb,
+                rows.append([f"{docs:,}", m.wall_s, "" if first is None else first,
+                             "" if from_process is None else from_process, m.first_request_s, m.peak_rss_mb,
                              m.cpu_s / s["prompt_tokens"] * 1e6, s["prompt_tokens"], s["requests"],
                              f"{s['requests']} ({self.lower_bound(s['prompt_tokens'], s['chunks'])})"])
                 ratio = ratio or m.peak_rss_mb
                 rows[-1].append(f"{m.peak_rss_mb / ratio:.2f}")
                 corpus.unlink()
-        self.emit(table(["documents", "wall s", "1st request left s (summary.json)",
-                         "1st answer billed s (ledger)", "peak RSS MB",
+        self.emit(table(["documents", "wall s", "1st request left s, from the job's start (summary.json)",
+                         "from the process start", "1st answer billed s (ledger)", "peak RSS MB",
                          "client CPU s per 1M tokens", "tokens", "requests", "requests (lower bound)",
                          "RSS / smallest"], rows,
                         "Scale: zero-latency sandbox, default settings, one worker (FnApiRunner, streaming)"))

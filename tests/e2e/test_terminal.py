@@ -8,6 +8,7 @@ The sandbox answers one embeddings attempt in five with a 500, seeded so that th
 fails (seed 1 draws 0.13 first, under the rate): the client logs retry warnings while the bar is up."""
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import json
 import os
@@ -125,10 +126,15 @@ def test_on_a_terminal_a_live_bar_log_records_above_it_and_the_short_summary(job
 
 def test_in_a_pipe_log_lines_no_control_characters_and_json_on_request(job, tmp_path):
     out = tmp_path / "out"
+    launched = time.time()
     done = subprocess.run(job + ["--output", str(out), "--json"], cwd=REPO, env=env(), capture_output=True,
                           text=True, timeout=DEADLINE_S)
     assert done.returncode == 4, done.stderr[-3000:]
     assert json.loads(done.stdout) == summary(out)   # the whole summary, as summary.json has it
+    timing = summary(out)["timing"]                  # the first request, from the process start too
+    process, started = (dt.datetime.fromisoformat(timing[k]).timestamp() for k in ("process_started_at", "started_at"))
+    assert launched - 0.02 <= process <= started     # the kernel counts in 10 ms ticks
+    assert timing["seconds_from_process_start_to_first_request"] >= timing["seconds_to_first_request"] > 0
     for stream in (done.stdout, done.stderr):
         assert "\r" not in stream and "\x1b" not in stream and SANDBOX_KEY not in stream
     logged = done.stderr.splitlines()
