@@ -32,7 +32,7 @@ from transforms.money.budget import BudgetGuard
 from transforms.money.caps import AccountWatch
 from transforms.money.lineage import embeddings_table, pending_table
 from transforms.read.split import SplitConfig, Splitter
-from transforms.worker import coders, runscoped  # noqa: F401  (coders: the coder of pa.Table)
+from transforms.worker import coders, collector, runscoped  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.worker.progress import Progress
 
 log = logging.getLogger("embedpipe.embed")
@@ -90,6 +90,7 @@ class _EmbedDoFn(beam.DoFn):
             "rate_limited")}
 
     def setup(self):
+        collector.tune_once()
         cfg, service, out = self._cfg, self._cfg.service, self._cfg.output
         self._client = service.client()
         self._shared = shared = _Shared.for_run(cfg)

@@ -19,7 +19,7 @@ from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, classify, fing
 from transforms.read.parquet import Partition, ReadParquetTables
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, Rejected
-from transforms.worker import runscoped
+from transforms.worker import collector, runscoped
 from transforms.worker.progress import Progress
 
 ENTRIES, REJECTED, CHANGED = "entries", "rejected", "changed"
@@ -79,6 +79,7 @@ class _SplitTable(beam.DoFn):
         self._chunks = Metrics.counter("embedpipe", "chunks")
 
     def setup(self):
+        collector.tune_once()
         self._splitter = Splitter(get_encoding(), self._split)
         self._progress = Progress.for_run(*self._progress_of) if self._progress_of else None
         view = self._view
