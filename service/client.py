@@ -528,8 +528,9 @@ class EmbeddingsClient:
                       if outcome.error is None else type(error).__name__)
             what = (f"refused {refusals}/{self.retry.max_refusals}" if refused
                     else f"attempt {attempts - refusals}/{self.retry.max_attempts} failed")
-            log.log(logging.INFO if refused else logging.WARNING, "%s %s %s (%s); retrying in %.2f s%s [request_id=%s]",
-                    method, path, what, reason, wait, " as the server asked" if retry_after else "", request_id)
+            log.log(logging.INFO if refused else logging.WARNING,
+                    "%s %s %s (%s); retrying in %.2f s%s [request_id=%s]", method, path, what, reason, wait,
+                    " as the server asked" if retry_after else "", request_id)
             if on_retry is not None:
                 on_retry(outcome.status if outcome.error is None else 0)
             time.sleep(wait)
