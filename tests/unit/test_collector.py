@@ -7,10 +7,11 @@ from transforms.worker import collector
 
 
 @pytest.fixture
-def fresh_collector(monkeypatch):
+def fresh_collector():
     threshold = gc.get_threshold()
-    monkeypatch.setattr(collector, "_tuned", False)
+    collector.tune_once.cache_clear()
     yield
+    collector.tune_once.cache_clear()
     gc.unfreeze()
     gc.set_threshold(*threshold)
 

@@ -8,22 +8,15 @@ graph), all alive until the end: 5-7% of a 100k-document job's CPU went to the c
 """
 from __future__ import annotations
 
+import functools
 import gc
-import threading
 
 YOUNG_THRESHOLD = 10_000
 
-_lock = threading.Lock()
-_tuned = False
 
-
+@functools.cache   # once per process (two threads racing here would only freeze twice: harmless)
 def tune_once() -> None:
-    """Freeze what is alive now and raise the young threshold, once per process."""
-    global _tuned
-    with _lock:
-        if _tuned:
-            return
-        _tuned = True
-        gc.freeze()
-        young, middle, old = gc.get_threshold()
-        gc.set_threshold(max(young, YOUNG_THRESHOLD), middle, old)
+    """Freeze what is alive now and raise the young threshold."""
+    gc.freeze()
+    young, middle, old = gc.get_threshold()
+    gc.set_threshold(max(young, YOUNG_THRESHOLD), middle, old)
