@@ -30,7 +30,7 @@ from transforms.read.changes import CHANGES_SCHEMA
 from transforms.read.split import SplitConfig
 from transforms.read.transform import CHANGED, ENTRIES, REJECTED, ReadDocuments, ReadPending, ViewRef
 from transforms.write.docvectors import DocumentVectors, documents_schema
-from transforms.write.transform import WriteRows, WriteTables
+from transforms.write.transform import Output, WriteOutputs
 
 REUSED_PER_TABLE = 1000
 
@@ -103,24 +103,23 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
                                                           _known_stores(job, prior, job.run_id)))
 
     embeddings, request_rows = out.embeddings, out[REQUESTS]
+    outputs = {"Embeddings": (out.embeddings, Output("embeddings", emb_schema)),
+               "Pending": (out[PENDING], Output("pending", pending_schema)),
+               "Changes": (changed, Output("changes", CHANGES_SCHEMA, rows=True))}
     if reused is not None:
         reused_tables_ = reused | "FetchReused" >> FetchReused(model.name, job.run_id, emb_schema, kept,
                                                                dt.datetime.now(dt.timezone.utc), REUSED_PER_TABLE)
         # files of their own: a Flatten with the sent vectors is held whole on the local runner
-        reused_tables_ | "WriteReused" >> WriteTables(run_dir, "embeddings", job.run_id, emb_schema, codec,
-                                                      part="reused")
+        outputs["Reused"] = reused_tables_, Output("embeddings", emb_schema, part="reused")
         if opts.doc_vectors:
             embeddings = (embeddings, reused_tables_) | "AllEmbeddings" >> beam.Flatten()
         journaled = p | "JournaledRequests" >> beam.Create(_journal_request_rows(prior.journal_requests))
         request_rows = (request_rows, journaled) | "AllRequests" >> beam.Flatten()
-
-    out.embeddings | "WriteEmbeddings" >> WriteTables(run_dir, "embeddings", job.run_id, emb_schema, codec)
-    request_rows | "WriteRequests" >> WriteRows(run_dir, "requests", job.run_id, schemas.REQUESTS, codec)
-    (rejected, out[FAILED]) | "AllFailed" >> beam.Flatten() | "WriteFailed" >> WriteRows(
-        run_dir, "failed", job.run_id, schemas.FAILED, codec, extra={"run_id": job.run_id})
-    out[PENDING] | "WritePending" >> WriteTables(run_dir, "pending", job.run_id, pending_schema, codec)
-    changed | "WriteChanges" >> WriteRows(run_dir, "changes", job.run_id, CHANGES_SCHEMA, codec)
+    outputs["Requests"] = request_rows, Output("requests", schemas.REQUESTS, rows=True)
+    outputs["Failed"] = ((rejected, out[FAILED]) | "AllFailed" >> beam.Flatten(),
+                         Output("failed", schemas.FAILED, rows=True, extra={"run_id": job.run_id}))
     if opts.doc_vectors:
-        (embeddings | "DocumentVectors" >> DocumentVectors(model.name, job.run_id)
-         | "WriteDocuments" >> WriteRows(run_dir, "documents", job.run_id,
-                                         documents_schema(job.dimensions, meta), codec))
+        outputs["Documents"] = (embeddings | "DocumentVectors" >> DocumentVectors(model.name, job.run_id),
+                                Output("documents", documents_schema(job.dimensions, meta), rows=True))
+    ({label: pcoll for label, (pcoll, _) in outputs.items()}
+     | "Write" >> WriteOutputs(run_dir, job.run_id, codec, {label: o for label, (_, o) in outputs.items()}))

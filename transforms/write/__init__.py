@@ -1,1 +1,1 @@
-"""Write: the outputs as Parquet (file sinks, document vectors, the rewrite of a view's files)."""
+"""Write: the outputs as Parquet (every output's files, document vectors, the rewrite of a view's files)."""

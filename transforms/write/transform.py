@@ -1,17 +1,34 @@
-"""Write: every output as Parquet through Beam's file sinks (exactly-once file output, any
-FileSystems scheme), into the run's own directory of DIR's history. File names carry the run
-id: history/<run_id>/embeddings-<run_id>-00000-of-00002.parquet."""
+"""Write: every output of a job as Parquet, into the run's own directory of DIR's history. File
+names carry the run id: history/<run_id>/embeddings-<run_id>-00000-of-00002.parquet.
+
+One composite writes all of a job's outputs: each output's writer is a DoFn fused into the
+stage that produces its rows (one file per bundle, under a temporary name), and one finalising
+step, after everything else, names the files. Beam's Write gives each output stages of its own
+(initialise before the job, pre-finalise and finalise after it): for five outputs that was
+~0.25 s of building the graph and ~0.3 s before the first request on the local runner
+(docs/BENCH.md). The guarantees are those of Beam's file sinks: only the files of bundles the
+runner committed reach the finalising step (a side input), so a retried bundle's file is never
+named; a retried finalisation skips what it renamed already; the temporary files go at the end;
+an output without rows still gets one empty file, so a glob reader finds its schema. Any
+FileSystems scheme.
+"""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import uuid
+from typing import Mapping
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io import filebasedsink
 from apache_beam.io.filesystems import CompressionTypes, FileSystems
+from apache_beam.transforms.window import GlobalWindows
+
+log = logging.getLogger(__name__)
 
 ROWS_PER_TABLE = 5000  # batching of small rows into Arrow tables; not a user-facing number
+_MIME = "application/x-parquet"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,67 +53,141 @@ def open_writer(sink, schema: pa.Schema, codec: Codec) -> pq.ParquetWriter:
                             write_statistics=scalars)
 
 
-def output_prefix(output_dir: str, kind: str, run_id: str, part: str | None = None) -> str:
-    return FileSystems.join(output_dir, f"{kind}-{run_id}" + (f"-{part}" if part else ""))
+def _create(path: str):
+    return FileSystems.create(path, mime_type=_MIME, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-class _ParquetSink(filebasedsink.FileBasedSink):
-    """Beam's Parquet sink, with the writer of open_writer."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Output:
+    """One output's files: `<kind>-<run>[-<part>]-NNNNN-of-NNNNN.parquet`. PART names a second
+    set of files of a kind (`embeddings-<run>-reused-...`: on the local runner a Flatten is held
+    in memory whole, so large outputs get files each instead). Elements are pyarrow Tables in
+    SCHEMA, or with ROWS dicts (or NamedTuples) batched into tables here, EXTRA columns added."""
+    kind: str
+    schema: pa.Schema
+    part: str | None = None
+    rows: bool = False
+    extra: Mapping | None = None
 
-    def __init__(self, prefix: str, schema: pa.Schema, codec: Codec):
-        super().__init__(prefix, coder=None, file_name_suffix=".parquet", mime_type="application/x-parquet",
-                         compression_type=CompressionTypes.UNCOMPRESSED)  # the codec compresses pages
-        self._schema, self._codec = schema, codec
+    def prefix(self, output_dir: str, run_id: str) -> str:
+        return FileSystems.join(output_dir, f"{self.kind}-{run_id}" + (f"-{self.part}" if self.part else ""))
 
-    def open(self, temp_path):
-        handle = super().open(temp_path)
-        return open_writer(handle, self._schema, self._codec), handle
+    def table(self, rows: list) -> pa.Table:
+        extra = self.extra or {}
+        dicts = [{**(r._asdict() if hasattr(r, "_asdict") else r), **extra} for r in rows]
+        return pa.Table.from_pylist(dicts, schema=self.schema)
 
-    def write_record(self, file, table: pa.Table):
-        file[0].write_table(table)
 
-    def close(self, file):
-        writer, handle = file
-        writer.close()
+class _WriteBundles(beam.DoFn):
+    """Each bundle's elements into one temporary file; (prefix, its path) once the bundle is done."""
+
+    def __init__(self, output: Output, prefix: str, temp_dir: str, codec: Codec):
+        self._output, self._prefix, self._temp_dir, self._codec = output, prefix, temp_dir, codec
+        self._writer = None
+
+    def start_bundle(self):
+        self._abandon()   # a failed bundle's file is never named; the finalising step deletes it
+        self._rows: list = []
+
+    def process(self, element):
+        if not self._output.rows:
+            self._write(element)
+            return
+        self._rows.append(element)
+        if len(self._rows) >= ROWS_PER_TABLE:
+            self._write(self._output.table(self._rows))
+            self._rows = []
+
+    def finish_bundle(self):
+        if self._rows:
+            self._write(self._output.table(self._rows))
+        if self._writer is not None:
+            writer, handle, path = self._writer
+            self._writer = None
+            writer.close()
+            handle.close()
+            yield GlobalWindows.windowed_value((self._prefix, path))
+
+    def teardown(self):
+        self._abandon()
+
+    def _write(self, table: pa.Table) -> None:
+        if self._writer is None:
+            path = FileSystems.join(self._temp_dir, f"{uuid.uuid4().hex}.parquet")
+            handle = _create(path)
+            self._writer = (open_writer(handle, self._output.schema, self._codec), handle, path)
+        self._writer[0].write_table(table)
+
+    def _abandon(self) -> None:
+        if self._writer is not None:
+            self._writer[1].close()
+            self._writer = None
+
+
+class _NameFiles(beam.DoFn):
+    """After the job: each output's temporary files get their final names, in a stable order;
+    an output without any gets one empty file."""
+
+    def __init__(self, outputs: Mapping[str, Output], temp_dir: str, codec: Codec):
+        self._outputs, self._temp_dir, self._codec = dict(outputs), temp_dir, codec
+
+    def process(self, _, written):
+        by_prefix: dict[str, list[str]] = {prefix: [] for prefix in self._outputs}
+        for prefix, path in written:
+            by_prefix[prefix].append(path)
+        existing = {m.path for r in FileSystems.match([FileSystems.join(self._temp_dir, "*")] +
+                                                      [f"{p}-*-of-*.parquet" for p in by_prefix])
+                    for m in r.metadata_list}
+        for prefix, paths in by_prefix.items():
+            if not paths:
+                yield self._empty(prefix)
+                continue
+            for shard, src in enumerate(sorted(paths)):
+                dst = f"{prefix}-{shard:05d}-of-{len(paths):05d}.parquet"
+                if src in existing:
+                    FileSystems.rename([src], [dst])
+                elif dst not in existing:   # neither: not a retry of this step, a file lost
+                    raise OSError(f"{src} was written and is gone, and {dst} does not exist")
+                yield dst
+        self._remove_temp_dir()
+
+    def _empty(self, prefix: str) -> str:
+        dst = f"{prefix}-00000-of-00001.parquet"
+        handle = _create(dst)
+        open_writer(handle, self._outputs[prefix].schema, self._codec).close()
         handle.close()
+        return dst
 
-    def pre_finalize(self, init_result, writer_results):
-        """Delete nothing. Beam clears files matching this sink's final names first, and
-        `embeddings-<run>-*-of-00001` matches this run's `embeddings-<run>-reused-...` file as
-        well; run ids are unique, so there is never an earlier output of this sink to clear."""
+    def _remove_temp_dir(self) -> None:
+        """Files of failed bundles, and the directory itself where the filesystem has them."""
+        left = [m.path for r in FileSystems.match([FileSystems.join(self._temp_dir, "*")]) for m in r.metadata_list]
+        gone = left + ([self._temp_dir] if FileSystems.exists(self._temp_dir) else [])
+        try:
+            if gone:
+                FileSystems.delete(gone)
+        except IOError as exc:   # as Beam's sinks do: a leftover temporary file is not worth a failed job
+            log.warning("could not remove the temporary files in %s: %s", self._temp_dir, exc)
 
 
-class WriteTables(beam.PTransform):
-    """PCollection of pyarrow Tables (already in SCHEMA) -> Parquet files; PART names a second
-    set of files of the same kind (`embeddings-<run>-reused-...`): on the local runner a Flatten
-    is held in memory whole, so large outputs get a sink each instead."""
+class WriteOutputs(beam.PTransform):
+    """{label: PCollection} -> the files of OUTPUTS[label] (the same labels) in OUTPUT_DIR;
+    the final paths."""
 
-    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: Codec,
-                 part: str | None = None):
+    def __init__(self, output_dir: str, run_id: str, codec: Codec, outputs: Mapping[str, Output]):
         super().__init__()
-        self._sink = _ParquetSink(output_prefix(output_dir, kind, run_id, part), schema, codec)
+        self._outputs = {label: (o.prefix(output_dir, run_id), o) for label, o in outputs.items()}
+        if len({prefix for prefix, _ in self._outputs.values()}) < len(outputs):
+            raise ValueError("two outputs would write the same files")
+        self._temp_dir = FileSystems.join(output_dir, f".temp-{uuid.uuid4().hex}")
+        self._codec = codec
 
-    def expand(self, tables):
-        return tables | beam.io.Write(self._sink)
-
-
-class WriteRows(beam.PTransform):
-    """PCollection of dicts (or NamedTuples) -> Parquet files, batched into Arrow tables."""
-
-    def __init__(self, output_dir: str, kind: str, run_id: str, schema: pa.Schema, codec: Codec,
-                 extra: dict | None = None):
-        super().__init__()
-        self._write = WriteTables(output_dir, kind, run_id, schema, codec)
-        self._schema, self._extra = schema, extra or {}
-
-    def expand(self, rows):
-        schema, extra = self._schema, self._extra
-
-        def to_table(batch):
-            dicts = [{**(r._asdict() if hasattr(r, "_asdict") else r), **extra} for r in batch]
-            return pa.Table.from_pylist(dicts, schema=schema)
-
-        return (rows
-                | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=ROWS_PER_TABLE)
-                | "ToTable" >> beam.Map(to_table)
-                | "Write" >> self._write)
+    def expand(self, pcolls: Mapping[str, beam.PCollection]):
+        if set(pcolls) != set(self._outputs):
+            raise ValueError(f"outputs {sorted(self._outputs)} and collections {sorted(pcolls)} differ")
+        written = [pcolls[label] | label >> beam.ParDo(_WriteBundles(o, prefix, self._temp_dir, self._codec))
+                   for label, (prefix, o) in self._outputs.items()]
+        files = written | "Written" >> beam.Flatten()
+        outputs = {prefix: o for prefix, o in self._outputs.values()}
+        return (files.pipeline | "AfterTheJob" >> beam.Impulse()
+                | "NameFiles" >> beam.ParDo(_NameFiles(outputs, self._temp_dir, self._codec),
+                                            beam.pvalue.AsList(files)))
