@@ -6,11 +6,12 @@ the shipped bytes here does neither.
 """
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import hashlib
 from importlib import resources
 
+import numpy as np
 import tiktoken
 
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
@@ -37,23 +38,36 @@ def parse_ranks(data: bytes, expected_sha256: str = CL100K_SHA256) -> dict[bytes
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected_sha256:
         raise TokenizerError(f"cl100k_base encoding has SHA-256 {actual}, expected {expected_sha256}")
-    ranks = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
+    fields = data.split()   # "<base64 token> <rank>" a line; one pass in C, ~5x a loop over lines
+    if len(fields) % 2:
+        raise TokenizerError("cl100k_base encoding: a line without its rank")
+    return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
 
 
 ENCODING_NAME = "cl100k_base"
 
 
-@functools.cache
 def get_encoding(name: str = ENCODING_NAME) -> tiktoken.Encoding:
     """The encoding, built once per process. Count with encode_ordinary*: special-token text
     such as '<|endoftext|>' in a document is plain text to us, as it is to the service."""
+    return _load(name)[0]
+
+
+def token_byte_lengths(encoding: tiktoken.Encoding) -> np.ndarray:
+    """Byte length of every token id of ENCODING (0 for the unused ids): from the ranks as they
+    are parsed, where asking tiktoken token by token took ~0.1 s of every worker's start."""
+    return _load(encoding.name)[1]
+
+
+@functools.cache
+def _load(name: str) -> tuple[tiktoken.Encoding, np.ndarray]:
     if name != "cl100k_base":
         raise TokenizerError(f"tokenizer {name!r} is not available offline (only cl100k_base)")
-    return tiktoken.Encoding(name="cl100k_base", pat_str=_CL100K_PATTERN,
-                             mergeable_ranks=parse_ranks(_encoding_bytes()),
-                             special_tokens=_CL100K_SPECIAL)
+    ranks = parse_ranks(_encoding_bytes())
+    encoding = tiktoken.Encoding(name="cl100k_base", pat_str=_CL100K_PATTERN, mergeable_ranks=ranks,
+                                 special_tokens=_CL100K_SPECIAL)
+    lengths = np.zeros(encoding.n_vocab, dtype=np.int64)
+    lengths[np.fromiter(ranks.values(), np.int64, len(ranks))] = np.fromiter(map(len, ranks), np.int64, len(ranks))
+    for token, rank in _CL100K_SPECIAL.items():
+        lengths[rank] = len(token.encode())
+    return encoding, lengths

@@ -26,13 +26,14 @@ natural text, and a document that fits in one chunk is counted by its first enco
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import unicodedata
 from typing import Iterator, Sequence
 
 import numpy as np
 import tiktoken
+
+from service.tokenizer import token_byte_lengths
 
 # A code point is at most 4 UTF-8 bytes, and cl100k has a token for every byte, so a chunk of
 # one character never needs more than this: below it, exact splitting could be impossible.
@@ -73,18 +74,6 @@ class SplitConfig:
             raise ValueError(f"boundary_window must be in [0, 0.5], got {self.boundary_window}")
         if self.segment_chars < 1024 or self.batch_chars < 1:
             raise ValueError("segment_chars must be >= 1024 and batch_chars >= 1")
-
-
-@functools.lru_cache(maxsize=4)
-def _token_lengths(encoding: tiktoken.Encoding) -> np.ndarray:
-    """Byte length of every token id (0 for the unused ids), built once per encoding."""
-    lengths = np.zeros(encoding.n_vocab, dtype=np.int64)
-    for token in range(encoding.n_vocab):
-        try:
-            lengths[token] = len(encoding.decode_single_token_bytes(token))
-        except KeyError:
-            pass
-    return lengths
 
 
 def _blank(text: str) -> bool:
@@ -281,7 +270,7 @@ class Splitter:
     def __init__(self, encoding: tiktoken.Encoding, config: SplitConfig):
         self._encoding = encoding
         self._config = config
-        self._lengths = _token_lengths(encoding)
+        self._lengths = token_byte_lengths(encoding)
 
     def split(self, doc_id: str, text: str) -> list[Chunk]:
         return self.split_many([(doc_id, text)])[0]
