@@ -5,7 +5,8 @@
   quota is not discovered by 429s. Each call reserves its turn under a lock and then sleeps
   outside it: callers are served in order and never spin.
 
-ConcurrencyLimiter starts low and reads two signals, as TCP does with its congestion window:
+ConcurrencyLimiter starts low and reads two signals, as TCP does with its congestion window (and
+checks, once, what it reads the second against):
 - a 429 (as it happens, through the client's on_retry hook, or as the final error): the limit
   is halved, at most once per window (requests already in flight when it dropped were sent at
   the old concurrency, so their 429s are not news). The request that drew it gives its place
@@ -28,6 +29,16 @@ ConcurrencyLimiter starts low and reads two signals, as TCP does with its conges
   least `_WORTH` of the concurrency it added, and undone if not; else the limit grows by one.
   A service that gets slower but answers more a second (a shared CPU) is still climbed; one
   that queues past a capacity is held near it.
+- the reference itself, once per process: one that starts while another's slow start queues
+  the service takes its first answers, queue included, as what its requests cost, then climbs
+  into a queue that it cannot see and the others can (they back off, to 1: two processes a
+  second apart held 12-18 between them on a capacity of 8, simulated; 12-16 in the bench). So
+  the first round trip after slow start that brings no decrease halves the limit instead, until
+  one request goes, and then gives it back: the requests sent as the in-flight count climbs back
+  meet the service without the queue this process kept, and their latency joins the reference
+  (BBR's ProbeRTT, once: half the places for about half a round trip; repeated, it cost a
+  shared CPU more than it found). Not while a 429's plateau holds: a refusing service queues
+  nothing.
 Before the first answer there is no round trip to read, and a large request's first answer may
 take seconds (1.5 s for 300k tokens in the bench, far more upstream): doubling per round trip
 would leave a fast service idle for several of them. A refusal comes back at once, though, so a
@@ -109,9 +120,11 @@ class ConcurrencyLimiter:
         self._plateau: int | None = None   # the level that drew the last 429
         self._probe_wait = 0               # answers under the plateau before probing it
         self._under = 0
+        self._drain_due = True               # once, after slow start (above)
+        self._restore: float | None = None   # while draining: the limit to give back
         self._cond = threading.Condition(threading.RLock())
         self.peak = self._limit
-        self.decreases = self.latency_decreases = 0
+        self.decreases = self.latency_decreases = self.drains = 0
         self.rate_limited_count = 0
 
     @property
@@ -142,7 +155,9 @@ class ConcurrencyLimiter:
                 self._cond.wait(min(waits) if waits else None)
             self._in_flight += 1
             self._granted_at = self._clock()
-            return Permit(self, self._epoch, self._level, self._in_flight)
+            permit = Permit(self, self._epoch, self._level, self._in_flight)
+            self._end_drain()   # its request is out
+            return permit
 
     def _ramp_at(self) -> float | None:
         """When the ramp before the first answer adds the next place, if it still may."""
@@ -217,6 +232,8 @@ class ConcurrencyLimiter:
                 sent_with / mean < below / self._seen[below][0] * (1 + _WORTH * (sent_with - below) / below):
             self._decrease(below)            # the step up from there bought too little
             self.latency_decreases += 1
+        elif self._drain_due and self._plateau is None and self._limit >= 2 * self._min:
+            self._drain()
         elif in_use:
             self._grow()
 
@@ -236,8 +253,23 @@ class ConcurrencyLimiter:
         self.peak = max(self.peak, self._limit)
         self._level += 1
 
+    def _drain(self) -> None:
+        """Half the limit until one request goes (acquire gives it back): no decrease, nothing
+        learnt about the concurrency, only a chance for the reference to see no queue of ours."""
+        self._drain_due, self._restore = False, self._limit
+        self._limit = max(self._min, self._limit / 2)
+        self._level += 1
+        self.drains += 1
+
+    def _end_drain(self) -> None:
+        """A request went at half the limit, or the limit is about to move for a signal."""
+        if self._restore is not None:
+            self._limit, self._restore = self._restore, None
+            self._level += 1
+
     def _decrease(self, to: float) -> None:
         """To TO, but at most halving at once: one noisy answer cannot take the limit to 1."""
+        self._end_drain()
         self._limit = max(self._min, self._limit / 2, min(self._limit, to))
         self._slow_start = False
         self._answers = self._timed = self._sent = 0
@@ -255,6 +287,7 @@ class ConcurrencyLimiter:
             permit.throttled = True
             if permit.epoch < self._epoch:   # sent before the last decrease: already answered
                 return
+            self._end_drain()
             level = int(self._limit)
             if self._plateau is not None and level >= self._plateau - 1:
                 self._probe_wait *= 2        # probed that level again: wait twice as long next time
