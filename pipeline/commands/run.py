@@ -76,7 +76,7 @@ def _template(job: Job, before: Prior, info) -> View:
 def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> dict[str, int]:
     opts = job.opts
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    graph.build(pipeline, job, info, before, out.run_dir(job.run_id),
+    graph.build(pipeline, job, info, before, out.make_run_dir(job.run_id),
                 duplicate_ids=scan.duplicate_ids, streaming=graph.streams(job), budget=budget)
     try:
         with job_progress(opts.output, job.run_id, scan.rows, budget.spendable.rub,

@@ -61,6 +61,16 @@ class OutputDir:
     def run_dir(self, run_id: str) -> str:
         return self.join(layout.run_dir(run_id))
 
+    def make_run_dir(self, run_id: str) -> str:
+        """RUN_ID's history directory, there from the job's start (its writers only make it
+        with their first file, mid-run)."""
+        path = self.run_dir(run_id)
+        try:
+            FileSystems.mkdirs(path)
+        except Exception:  # there already (a retry), or a store without directories
+            pass
+        return path
+
     def history_files(self, kind: str, run_id: str | None = None) -> list[str]:
         """Files of KIND that runs' jobs wrote (RUN_ID's only, when given)."""
         return self._match(f"{layout.run_dir(run_id or '*')}/{kind}-*.parquet")
