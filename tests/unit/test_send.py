@@ -72,3 +72,35 @@ def test_a_request_already_in_this_runs_journal_is_not_paid_again(tmp_path):
     np.testing.assert_array_equal(delivery.vectors, vectors[::-1])
     assert delivery.shares_micro == [4, 6]
     assert out.requests[0]["cost_rub"] == 0.00001
+
+
+def test_started_at_is_taken_after_the_intent_so_that_it_plus_the_latency_is_when_the_answer_came(sandbox):
+    """The reconciliation orders the account's charges by when each answer came (started_at +
+    latency_ms): taken before a slow intent write, that point was early, and a retried
+    attempt's charge was named other spending (seen once in CI, under load)."""
+    import datetime as dt
+    import time
+
+    from service.client import EmbeddingsClient
+    from service.credentials import ApiKey
+    from tests.conftest import SANDBOX_KEY
+    from transforms.embed.send import Breaker, RequestRunner
+    from transforms.money.budget import BudgetGuard
+
+    written = []
+
+    def intend(request_id, tokens, worst_case_micro):
+        time.sleep(0.3)   # a slow disk
+        written.append(dt.datetime.now(dt.timezone.utc))
+
+    with EmbeddingsClient(sandbox.base_url, ApiKey(SANDBOX_KEY)) as client:
+        runner = RequestRunner(client, model="text-embedding-3-small", dimensions=None, expected_dims=1536,
+                               guard=BudgetGuard(balance_before=None, spendable_rub=None,
+                                                 price_per_token_rub=2e-8, margin=1.0),
+                               breaker=Breaker(), run_id="r1", resplit=lambda i: [i], intend=intend)
+        out = runner.run([_item("a text to embed")])
+    answered = dt.datetime.now(dt.timezone.utc)
+    (row,) = out.requests
+    assert row["status"] == 200 and written
+    assert written[0] <= row["started_at"]
+    assert row["started_at"] + dt.timedelta(milliseconds=row["latency_ms"]) <= answered

@@ -235,9 +235,11 @@ class RequestRunner:
         return result
 
     def _announce(self, request_id: str, tokens: int, worst_case_micro: int, started: list[dt.datetime]) -> None:
-        started[0] = dt.datetime.now(dt.timezone.utc)
         if self._intend is not None:  # durable before the request leaves
             self._intend(request_id, tokens, worst_case_micro)
+        # after the intent: started_at + latency_ms is when the answer came, which the
+        # reconciliation orders charges by; before it, a slow write made that too early
+        started[0] = dt.datetime.now(dt.timezone.utc)
 
     def _check_running(self) -> None:
         if self._breaker.reason or self._guard.stop_reason:
