@@ -39,6 +39,13 @@ _EARLIER_LAYOUT = re.compile(
     r"^(?:embeddings|requests|failed|pending|documents)-(\d{8}T\d{6}Z-[0-9a-f]{6})-.*\.parquet$")
 
 
+def _make_dirs(path: str) -> None:
+    try:
+        FileSystems.mkdirs(path)
+    except Exception:  # there already, or a store without directories
+        pass
+
+
 class OutputDir:
     def __init__(self, path: str):
         self.path = path
@@ -65,10 +72,7 @@ class OutputDir:
         """RUN_ID's history directory, there from the job's start (its writers only make it
         with their first file, mid-run)."""
         path = self.run_dir(run_id)
-        try:
-            FileSystems.mkdirs(path)
-        except Exception:  # there already (a retry), or a store without directories
-            pass
+        _make_dirs(path)
         return path
 
     def history_files(self, kind: str, run_id: str | None = None) -> list[str]:
@@ -105,10 +109,7 @@ class OutputDir:
 
     def check_writable(self) -> None:
         probe = FileSystems.join(self.path, f".write-probe-{uuid.uuid4().hex}")
-        try:
-            FileSystems.mkdirs(self.path)
-        except Exception:  # exists already: fine, the probe below decides
-            pass
+        _make_dirs(self.path)   # whether DIR is writable, the probe below decides
         try:
             with FileSystems.create(probe) as fh:
                 fh.write(b"ok")
@@ -136,10 +137,7 @@ class OutputDir:
         names = [p.rsplit("/", 1)[-1] for p in found]
         runs = [layout.run_dir(_EARLIER_LAYOUT.match(name).group(1)) for name in names]
         for run in set(runs):
-            try:
-                FileSystems.mkdirs(self.join(run))
-            except Exception:  # there already, or a store without directories
-                pass
+            _make_dirs(self.join(run))
         FileSystems.rename(found, [self.join(f"{run}/{name}") for run, name in zip(runs, names)])
         log.info("moved %d files of an earlier layout of %s into its history/", len(found), self.path)
 
