@@ -13,11 +13,10 @@ import datetime as dt
 from typing import Mapping, Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions
 
 from pipeline.checks.inputs import InputInfo
 from pipeline.checks.prior import Prior
-from pipeline.runner import is_local
+from pipeline.runner import in_process, one_worker
 from pipeline.settings.job import Job
 from transforms import schemas
 from transforms.dedupe.known import REUSED, FetchReused, KnownStores
@@ -37,8 +36,7 @@ REUSED_PER_TABLE = 1000
 
 def streams(job: Job) -> bool:
     """Whether this run can dedupe in one process and so stream."""
-    in_process = job.opts.view_as(DirectOptions).direct_running_mode != "multi_processing"
-    return is_local(job.opts) and in_process and not job.opts.doc_vectors
+    return in_process(job.opts) and not job.opts.doc_vectors
 
 
 def _without_text(entry):
@@ -54,13 +52,14 @@ def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, i
           progress: bool) -> beam.PTransform:
     """The corpus's documents that need work against the view; without --input, the view's pending rows."""
     opts, s = job.opts, job.settings
+    spread = not one_worker(opts)
     if not opts.input:
-        return ReadPending(prior.pending, info.columns, [f.name for f in info.kept_fields])
+        return ReadPending(prior.pending, info.columns, [f.name for f in info.kept_fields], spread)
     split = SplitConfig(max_tokens=job.model.chunk_tokens, overlap_tokens=s.split.overlap_tokens,
                         boundary_window=s.split.boundary_window)
     return ReadDocuments(info.files, info.partition_mappings, opts.id_column, opts.text_column, job.keep_columns,
                          split, duplicate_ids, ViewRef(prior.docindex, job.signature, scope),
-                         (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None)
+                         (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None, spread)
 
 
 def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = Prior(), *,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner")
@@ -10,6 +10,16 @@ LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner")
 
 def is_local(opts) -> bool:
     return opts.view_as(StandardOptions).runner in LOCAL_RUNNERS
+
+
+def in_process(opts) -> bool:
+    """The local runner with its workers in this process (threads), not in processes of their own."""
+    return is_local(opts) and opts.view_as(DirectOptions).direct_running_mode != "multi_processing"
+
+
+def one_worker(opts) -> bool:
+    """The local runner with one worker: no other worker to share the input with."""
+    return is_local(opts) and opts.view_as(DirectOptions).direct_num_workers == 1
 
 
 def make_runner(opts):

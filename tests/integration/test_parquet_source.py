@@ -55,11 +55,11 @@ def spark_layout(root: Path) -> Path:
     return root
 
 
-def read_rows(info) -> None:
+def read_rows(info, spread: bool = True) -> None:
     """ReadParquetTables over INFO's files yields ROWS, with partition keys as columns and the
     text column typed string."""
     with beam.Pipeline(runner="FnApiRunner") as p:
-        rows = (p | ReadParquetTables(info.files, ["id", "text", "lang"], info.partition_mappings)
+        rows = (p | ReadParquetTables(info.files, ["id", "text", "lang"], info.partition_mappings, spread)
                 | beam.FlatMap(lambda t: [(*r.values(), str(t.schema.field("text").type)) for r in t.to_pylist()]))
         assert_that(rows, equal_to([(*row, "string") for row in ROWS]))
 
@@ -72,6 +72,18 @@ def test_a_hive_dataset_directory_reads_with_its_partition_key_as_a_column(tmp_p
     assert info.rows == len(ROWS)
     assert info.kept_fields == (pa.field("lang", pa.string()),)
     read_rows(info)
+
+
+@pytest.mark.parametrize("spread", [True, False])
+def test_row_groups_are_reshuffled_for_several_workers_only(tmp_path, spread):
+    """Spread: a GroupByKey lets a runner share the row groups among workers. Without it (one
+    local worker) the read is fused with what follows it, and reads the same rows."""
+    info = inspect_input(str(duckdb_layout(tmp_path / "dataset")), "id", "text", ["lang"])
+    p = beam.Pipeline(runner="FnApiRunner")
+    _ = p | ReadParquetTables(info.files, ["id", "text", "lang"], info.partition_mappings, spread)
+    urns = [t.spec.urn for t in p.to_runner_api().components.transforms.values()]
+    assert ("beam:transform:group_by_key:v1" in urns) == spread
+    read_rows(info, spread)
 
 
 def test_a_glob_over_a_hive_dataset_keeps_its_partition_keys(tmp_path):

@@ -109,19 +109,22 @@ def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str]):
 class ReadParquetTables(beam.PTransform):
     """FILES (with PARTITIONS[i], the partition values of FILES[i], or none) -> pa.Tables of at
     most BATCH_ROWS rows of one row group, holding COLUMNS in that order; a partition key is a
-    column like any other."""
+    column like any other. SPREAD: the row groups are reshuffled so that a runner can share them
+    among its workers; with one worker that is only a stage more (~0.1 s before the first table)."""
 
     def __init__(self, files: Sequence[str], columns: Sequence[str],
-                 partitions: Sequence[Partition] | None = None):
+                 partitions: Sequence[Partition] | None = None, spread: bool = True):
         super().__init__()
         if partitions is not None and len(partitions) != len(files):
             raise ValueError("one partition mapping per file")
         self._entries = [(f, dict(p)) for f, p in zip(files, partitions or [{}] * len(files))]
         self._columns = list(columns)
+        self._spread = spread
 
     def expand(self, pbegin):
-        return (pbegin
-                | "Files" >> beam.Create(self._entries)
-                | "RowGroups" >> beam.FlatMap(row_groups)
-                | "Spread" >> beam.Reshuffle()
-                | "ReadRowGroup" >> beam.FlatMap(read_row_group, self._columns).with_output_types(pa.Table))
+        groups = (pbegin
+                  | "Files" >> beam.Create(self._entries, reshuffle=self._spread)
+                  | "RowGroups" >> beam.FlatMap(row_groups))
+        if self._spread:
+            groups = groups | "Spread" >> beam.Reshuffle()
+        return groups | "ReadRowGroup" >> beam.FlatMap(read_row_group, self._columns).with_output_types(pa.Table)

@@ -137,20 +137,21 @@ class ReadDocuments(beam.PTransform):
     ChunkRef)) per chunk of the documents that need work against VIEW; `rejected`: Rejected
     rows; `changed`: one record per document worked on.
     DUPLICATE_IDS (id -> count, from the driver's scan) are rejected without being split;
-    PROGRESS (output dir, run id, interval) is where documents read are reported."""
+    PROGRESS (output dir, run id, interval) is where documents read are reported; SPREAD as
+    ReadParquetTables'."""
 
     def __init__(self, files: Sequence[str], partitions: Sequence[Partition] | None, id_column: str,
                  text_column: str, keep_columns: Sequence[str], split: SplitConfig,
                  duplicate_ids: Mapping[str, int], view: ViewRef,
-                 progress: tuple[str, str, float] | None = None):
+                 progress: tuple[str, str, float] | None = None, spread: bool = True):
         super().__init__()
-        self._files, self._partitions = list(files), partitions
+        self._files, self._partitions, self._spread = list(files), partitions, spread
         self._columns = (id_column, text_column, *keep_columns)
         self._split_fn = _SplitTable(id_column, text_column, keep_columns, split, duplicate_ids, view, progress)
 
     def expand(self, pbegin):
         return (pbegin
-                | "ReadParquet" >> ReadParquetTables(self._files, self._columns, self._partitions)
+                | "ReadParquet" >> ReadParquetTables(self._files, self._columns, self._partitions, self._spread)
                 | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, CHANGED, main=ENTRIES))
 
 
@@ -174,12 +175,14 @@ class ReadPending(beam.PTransform):
     `entries`, no `rejected` (they were read and checked once), `changed`: their documents,
     resumed. What `--resume` without `--input` sends, without reading the corpus again."""
 
-    def __init__(self, files: Sequence[str], columns: Sequence[str], kept_names: Sequence[str]):
+    def __init__(self, files: Sequence[str], columns: Sequence[str], kept_names: Sequence[str],
+                 spread: bool = True):
         super().__init__()
         self._files, self._columns, self._kept = list(files), list(columns), tuple(kept_names)
+        self._spread = spread
 
     def expand(self, pbegin):
-        tables = pbegin | "ReadPendingParquet" >> ReadParquetTables(self._files, self._columns)
+        tables = pbegin | "ReadPendingParquet" >> ReadParquetTables(self._files, self._columns, spread=self._spread)
         entries = tables | "PendingEntries" >> beam.FlatMap(pending_entries, self._kept).with_outputs(
             REJECTED, main=ENTRIES)
         return {ENTRIES: entries[ENTRIES], REJECTED: entries[REJECTED],
