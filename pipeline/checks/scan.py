@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.checks.inputs import InputInfo
-from transforms.read.parquet import normalise, open_parquet
+from transforms.read.parquet import normalise, open_parquet, read_whole
 
 # Encodings whose uncompressed size cannot be smaller than the distinct values' bytes it holds:
 # a PLAIN value is its bytes plus a length; a dictionary holds each distinct value PLAIN once.
@@ -89,7 +89,7 @@ def scan_pending(files: Sequence[str]) -> Scan:
     rows = tokens = 0
     for path in files:
         with open_parquet(path) as fh:
-            column = pq.read_table(fh, columns=["n_tokens"]).column(0)
+            column = read_whole(fh, ["n_tokens"]).column(0)
         rows += len(column)
         tokens += pc.sum(column).as_py() or 0
     return Scan(rows, {}, tokens)

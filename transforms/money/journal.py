@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.read.parquet import read_whole
 from transforms.schemas import required
 
 JOURNAL_DIR = "_journal"
@@ -101,7 +102,7 @@ def read_intents(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
 def read_path(path: str, columns: list[str] | None = None) -> tuple[dict, pa.Table]:
     """(request row, table of sha/n_tokens/share_micro/embedding, or COLUMNS) of the entry at PATH."""
     with FileSystems.open(path) as fh:
-        table = pq.read_table(io.BytesIO(fh.read()), columns=columns)
+        table = read_whole(io.BytesIO(fh.read()), columns)
     return json.loads(table.schema.metadata[b"request"]), table
 
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.read.parquet import open_parquet
+from transforms.read.parquet import open_parquet, read_whole
 from transforms.write.transform import Codec, open_writer
 
 _NO_IDS = pa.array([], pa.string())
@@ -130,7 +130,7 @@ def save_rules(path: str, rules: dict[str, Rules]) -> None:
 
 def load_rules(path: str) -> dict[str, Rules]:
     with open_parquet(path) as fh:
-        table = pq.read_table(fh)
+        table = read_whole(fh)
     found: dict[str, dict] = {}
     for name, field, value in zip(*(table.column(c).to_pylist() for c in ("rules", "field", "value"))):
         fields = found.setdefault(name, {f: [] for f in _ARRAYS})
