@@ -5,7 +5,9 @@
                                     [--only-scale] [--only-capacity] [--no-capacity] [--profile]
                                     [--no-aimd] [--no-write]
 
-0. Scale: the same job on growing corpora (zero-latency sandbox): wall, seconds to the first
+0. Start-up: the first request from the process start on the demo corpus, 5 runs, beside the
+   time to import the driver's package alone.
+   Scale: the same job on growing corpora (zero-latency sandbox): wall, seconds to the first
    request, peak RSS, client CPU per 1M tokens. Memory should not grow with the corpus.
    Sync: the next day's `run --sync` on --sync-docs documents of which 1% were edited, 0.5%
    removed, 1% added, against the fresh run (tests/bench/sync.py).
@@ -44,6 +46,8 @@ import math
 import os
 import platform
 import shutil
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,6 +55,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
+from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
@@ -339,6 +344,30 @@ class Bench:
                          "RSS / smallest"], rows,
                         "Scale: zero-latency sandbox, default settings, one worker (FnApiRunner, streaming)"))
 
+    def start_up(self, runs: int = 5) -> None:
+        """The first request from the process start on the demo corpus (`make run`'s: 354
+        passages, one request), against what importing the driver's package alone takes."""
+        corpus = self.work / "corpus-demo.parquet"
+        write_python_docs_corpus(str(corpus))
+        imports = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import pipeline"], env=_env(), check=True, capture_output=True)
+            imports.append(time.perf_counter() - started)
+        firsts = []
+        with self.sandbox("sandbox-start-up", []) as sb:
+            for i in range(runs):
+                _, s, _ = self.pipeline(f"pipeline-demo-{i}", corpus, sb, None, 1)
+                firsts.append(s["timing"]["seconds_from_process_start_to_first_request"])
+        rows = [["first request, from the process start", min(firsts), statistics.median(firsts), max(firsts)],
+                ["`python -c 'import pipeline'` (Beam with it)", min(imports), statistics.median(imports),
+                 max(imports)]]
+        self.emit(table(["demo corpus, zero-latency sandbox", "min s", "median s", "max s"], rows,
+                        f"Start-up: {runs} runs of the job on the demo corpus (make run's: 354 passages, one request)"))
+        self.targets.append(f"first request from the process start on the demo corpus: median "
+                            f"{statistics.median(firsts):.2f} s over {runs} runs (min {min(firsts):.2f}; target <= 1 s); "
+                            f"importing the package alone {statistics.median(imports):.2f} s")
+
     def rate_limited(self, corpus: Path) -> None:
         texts = [t[:400] for t in pq.read_table(corpus, columns=["text"]).column("text").to_pylist()[:4000]]
         per, n = 20, self.args.aimd_requests
@@ -394,6 +423,7 @@ class Bench:
         corpus = self.work / "corpus.parquet"
         docs = write_corpus(corpus, a.docs)
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
+        self.start_up()
         if a.scale:
             self.scale()
         if a.sync_docs:
