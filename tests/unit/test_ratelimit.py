@@ -130,7 +130,7 @@ def _answers_to_reach(caller: Caller, level: int) -> int:
     return n
 
 
-def test_a_429s_level_is_probed_again_only_after_a_wait_that_doubles():
+def test_a_429s_level_is_probed_again_only_after_a_wait_twice_as_long_once_a_probe_drew_one():
     lim = ConcurrencyLimiter(6, maximum=32)
     caller = Caller(lim)
     caller.held.pop().release(RATE_LIMITED)      # at 6
@@ -138,10 +138,12 @@ def test_a_429s_level_is_probed_again_only_after_a_wait_that_doubles():
     assert lim.allowed == 3
     first = _answers_to_reach(caller, 6)
     assert first >= 32 * 6                       # waited under the 429's level
-    caller.held.pop().release(RATE_LIMITED)      # the probe drew a 429 again
-    caller.round_trip()
-    second = _answers_to_reach(caller, 6)
-    assert second >= 2 * 32 * 6
+    waits = []
+    for _ in range(3):
+        caller.held.pop().release(RATE_LIMITED)  # the probe drew a 429 again
+        caller.round_trip()
+        waits.append(_answers_to_reach(caller, 6))
+    assert all(2 * 32 * 6 <= wait < 3 * 32 * 6 for wait in waits)   # twice, not doubling on
     caller.round_trip()
     caller.round_trip()
     assert lim.allowed >= 7                      # a probe that passed: no plateau any more
@@ -278,14 +280,16 @@ class Run(typing.NamedTuple):
 
 def simulate(capacity: int, mode: str, workers: int = 1, requests: int = 400, service_s: float = 1.5,
              retry_after_s: float = 1.0, ceiling: int = 32, seed: int = 0, slowdown: float = 0.0,
-             admitted_after_s: float | None = None, noise: float = 0.1, starts: tuple = ()) -> Run:
+             admitted_after_s: float | None = None, noise: float = 0.1, starts: tuple = (),
+             shares: tuple = ()) -> Run:
     """Workers that always have a full request ready, each with its own limiter, against a
     service that works on CAPACITY requests at once and queues the others (mode "queue") or
     refuses them with 429 (mode "429"). Service times vary by +-NOISE (seeded: a shared CPU),
     and grow by SLOWDOWN x the requests being worked on (a service that gets slower, yet
     answers more a second). ADMITTED_AFTER_S: the limiters' ramp before the first answer, on
     the simulation's clock. STARTS: when each worker sends its first request (0 if not given:
-    the local runner's processes start up to a second or more apart)."""
+    the local runner's processes start up to a second or more apart). SHARES: each worker's own
+    number of requests, as a runner splits the work (one pool of REQUESTS for all if not given)."""
     rng = random.Random(seed)
     clock = Clock()
     limiters = [ConcurrencyLimiter(2, maximum=ceiling, admitted_after_s=admitted_after_s, clock=clock)
@@ -293,6 +297,7 @@ def simulate(capacity: int, mode: str, workers: int = 1, requests: int = 400, se
     events, seq, now = [], 0, 0.0
     busy, queue = 0, collections.deque()
     sent = refused = out = 0
+    left = list(shares) or [requests] * workers   # each worker's own work: the pool's, without shares
     retry = [collections.deque() for _ in range(workers)]   # requests waiting out Retry-After
     totals, area, span = [], 0.0, [None, None]   # area: requests out x time, over SPAN
 
@@ -308,11 +313,12 @@ def simulate(capacity: int, mode: str, workers: int = 1, requests: int = 400, se
 
     def send(w):
         nonlocal sent, refused, out
-        while (sent < requests or retry[w]) and (p := limiters[w].acquire(timeout=0)) is not None:
+        while ((sent < requests and left[w] > 0) or retry[w]) and (p := limiters[w].acquire(timeout=0)) is not None:
             if retry[w]:
                 retry[w].popleft()
             else:
                 sent += 1
+                left[w] -= 1
             req = (w, p, now)
             if busy < capacity:
                 start(req)
@@ -402,6 +408,18 @@ def test_a_process_that_starts_behind_anothers_queue_does_not_keep_it(capacity):
     in_flight = [run.in_flight for run in runs]
     assert sum(limits) / len(runs) <= capacity + 1.5 and sum(in_flight) / len(runs) <= capacity + 1.5
     assert max(limits + in_flight) <= capacity + 4 and all(run.refused == 0 for run in runs)
+
+
+@pytest.mark.parametrize("shares", [(300, 700), (200, 300, 500)])
+def test_a_process_left_alone_with_the_work_takes_the_capacity_back(shares):
+    """The others run out of work first (a runner splits it unevenly): the one left, under the
+    plateau of a 429 it drew while they ran, probes above it after a wait that stopped growing.
+    A wait doubled at every probe that met the others outlived them: 1.4x the ideal time."""
+    runs = [simulate(4, "429", workers=len(shares), requests=sum(shares), shares=shares,
+                     starts=(0, 0.7, 1.3)[:len(shares)], seed=seed) for seed in range(3)]
+    for run in runs:
+        assert run.wall_s <= 1.15 * sum(shares) * 1.5 / 4
+        assert run.refused <= 0.02 * sum(shares)
 
 
 @settings(max_examples=200, deadline=None)

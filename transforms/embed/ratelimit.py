@@ -12,9 +12,11 @@ checks, once, what it reads the second against):
   the old concurrency, so their 429s are not news). The request that drew it gives its place
   back while it waits and retries only once the in-flight count is under the new limit, so
   its retry does not meet the same overload. The level that drew the 429 becomes a plateau:
-  the limit climbs back to just under it, and probes it again only after a wait in answers
-  that doubles with every probe that draws another 429 (a service with a hard concurrency
-  cap then sees few 429s, however long the run).
+  the limit climbs back to just under it, and probes it again only after a wait in answers,
+  twice as long once a probe drew another 429 (a service with a hard concurrency cap then sees
+  at most one 429 per 64 x its level answers, however long the run). Twice, not doubling on:
+  where processes share an account, the one left with the work when the others finish would
+  wait out a wait that grew while they still ran (simulated: 1.4x the ideal time, 1.1x now).
 - latency above what the request's size explains: each answer that took one attempt is
   compared with the fastest of the recent answers of at least about its size (latency only
   grows with size, so what is left is a queue upstream or a saturated service), as a ratio.
@@ -73,6 +75,7 @@ _SLOWER = 1.5    # latency / expected that ends slow start, and over a round tri
 _QUEUED = 2.0    # latency / expected of one answer in slow start at which half of it is a queue
 _WORTH = 0.5     # a step up must raise the throughput by at least this share of the concurrency added
 _PROBE_ANSWERS = 32   # x the 429's level: answers under it before the first probe of that level
+_PROBE_LATER = 2      # x that: the wait once a probe drew another 429
 _RAMP_FACTOR = 4      # x the initial limit: how far it may grow before the first answer
 
 class Permit:
@@ -290,7 +293,7 @@ class ConcurrencyLimiter:
             self._end_drain()
             level = int(self._limit)
             if self._plateau is not None and level >= self._plateau - 1:
-                self._probe_wait *= 2        # probed that level again: wait twice as long next time
+                self._probe_wait = _PROBE_LATER * _PROBE_ANSWERS * level   # probed that level again
             else:
                 self._probe_wait = _PROBE_ANSWERS * level
             self._plateau, self._under = level, 0
