@@ -60,7 +60,7 @@ def read_whole(source, columns: Sequence[str] | None = None) -> pa.Table:
     dataset reader may leave the last reference to a Python file object to one of Arrow's
     threads after it returns; that thread needs the GIL to drop it, and at interpreter exit it
     aborts the process ("terminate called without an active exception", exit 134: `plan` under
-    load, about one exit in fifteen). ParquetFile reads in the caller's thread."""
+    load, one exit in 10-30). ParquetFile reads in the caller's thread."""
     return pq.ParquetFile(source).read(columns=None if columns is None else list(columns))
 
 
@@ -119,7 +119,7 @@ class ReadParquetTables(beam.PTransform):
     """FILES (with PARTITIONS[i], the partition values of FILES[i], or none) -> pa.Tables of at
     most BATCH_ROWS rows of one row group, holding COLUMNS in that order; a partition key is a
     column like any other. SPREAD: the row groups are reshuffled so that a runner can share them
-    among its workers; with one worker that is only a stage more (~0.1 s before the first table)."""
+    among its workers; with one worker that is only a stage more (~0.05 s before the first table)."""
 
     def __init__(self, files: Sequence[str], columns: Sequence[str],
                  partitions: Sequence[Partition] | None = None, spread: bool = True):
