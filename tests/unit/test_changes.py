@@ -37,6 +37,14 @@ def test_a_version_is_its_text_kept_values_and_what_shapes_its_chunks():
     assert len(fingerprint(SIG, "t")) == 16
 
 
+def test_a_version_stays_the_same_across_releases():
+    """DIR's document index keeps these: a new value for the same document would re-embed
+    every document of a view at the next --sync."""
+    assert fingerprint(SIG, "h\u00e9llo \udc80 w\u00f6rld", ("en", 1)).hex() == "e77c15d275c2813621d4d6cd8b1cd466"
+    assert fingerprint(SIG, None).hex() == "a830b8d57c865b1c4a21804c2c7f4a10"
+    assert fingerprint(SIG, None, (), "duplicate:2").hex() == "1e8b5d3e99d34c098e5078d7bb124662"
+
+
 def test_the_document_index_round_trips_through_parquet(tmp_path):
     rows = [{"doc_id": "a", "served": OLD, "target": None, "todo": None},
             {"doc_id": "b", "served": OLD, "target": NEW, "todo": [1, 4]},

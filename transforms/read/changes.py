@@ -55,8 +55,9 @@ def fingerprint(sig: bytes, text: str | None, kept: tuple = (), refusal: str | N
         h.update(b"\x01" + refusal.encode("utf-8", "surrogatepass"))
     elif text is None:
         h.update(b"\x02")
-    else:
-        h.update(b"\x03" + text.encode("utf-8", "surrogatepass"))
+    else:   # two updates: joining would copy every document's text once more
+        h.update(b"\x03")
+        h.update(text.encode("utf-8", "surrogatepass"))
     h.update(b"\x00" + repr(kept).encode("utf-8", "surrogatepass"))
     return h.digest()[:16]
 
