@@ -61,6 +61,17 @@ def test_plan_and_run_print_nothing_unasked(sandbox, tmp_path):
     assert len(logged) == 1 and " INFO embedpipe: run " in logged[0], logged  # the one line saying what runs
 
 
+def test_local_worker_processes_keep_their_harness_chatter_to_themselves(sandbox, tmp_path):
+    """Beam's worker harness logs at INFO unless the runner says otherwise: channels, caches,
+    options, per process. What is left is Beam's own warnings at the processes' start."""
+    corpus = write_corpus(tmp_path / "corpus.parquet")
+    run = cli("run", "--input", str(corpus), "--model", MODEL, "--base-url", sandbox.base_url,
+              "--output", str(tmp_path / "out"), "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+    assert run.returncode == 0, run.stderr
+    for chatter in ("INFO:apache_beam.runners.worker", "Pipeline_options", "Python sdk harness starting"):
+        assert chatter not in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize("flags, words", [
     (["--runner", "NoSuchRunner"], ["--runner NoSuchRunner", "Unexpected pipeline runner"]),
     (["--runner=no.such.module.Runner"], ["--runner no.such.module.Runner", "No module named"]),
