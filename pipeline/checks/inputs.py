@@ -9,11 +9,10 @@ import urllib.parse
 from typing import Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.exits import UsageError
-from transforms.read.parquet import normalised_type, open_parquet
+from transforms.read.parquet import normalised_type, open_parquet, parquet_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +37,7 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # how Hive and Spark write a null part
 def _read_schema(path: str) -> tuple[pa.Schema, int]:
     try:
         with open_parquet(path) as fh:
-            meta = pq.ParquetFile(fh).metadata
+            meta = parquet_file(fh).metadata
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a readable Parquet file ({exc})") from None
     return meta.schema.to_arrow_schema(), meta.num_rows

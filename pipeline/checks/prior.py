@@ -17,7 +17,7 @@ from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
 from pipeline.settings.job import FRESH, Job
 from transforms.dedupe.known import KNOWN_COLUMNS
-from transforms.read.parquet import open_parquet, read_tables
+from transforms.read.parquet import open_parquet, parquet_file, read_tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +106,7 @@ def pending_input(prior: Prior) -> InputInfo:
     rows, schema = 0, None
     for path in prior.pending:
         with open_parquet(path) as fh:
-            meta = pq.ParquetFile(fh).metadata
+            meta = parquet_file(fh).metadata
         rows, schema = rows + meta.num_rows, meta.schema.to_arrow_schema()
     kept = tuple(schema.field(i) for i in range(schema.get_field_index("run_id") + 1, len(schema))) if schema else ()
     return InputInfo(prior.pending, rows, kept, columns=tuple(schema.names) if schema else ())

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.checks.inputs import InputInfo
-from transforms.read.parquet import normalise, open_parquet, read_whole
+from transforms.read.parquet import normalise, open_parquet, parquet_file, read_whole
 
 # Encodings whose uncompressed size cannot be smaller than the distinct values' bytes it holds:
 # a PLAIN value is its bytes plus a length; a dictionary holds each distinct value PLAIN once.
@@ -65,7 +65,7 @@ def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
     ids, rows, text_bytes = [], 0, 0
     for path, partition in zip(info.files, info.partition_mappings or [{}] * len(info.files)):
         with open_parquet(path) as fh:
-            pf = pq.ParquetFile(fh)
+            pf = parquet_file(fh)
             n = pf.metadata.num_rows
             rows += n
             if id_column in partition:  # a hive key: every row of the file has the path's value

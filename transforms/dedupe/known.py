@@ -26,12 +26,11 @@ from typing import Iterator, NamedTuple, Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from transforms.money import journal
 from transforms.money.lineage import embeddings_table
-from transforms.read.parquet import open_parquet
+from transforms.read.parquet import open_parquet, parquet_file
 from transforms.records import TextItem
 from transforms.worker import coders, runscoped  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.worker.keyindex import KeyIndex, key16
@@ -71,7 +70,7 @@ def read_vectors(path: str, row_group: int, journaled: bool) -> np.ndarray:
     if journaled:
         return journal.entry_vectors(journal.read_path(path, ["embedding"])[1])
     with open_parquet(path) as fh:
-        column = pq.ParquetFile(fh).read_row_group(row_group, columns=["embedding"]).column(0)
+        column = parquet_file(fh).read_row_group(row_group, columns=["embedding"]).column(0)
     column = column.combine_chunks()
     return column.flatten().to_numpy(zero_copy_only=False).astype("<f4").reshape(len(column), -1)
 
@@ -79,7 +78,7 @@ def read_vectors(path: str, row_group: int, journaled: bool) -> np.ndarray:
 def _stored(path: str, model: str, dims: int) -> Iterator[tuple[int, int, str, str | None]]:
     """(row group, row, text_sha256, request_id) of PATH's rows of MODEL at DIMS."""
     with open_parquet(path) as fh:
-        parquet = pq.ParquetFile(fh)
+        parquet = parquet_file(fh)
         if parquet.schema_arrow.field("embedding").type.list_size != dims:
             return
         for g in range(parquet.metadata.num_row_groups):

@@ -18,9 +18,8 @@ import struct
 from typing import Mapping, NamedTuple, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from transforms.read.parquet import open_parquet
+from transforms.read.parquet import open_parquet, parquet_file
 from transforms.schemas import required
 from transforms.worker.keyindex import KeyIndex, key16
 
@@ -101,7 +100,7 @@ class DocIndex:
         if path is None:
             return
         with open_parquet(path) as fh:
-            parquet = pq.ParquetFile(fh)
+            parquet = parquet_file(fh)
             for g in range(parquet.metadata.num_row_groups):
                 table = parquet.read_row_group(g)
                 for doc_id, served, target, todo in zip(*(table.column(c).to_pylist() for c in DOCINDEX.names)):

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.read.parquet import open_parquet, read_whole
+from transforms.read.parquet import open_parquet, parquet_file, read_whole
 from transforms.write.transform import Codec, open_writer
 
 _NO_IDS = pa.array([], pa.string())
@@ -61,7 +61,7 @@ def count(path: str, rules: Rules) -> tuple[int, int, int]:
     """(rows, rows that leave, rows that move) of the file at PATH, from its key columns."""
     rows = dropped = moved = 0
     with open_parquet(path) as fh:
-        parquet = pq.ParquetFile(fh)
+        parquet = parquet_file(fh)
         columns = rules.key_columns(parquet.schema_arrow.names)
         for g in range(parquet.metadata.num_row_groups):
             drop, move = masks(parquet.read_row_group(g, columns=columns), rules)
@@ -94,7 +94,7 @@ def split_file(task: Task, rules: Rules, codec: Codec) -> None:
     """Write the rows of TASK.source that stay and those that move, a row group at a time."""
     writers = {}
     with open_parquet(task.source) as fh:
-        parquet = pq.ParquetFile(fh)
+        parquet = parquet_file(fh)
         columns = rules.key_columns(parquet.schema_arrow.names)
         try:
             for group in _row_groups(parquet):
