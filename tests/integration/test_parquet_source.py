@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.checks.inputs import inspect_input
+from pipeline.checks.inputs import InputInfo, inspect_input
+from pipeline.checks.scan import scan_input
 from pipeline.exits import UsageError
 from transforms.read.parquet import ReadParquetTables, parquet_file, read_whole
 
@@ -178,10 +179,10 @@ class _WatchedFile(io.BytesIO):
 
     def __init__(self, data: bytes):
         super().__init__(data)
-        self.elsewhere = 0
+        self.elsewhere, self._caller = 0, threading.get_ident()
 
     def _note(self) -> None:
-        self.elsewhere += threading.get_ident() != threading.main_thread().ident
+        self.elsewhere += threading.get_ident() != self._caller
 
     def read(self, *args):
         self._note()
@@ -196,18 +197,27 @@ class _WatchedFile(io.BytesIO):
         return super().tell()
 
 
-def test_arrow_reads_a_python_file_object_only_in_the_callers_thread():
+def test_arrow_reads_a_python_file_object_only_in_the_callers_thread(monkeypatch):
     """An Arrow thread that touched a Python file may drop the last reference to it after the
-    read returned, and at interpreter exit that aborts the process (exit 134). pq.read_table and
-    ParquetFile's default pre-buffering read on Arrow's IO threads, a whole-file read with
-    threads on its CPU threads: 2 and 18 calls of 26 here."""
+    read returned, and at interpreter exit that aborts the process (exit 134). ParquetFile's
+    default pre-buffering reads on Arrow's IO threads (2 calls of 8 here), a read of several row
+    groups with threads on its CPU threads (18 of 26)."""
     buffer = io.BytesIO()
-    pq.write_table(pa.table({"a": list(range(50_000)), "b": ["x" * 20] * 50_000}), buffer, row_group_size=5_000)
+    pq.write_table(pa.table({"id": [str(i) for i in range(50_000)], "text": ["x" * 20] * 50_000}), buffer,
+                   row_group_size=5_000)
     data = buffer.getvalue()
-    reads = {"whole": lambda f: read_whole(f, ["a"]),
-             "row group": lambda f: parquet_file(f).read_row_group(3, columns=["a", "b"]),
-             "batches": lambda f: list(parquet_file(f).iter_batches(512, row_groups=[1], columns=["b"]))}
+    opened = []
+
+    def open_watched(path):
+        opened.append(_WatchedFile(data))
+        return opened[-1]
+
+    monkeypatch.setattr("pipeline.checks.scan.open_parquet", open_watched)
+    reads = {"whole": lambda f: read_whole(f, ["id"]),
+             "row group": lambda f: parquet_file(f).read_row_group(3, columns=["id", "text"]),
+             "batches": lambda f: list(parquet_file(f).iter_batches(512, row_groups=[1], columns=["text"])),
+             "the input's scan": lambda f: scan_input(InputInfo(("corpus.parquet",), 50_000, ()), "id", "text")}
     for name, read in reads.items():
-        source = _WatchedFile(data)
-        read(source)
-        assert source.elsewhere == 0, name
+        opened.clear()
+        read(open_watched("corpus.parquet"))
+        assert all(f.elsewhere == 0 for f in opened), name

@@ -51,12 +51,11 @@ def open_parquet(path: str):
 
 def parquet_file(source) -> pq.ParquetFile:
     """pq.ParquetFile over an open file object (Beam's FileSystems handles, io.BytesIO), read in
-    the caller's thread. Its default pre-buffering reads on Arrow's IO threads, and one of them
-    may drop the last reference to the Python file after the read has returned: it needs the
-    GIL for that, and at interpreter exit it aborts the process ("terminate called without an
-    active exception", exit 134, after a correct result; `plan` under load, one exit in 10-30).
-    Under load, 1-2 files in 1,500 were still held after `read` returned with pre-buffering,
-    0 in 6,000 without (and 0 without the GC's help)."""
+    the caller's thread: an Arrow thread that touched a Python file may drop the last reference
+    to it after the read returned, and at interpreter exit that aborts the process ("terminate
+    called without an active exception", exit 134; docs/BENCH.md). Pre-buffering (pyarrow's
+    default) reads on the IO threads; a read of several row groups (`read`, `read_row_groups`)
+    also needs use_threads=False, or it reads on the CPU threads."""
     return pq.ParquetFile(source, pre_buffer=False)
 
 
@@ -67,9 +66,9 @@ def row_count(path: str) -> int:
 
 
 def read_whole(source, columns: Sequence[str] | None = None) -> pa.Table:
-    """A Parquet file from an open file object, whole or COLUMNS of it. Not pq.read_table: its
-    dataset reader pre-buffers on Arrow's IO threads (`parquet_file`), and a whole-file read with
-    threads reads on its CPU threads. The files read here are small, or a few columns of larger ones."""
+    """A Parquet file from an open file object, whole or COLUMNS of it, in the caller's thread
+    (see parquet_file; pq.read_table's dataset reader pre-buffers). The files read here are
+    small, or a few columns of larger ones."""
     return parquet_file(source).read(columns=None if columns is None else list(columns), use_threads=False)
 
 
