@@ -17,6 +17,7 @@ from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, 
 from pipeline.settings import profiles
 from pipeline.settings.job import model_names, resolve
 from pipeline.settings.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags, use_filesystems
+from pipeline.terminal import OWN_LOGGERS
 from pipeline.terminal import summary as short
 from pipeline.terminal import usage
 from service import errors
@@ -35,7 +36,7 @@ def _logging(verbose: bool) -> None:
     console.addFilter(lambda record: not getattr(record, ON_SCREEN, False))
     logging.basicConfig(level=logging.WARNING, handlers=[console],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("embedpipe", "service", "transforms", "pipeline"):
+    for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
 
 

@@ -8,8 +8,10 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
 from google.protobuf import struct_pb2
 
+from pipeline.terminal import OWN_LOGGERS
+
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner")
-HARNESS_LOG_LEVEL = "WARNING"   # local worker processes' own Beam harness, unless --default_sdk_harness_log_level
+HARNESS_LOG_LEVEL = "WARNING"   # the rest, in local worker processes, unless --default_sdk_harness_log_level
 
 
 def is_local(opts) -> bool:
@@ -30,14 +32,16 @@ def make_runner(opts):
     """The DirectRunner would first try to download Prism; FnApiRunner runs the same pipeline
     locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched.
 
-    Worker processes of their own (multi_processing) take their harness's log level from the
-    options the runner provides them, none by default: each logged ~20 lines at INFO on the
-    user's terminal (channels created, state caches, empty options)."""
+    Worker processes of their own (multi_processing) take their log levels from the options the
+    runner provides them, none by default: each logged ~20 lines at INFO on the user's terminal
+    (channels created, state caches, empty options). They now log as the driver's console does."""
     if not is_local(opts):
         return None
+    worker = opts.view_as(WorkerOptions)
     provided = struct_pb2.Struct()
-    provided.update({"default_sdk_harness_log_level":
-                     opts.view_as(WorkerOptions).default_sdk_harness_log_level or HARNESS_LOG_LEVEL})
+    provided.update({"default_sdk_harness_log_level": worker.default_sdk_harness_log_level or HARNESS_LOG_LEVEL,
+                     "sdk_harness_log_level_overrides": {**{name: "INFO" for name in OWN_LOGGERS},
+                                                         **(worker.sdk_harness_log_level_overrides or {})}})
     return FnApiRunner(provision_info=ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
         pipeline_options=provided, retrieval_token="unused-retrieval-token")))
 

@@ -63,7 +63,8 @@ def test_plan_and_run_print_nothing_unasked(sandbox, tmp_path):
 
 def test_local_worker_processes_keep_their_harness_chatter_to_themselves(sandbox, tmp_path):
     """Beam's worker harness logs at INFO unless the runner says otherwise: channels, caches,
-    options, per process. What is left is Beam's own warnings at the processes' start."""
+    options, per process. What is left is what Beam logs before it reads the options (its
+    warnings, "Logging handler created")."""
     corpus = write_corpus(tmp_path / "corpus.parquet")
     run = cli("run", "--input", str(corpus), "--model", MODEL, "--base-url", sandbox.base_url,
               "--output", str(tmp_path / "out"), "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
