@@ -71,7 +71,7 @@ def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
             if id_column in partition:  # a hive key: every row of the file has the path's value
                 ids.append(pa.array([partition[id_column]] * n, pa.string()))
             else:
-                ids.extend(_ids_as_strings(pf.read(columns=[id_column], use_threads=False).column(0)).chunks)
+                ids.extend(_ids_as_strings(pf.read(columns=[id_column]).column(0)).chunks)
             bound = _text_bytes_bound(pf, text_column)
             text_bytes += bound if bound is not None else _measured_text_bytes(pf, text_column)
     counts = pc.value_counts(pa.chunked_array(ids, pa.string())) if ids else None

@@ -49,14 +49,24 @@ def open_parquet(path: str):
                             compression_type=CompressionTypes.UNCOMPRESSED)
 
 
+class _InCallersThread(pq.ParquetFile):
+    """Reads of several row groups without threads by default: with them, Arrow's CPU threads
+    read the file too."""
+
+    def read(self, columns=None, use_threads=False, use_pandas_metadata=False):
+        return super().read(columns, use_threads, use_pandas_metadata)
+
+    def read_row_groups(self, row_groups, columns=None, use_threads=False, use_pandas_metadata=False):
+        return super().read_row_groups(row_groups, columns, use_threads, use_pandas_metadata)
+
+
 def parquet_file(source) -> pq.ParquetFile:
     """pq.ParquetFile over an open file object (Beam's FileSystems handles, io.BytesIO), read in
-    the caller's thread: an Arrow thread that touched a Python file may drop the last reference
-    to it after the read returned, and at interpreter exit that aborts the process ("terminate
-    called without an active exception", exit 134; docs/BENCH.md). Pre-buffering (pyarrow's
-    default) reads on the IO threads; a read of several row groups (`read`, `read_row_groups`)
-    also needs use_threads=False, or it reads on the CPU threads."""
-    return pq.ParquetFile(source, pre_buffer=False)
+    the caller's thread alone: an Arrow thread that touched a Python file may drop the last
+    reference to it after the read returned, and at interpreter exit that aborts the process
+    ("terminate called without an active exception", exit 134; docs/BENCH.md). Pre-buffering
+    (pyarrow's default) reads on the IO threads."""
+    return _InCallersThread(source, pre_buffer=False)
 
 
 def row_count(path: str) -> int:
@@ -69,7 +79,7 @@ def read_whole(source, columns: Sequence[str] | None = None) -> pa.Table:
     """A Parquet file from an open file object, whole or COLUMNS of it, in the caller's thread
     (see parquet_file; pq.read_table's dataset reader pre-buffers). The files read here are
     small, or a few columns of larger ones."""
-    return parquet_file(source).read(columns=None if columns is None else list(columns), use_threads=False)
+    return parquet_file(source).read(columns=None if columns is None else list(columns))
 
 
 def read_tables(paths: Sequence[str], columns: Sequence[str]) -> list[pa.Table]:
