@@ -2,23 +2,30 @@
 and against every store paid for) -> Pack -> Embed -> Write, into the run's directory of DIR's
 history; the commit after the job (pipeline/outdir) makes it the current view.
 
-On the local runner in one process, a run streams: texts and vectors go from Read to Write
-in one fused stage and nothing large crosses a stage boundary (the FnApiRunner holds such a
-PCollection in memory whole). --doc-vectors and runners with several worker processes group
-by text instead; the Dedupe step chooses its way (transforms/dedupe/transform.py).
+On the local runner a run streams: texts and vectors go from Read to Write in one fused stage
+and nothing large crosses a stage boundary (the FnApiRunner holds such a PCollection in memory
+whole); its worker processes, when it has several, share their claims through a file.
+--doc-vectors and distributed runners group by text instead; the Dedupe step chooses its way
+(transforms/dedupe/transform.py).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from typing import Mapping, Sequence
+import os
+import shutil
+import tempfile
+from typing import Iterator, Mapping, NamedTuple, Sequence
 
 import apache_beam as beam
 
 from pipeline.checks.inputs import InputInfo
 from pipeline.checks.prior import Prior
-from pipeline.runner import in_process, one_worker
+from pipeline.runner import in_process, is_local, one_worker
 from pipeline.settings.job import Job
 from transforms import schemas
+from transforms.dedupe.claimfile import ClaimFile
+from transforms.dedupe.distinct import LateRef
 from transforms.dedupe.known import REUSED, FetchReused, KnownStores
 from transforms.dedupe.transform import ITEMS, Dedupe
 from transforms.embed.config import EmbedConfig, OutputConfig
@@ -28,6 +35,7 @@ from transforms.pack import PackRequests
 from transforms.read.changes import CHANGES_SCHEMA
 from transforms.read.split import SplitConfig
 from transforms.read.transform import CHANGED, ENTRIES, REJECTED, ReadDocuments, ReadPending, ViewRef
+from transforms.worker import runscoped
 from transforms.write.docvectors import DocumentVectors, documents_schema
 from transforms.write.transform import Output, WriteOutputs
 
@@ -35,8 +43,42 @@ REUSED_PER_TABLE = 1000
 
 
 def streams(job: Job) -> bool:
-    """Whether this run can dedupe in one process and so stream."""
-    return in_process(job.opts) and not job.opts.doc_vectors
+    """Whether this run dedupes by claims, and so streams."""
+    return is_local(job.opts) and not job.opts.doc_vectors
+
+
+class Claiming(NamedTuple):
+    """How a pipeline dedupes: by claims (STREAMING) or grouping; SHARED, the claim file of the
+    local runner's worker processes when there are several."""
+    streaming: bool
+    scope: str
+    shared: ClaimFile | None
+
+    def late(self) -> list[LateRef]:
+        """After the job: the rows whose text had been sent when they came."""
+        if self.shared is not None:
+            return self.shared.late()
+        claims = runscoped.get(self.scope, "claims")
+        return claims.late if claims is not None else []
+
+
+@contextlib.contextmanager
+def claiming(job: Job, scope: str) -> Iterator[Claiming]:
+    """SCOPE's claims for one pipeline (the run id, or another for a counting pipeline): the
+    claim file lives in a temporary directory of the driver's, and the in-process claims are
+    forgotten, when the pipeline is done."""
+    shared_dir = tempfile.mkdtemp(prefix="embedpipe-claims-") if streams(job) and not in_process(job.opts) else None
+    try:
+        shared = ClaimFile.create(os.path.join(shared_dir, "claims.sqlite")) if shared_dir else None
+        try:
+            yield Claiming(streams(job), scope, shared)
+        finally:
+            if shared is not None:
+                shared.close()
+    finally:
+        runscoped.discard(scope)
+        if shared_dir:
+            shutil.rmtree(shared_dir, ignore_errors=True)
 
 
 def _without_text(entry):
@@ -63,18 +105,18 @@ def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, i
 
 
 def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = Prior(), *,
-                    duplicate_ids: Mapping[str, int], streaming: bool, progress: bool = False,
-                    count_only: bool = False, scope: str | None = None):
+                    duplicate_ids: Mapping[str, int], claims: Claiming, progress: bool = False,
+                    count_only: bool = False):
     """Read -> Dedupe -> Pack, shared by `run` and `plan`: (rejected rows, changed documents,
     reused (TextItem, ReuseRef) pairs or None, requests). COUNT_ONLY drops the texts before
-    they are grouped (plan and the exact preflight only count). SCOPE names the in-process
-    state of a pipeline (transforms/worker/runscoped.py): the run id, or another for a
-    counting pipeline, whose claims must not be the run's."""
+    they are grouped (plan and the exact preflight only count). CLAIMS' scope names the
+    in-process state of a pipeline (transforms/worker/runscoped.py): the run id, or another
+    for a counting pipeline, whose claims must not be the run's."""
     model, s = job.model, job.settings
-    scope = scope or job.run_id
+    scope = claims.scope
     read = p | "Read" >> _read(job, info, prior, duplicate_ids, scope, progress)
     entries = read[ENTRIES] | "WithoutText" >> beam.Map(_without_text) if count_only else read[ENTRIES]
-    dedupe = Dedupe(_known_stores(job, prior, scope), scope, streaming)
+    dedupe = Dedupe(_known_stores(job, prior, scope), scope, claims.streaming, claims.shared)
     deduped = entries | "Dedupe" >> dedupe
     requests = (deduped[ITEMS]
                 | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
@@ -88,7 +130,7 @@ def _journal_request_rows(rows: Sequence[dict]) -> list[dict]:
 
 
 def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: str, *,
-          duplicate_ids: Mapping[str, int], streaming: bool, budget: Budget) -> None:
+          duplicate_ids: Mapping[str, int], claims: Claiming, budget: Budget) -> None:
     """The job; its outputs go to RUN_DIR (DIR's history of this run)."""
     opts, model, s, codec = job.opts, job.model, job.settings, job.codec
     meta = schemas.metadata(model.name, job.dimensions, job.run_id)
@@ -96,7 +138,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
     emb_schema = schemas.embeddings(job.dimensions, kept, meta)
     pending_schema = schemas.pending(kept, meta)
     rejected, changed, reused, requests = packed_requests(p, job, info, prior, duplicate_ids=duplicate_ids,
-                                                          streaming=streaming, progress=True)
+                                                          claims=claims, progress=True)
     output = OutputConfig(job.run_id, opts.output, emb_schema, pending_schema, kept, s.embed.progress_interval_s)
     out = requests | "Embed" >> EmbedRequests(EmbedConfig(job.service, budget, output, s.split.boundary_window,
                                                           _known_stores(job, prior, job.run_id)))

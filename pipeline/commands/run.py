@@ -33,7 +33,7 @@ from service import errors
 from service.client import EmbeddingsClient
 from transforms.money import journal
 from transforms.money.budget import Budget
-from transforms.worker import progress, runscoped
+from transforms.worker import progress
 from transforms.write.rewrite import RewriteFiles
 
 log = logging.getLogger("embedpipe")
@@ -76,22 +76,20 @@ def _template(job: Job, before: Prior, info) -> View:
 def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> dict[str, int]:
     opts = job.opts
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    graph.build(pipeline, job, info, before, out.make_run_dir(job.run_id),
-                duplicate_ids=scan.duplicate_ids, streaming=graph.streams(job), budget=budget)
-    try:
-        with job_progress(opts.output, job.run_id, scan.rows, budget.spendable.rub,
-                          job.settings.embed.progress_interval_s):
-            result = pipeline.run()
-            result.wait_until_finish()
-    except Exception as exc:  # a worker's error arrives wrapped by the runner
-        last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
-                        f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
-                        f"{job.again}: nothing is paid twice.") from None
-    finally:
-        claims = runscoped.discard(job.run_id).get("claims")
-    if claims is not None:
-        late.write_late_copies(out, job.run_id, claims.late, job.keep_columns, job.codec)
+    with graph.claiming(job, job.run_id) as claims:
+        graph.build(pipeline, job, info, before, out.make_run_dir(job.run_id),
+                    duplicate_ids=scan.duplicate_ids, claims=claims, budget=budget)
+        try:
+            with job_progress(opts.output, job.run_id, scan.rows, budget.spendable.rub,
+                              job.settings.embed.progress_interval_s):
+                result = pipeline.run()
+                result.wait_until_finish()
+        except Exception as exc:  # a worker's error arrives wrapped by the runner
+            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
+                            f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
+                            f"{job.again}: nothing is paid twice.") from None
+        late.write_late_copies(out, job.run_id, claims.late(), job.keep_columns, job.codec)
     return counters(result)
 
 

@@ -11,13 +11,13 @@ from apache_beam.metrics import Metrics
 from pipeline.checks.inputs import InputInfo
 from pipeline.checks.prior import Prior
 from pipeline.checks.scan import Scan
-from pipeline.graph import packed_requests, streams
+from pipeline.graph import Claiming, claiming, packed_requests
 from pipeline.runner import counters, make_runner
 from pipeline.settings.job import Job
 from transforms.money import preflight
 from transforms.money.preflight import WorstCaseMicro
 from transforms.pack import request_totals
-from transforms.worker import runscoped
+
 
 log = logging.getLogger("embedpipe")
 
@@ -35,23 +35,25 @@ def exact_totals(job: Job, info: InputInfo, prior: Prior, scan: Scan, price: flo
     plan_worst_case_micro. It streams as the run would (the view's document index and the
     known texts indexed, not grouped), with claims and indexes of its own, discarded afterwards."""
     p = beam.Pipeline(runner=make_runner(job.opts), options=job.opts)
-    scope = f"{job.run_id}-count"
+    with claiming(job, f"{job.run_id}-count") as claims:
+        return _count(p, job, info, prior, scan, price, margin, claims)
+
+
+def _count(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, scan: Scan, price: float, margin: float,
+           claims: Claiming) -> dict[str, int]:
     _, changed, _, requests = packed_requests(p, job, info, prior, duplicate_ids=scan.duplicate_ids,
-                                              streaming=streams(job), count_only=True, scope=scope)
+                                              claims=claims, count_only=True)
     (changed  # a repeated id comes once per row: counted once (ids only cross the shuffle)
      | "ChangedIds" >> beam.Map(lambda r: (r["doc_id"], r["change"])) | "Distinct" >> beam.Distinct()
      | "CountChanges" >> beam.Map(lambda kv: Metrics.counter("embedpipe", f"changed_{kv[1]}").inc()))
     request_totals(requests) | "Count" >> beam.Map(_count_totals)
     (requests | "WorstCase" >> WorstCaseMicro(price, margin)
      | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))
-    try:
-        result = p.run()
-        result.wait_until_finish()
-    finally:
-        claims = runscoped.discard(scope).get("claims")
+    result = p.run()
+    result.wait_until_finish()
     totals = counters(result)
-    if claims is not None:  # rows whose text had gone when they came: delivered with it, not sent
-        totals["plan_chunks"] = totals.get("plan_chunks", 0) + len(claims.late)
+    # rows whose text had gone when they came: delivered with it, not sent
+    totals["plan_chunks"] = totals.get("plan_chunks", 0) + len(claims.late())
     return totals
 
 

@@ -22,10 +22,11 @@ LATENCY_MS = 300
 JOURNALED_BEFORE_KILL = 3
 
 
-# Resumes stream on the local runner (transforms/delivered.py, transforms/dedupe/known.py: indexes in
-# the process); with several worker processes they group by doc id and text hash instead.
-# Both must pay for nothing twice.
-WAYS = {"streaming": (), "grouping": ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")}
+# Resumes stream on the local runner (transforms/dedupe/known.py: indexes in the process), its
+# worker processes sharing a claim file when there are several; --doc-vectors groups by text hash
+# instead, as the distributed runners do. Every way must pay for nothing twice.
+WAYS = {"streaming": (), "processes": ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing"),
+        "grouping": ("--doc_vectors",)}
 
 
 @pytest.fixture

@@ -1,10 +1,13 @@
-"""The in-process claims of streaming dedupe: first row claims, open claims gather rows,
-sealed claims turn later rows into late refs pointing at the first row."""
+"""The claims of streaming dedupe: first row claims, open claims gather rows, sealed claims
+turn later rows into late refs pointing at the first row; worker processes sharing a claim file
+claim each text once between them."""
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import threading
 
+from transforms.dedupe.claimfile import ClaimFile
 from transforms.dedupe.distinct import Claims, LateRef
 from transforms.records import ChunkRef, TextItem
 from transforms.worker import runscoped
@@ -63,10 +66,43 @@ def test_a_runs_claims_are_built_once():
     built = []
 
     class Counting(Claims):
-        def __init__(self):
+        def __init__(self, shared=None):
             built.append(1)
-            super().__init__()
+            super().__init__(shared)
 
     assert Counting.for_run("run-c") is Counting.for_run("run-c")
     assert len(built) == 1
     runscoped.discard("run-c")
+
+
+def test_another_processs_claim_makes_a_row_late_and_the_file_keeps_it(tmp_path):
+    shared = ClaimFile.create(str(tmp_path / "claims.sqlite"))
+    mine, theirs = Claims(shared), Claims(ClaimFile(shared.path))   # two processes' claims
+    assert mine.add(SHA, ref("b", 1, 10)) is True
+    assert theirs.add(SHA, ref("a", 2, 20)) is False   # open elsewhere: it cannot join, so it is late
+    assert mine.add(SHA, ref("c", 3, 30)) is False     # open here: it joins
+    assert mine.seal(TextItem(SHA, "text", 5, (ref("b", 1, 10),))).refs == (ref("b", 1, 10), ref("c", 3, 30))
+    assert theirs.add(SHA, ref("d")) is False
+    # the claiming row has the outcome every row of the claim shares
+    assert shared.late() == [LateRef(ref("a", 2, 20), SHA, ("b", 1, 10, 15)), LateRef(ref("d"), SHA, ("b", 1, 10, 15))]
+    assert mine.late == theirs.late == []   # the driver reads the file, not a worker's memory
+
+
+def _claim_range(path: str, worker: int, n: int) -> list[int]:
+    claims = Claims(ClaimFile(path))
+    return [i for i in range(n) if claims.add(hashlib.sha256(str(i).encode()).hexdigest(), ref(f"{worker}-{i}"))]
+
+
+def test_processes_sharing_a_claim_file_send_each_text_once(tmp_path):
+    shared = ClaimFile.create(str(tmp_path / "claims.sqlite"))
+    n, workers = 300, 3
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        firsts = pool.starmap(_claim_range, [(shared.path, w, n) for w in range(workers)])
+    assert sorted(i for claimed in firsts for i in claimed) == list(range(n))
+    late = shared.late()
+    assert len(late) == n * (workers - 1)
+    # each late row points at the one row that claimed its text
+    claimer = {i: w for w, claimed in enumerate(firsts) for i in claimed}
+    for row in late:
+        i = int(row.ref.doc_id.split("-")[1])
+        assert row.first[0] == f"{claimer[i]}-{i}" != row.ref.doc_id

@@ -4,11 +4,13 @@ Two ways (transforms/dedupe/transform.py chooses):
 - GroupDistinctTexts (a GroupByKey on text_sha256): exact on any number of workers, and the
   shuffle spreads the Embed step over workers by text hash. On Dataflow and Flink the shuffle
   goes to disk; on the local FnApiRunner it is held in memory whole, texts included.
-- StreamDistinctTexts (one process): a text's first row claims it; rows that come while the
-  claim is open (not yet sent) join it and share its cost; rows that come after it was sent
-  are `late` and get a copy of the first row's outcome after the job (LateRefs, cost 0, like
-  a vector reused from an earlier run). Nothing crosses a stage boundary, so texts stream
-  from Read to Write and memory stays flat; the claims keep ~55 bytes per distinct text.
+- StreamDistinctTexts (the local runner): a text's first row claims it; rows that come while
+  the claim is open (not yet sent) join it and share its cost; rows that come after it was
+  sent are `late` and get a copy of the first row's outcome after the job (LateRefs, cost 0,
+  like a vector reused from an earlier run). Nothing crosses a stage boundary, so texts stream
+  from Read to Write and memory stays flat; the claims keep ~55 bytes per distinct text. With
+  several worker processes the claims go through a file they share (claimfile.py), and a
+  text's rows in a process other than the claiming one are late.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from transforms.dedupe.claimfile import ClaimFile
 from transforms.records import ChunkRef, Request, TextItem
 from transforms.worker import (
     coders,  # noqa: F401  (registers the coder of Request)
@@ -73,17 +76,19 @@ def _unpack_first(packed: bytes) -> tuple:
 
 
 class Claims:
-    """The distinct texts one process has seen in a run (pure logic, thread-safe)."""
+    """The distinct texts one process has seen in a run (pure logic, thread-safe); with SHARED,
+    those of every process sharing that file."""
 
-    def __init__(self):
+    def __init__(self, shared: ClaimFile | None = None):
         self._mutex = threading.Lock()
         self._open: dict[bytes, list[ChunkRef]] = {}   # claimed, not yet sent: rows sharing it
-        self._sent = KeyIndex()                        # sent: its first row, _pack_first()
-        self.late: list[LateRef] = []
+        self._sent = KeyIndex()                        # sent, or another process's: a first row, _pack_first()
+        self._shared = shared
+        self.late: list[LateRef] = []                  # in SHARED instead, when there is one
 
     @classmethod
-    def for_run(cls, run_id: str) -> "Claims":
-        return runscoped.shared(run_id, "claims", cls)
+    def for_run(cls, run_id: str, shared: ClaimFile | None = None) -> "Claims":
+        return runscoped.shared(run_id, "claims", lambda: cls(shared))
 
     def add(self, sha: str, ref: ChunkRef) -> bool:
         """True when REF is the text's first row (the caller sends the text)."""
@@ -91,11 +96,19 @@ class Claims:
         with self._mutex:
             if (rows := self._open.get(key)) is not None:
                 rows.append(ref)
-            elif (first := self._sent.get(key)) is not None:
-                self.late.append(LateRef(ref, sha, _unpack_first(first)))
-            else:
+                return False
+            first = self._sent.get(key)
+            if first is None and self._shared is not None:
+                if (first := self._shared.claim(key, _pack_first(ref))) is not None:
+                    self._sent.put(key, first)   # another process's: its other rows here skip the file
+            if first is None:
                 self._open[key] = [ref]
                 return True
+            late = LateRef(ref, sha, _unpack_first(first))
+            if self._shared is None:
+                self.late.append(late)
+            else:
+                self._shared.add_late(late)
             return False
 
     def seal(self, item: TextItem) -> TextItem:
@@ -111,13 +124,13 @@ class Claims:
 
 
 class _ClaimTexts(beam.DoFn):
-    def __init__(self, run_id: str):
-        self._run_id = run_id
+    def __init__(self, run_id: str, shared: ClaimFile | None):
+        self._run_id, self._claim_file = run_id, shared
         self._distinct = Metrics.counter("embedpipe", "distinct_chunks")
         self._shared = Metrics.counter("embedpipe", "chunks_deduplicated")
 
     def setup(self):
-        self._claims = Claims.for_run(self._run_id)
+        self._claims = Claims.for_run(self._run_id, self._claim_file)
 
     def process(self, entry):
         sha, (text, n_tokens, ref) = entry
@@ -130,30 +143,30 @@ class _ClaimTexts(beam.DoFn):
 
 class StreamDistinctTexts(beam.PTransform):
     """(text_sha256, (text, n_tokens, ChunkRef)) -> TextItem per text first seen in this
-    process; its refs are completed by SealClaims when it is sent."""
+    process (with SHARED, in any process); its refs are completed by SealClaims when it is sent."""
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, shared: ClaimFile | None = None):
         super().__init__()
-        self._run_id = run_id
+        self._run_id, self._shared = run_id, shared
 
     def expand(self, entries):
-        return entries | "ClaimTexts" >> beam.ParDo(_ClaimTexts(self._run_id))
+        return entries | "ClaimTexts" >> beam.ParDo(_ClaimTexts(self._run_id, self._shared))
 
 
 class SealClaims(beam.PTransform):
     """Packed requests -> the same requests, each text carrying every row that claimed it in
     RUN_ID's claims; RUN_ID None: no claims (grouped texts), the requests as they are."""
 
-    def __init__(self, run_id: str | None):
+    def __init__(self, run_id: str | None, shared: ClaimFile | None = None):
         super().__init__()
-        self._run_id = run_id
+        self._run_id, self._shared = run_id, shared
 
     def expand(self, requests):
-        run_id = self._run_id
+        run_id, shared = self._run_id, self._shared
         if run_id is None:
             return requests
         def seal(request: Request) -> Request:
-            claims = Claims.for_run(run_id)
+            claims = Claims.for_run(run_id, shared)
             return Request(claims.seal(item) for item in request)
 
         return requests | "Seal" >> beam.Map(seal).with_output_types(Request)
@@ -163,16 +176,16 @@ class SealReused(beam.PTransform):
     """(TextItem, where its vector is) taken from an earlier run -> the same, the text carrying
     every row that claimed it so far; rows that come later are late, as for a sent text."""
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, shared: ClaimFile | None = None):
         super().__init__()
-        self._run_id = run_id
+        self._run_id, self._shared = run_id, shared
 
     def expand(self, reused):
-        run_id = self._run_id
+        run_id, shared = self._run_id, self._shared
 
         def seal(pair):
             item, where = pair
-            return Claims.for_run(run_id).seal(item), where
+            return Claims.for_run(run_id, shared).seal(item), where
 
         return reused | "Seal" >> beam.Map(seal)
 

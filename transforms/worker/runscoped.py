@@ -24,6 +24,12 @@ def shared(run_id: str, name: str, build: Callable[[], T]) -> T:
         return objects[name]
 
 
+def get(run_id: str, name: str):
+    """RUN_ID's object called NAME in this process; None if none was built."""
+    with _lock:
+        return _by_run.get(run_id, {}).get(name)
+
+
 def discard(run_id: str) -> dict[str, object]:
     """Forget RUN_ID's objects; returns them (the driver reads some after the job)."""
     with _lock:

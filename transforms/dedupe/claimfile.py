@@ -1,0 +1,76 @@
+"""Claims shared by the local runner's worker processes: one SQLite file (no Beam here).
+
+With several local worker processes, a text's rows may come in any of them. The first process
+to claim the text sends it; another process's rows of it are late: after the job they get a copy
+of what became of the claiming row, as rows that come after a text was sent do in one process
+(transforms/dedupe/distinct.py). So the run streams, as in one process, instead of grouping
+every chunk's text in the runner's memory. The standard library's SQLite gives the atomic
+"first claim wins" across processes without a server. The late rows go to the file as well,
+since the driver cannot read a worker process's memory. The file is local: the local runner's
+workers share the driver's disk, and distributed runners group instead.
+"""
+from __future__ import annotations
+
+import pickle
+import sqlite3
+import threading
+
+_BUSY_TIMEOUT_S = 60.0   # another process's write holds the file for microseconds
+
+
+class ClaimFile:
+    """A claim file at PATH, created by `create` before the job; each process connects on first use."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        return {"path": self.path}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"])
+
+    @classmethod
+    def create(cls, path: str) -> "ClaimFile":
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")   # readers do not wait for writers, nor writers for readers
+            db.execute("CREATE TABLE claims (key BLOB PRIMARY KEY, first BLOB NOT NULL) WITHOUT ROWID")
+            db.execute("CREATE TABLE late (ref BLOB NOT NULL)")
+        finally:
+            db.close()
+        return cls(path)
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA synchronous=OFF")   # a file for one job: a crash of the machine ends the job anyway
+            self._db = db
+        return self._db
+
+    def claim(self, key: bytes, first: bytes) -> bytes | None:
+        """None when this call claimed KEY with FIRST (its row); else the FIRST of the claim that won."""
+        with self._lock:
+            db = self._connection()
+            if db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?)", (key, first)).rowcount == 1:
+                return None
+            return db.execute("SELECT first FROM claims WHERE key = ?", (key,)).fetchone()[0]
+
+    def add_late(self, late) -> None:
+        """Keep a late row (a LateRef) for the driver."""
+        with self._lock:
+            self._connection().execute("INSERT INTO late VALUES (?)", (pickle.dumps(late),))
+
+    def late(self) -> list:
+        """Every process's late rows."""
+        with self._lock:
+            rows = self._connection().execute("SELECT ref FROM late").fetchall()
+        return [pickle.loads(blob) for (blob,) in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
