@@ -100,15 +100,17 @@ def plan_json(corpus: Path, out: Path, sb, models: Path, *extra: str, capsys) ->
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.parametrize("workers", [(), ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")],
+                         ids=["one-process", "two-processes"])
 def test_a_changed_corpus_makes_the_current_view_exact_and_pays_only_what_changed(tmp_path, sandbox_factory,
-                                                                                 env_key, capsys):
+                                                                                 env_key, capsys, workers):
     models, sb, corpus, out, day1 = day_one(tmp_path, sandbox_factory, 80, 6)
     first = ledger(sb)
     day2, changed = next_day(day1)
     write_corpus(corpus, day2)
 
-    planned = plan_json(corpus, out, sb, models, "--sync", capsys=capsys)
-    assert run(corpus, out, sb, models, "--sync") == 0
+    planned = plan_json(corpus, out, sb, models, "--sync", *workers, capsys=capsys)
+    assert run(corpus, out, sb, models, "--sync", *workers) == 0
     charges = ledger(sb)
     assert billed_twice(charges) == {}
     assert_current(out, models, day2)
@@ -135,7 +137,7 @@ def test_a_changed_corpus_makes_the_current_view_exact_and_pays_only_what_change
 
     # the same corpus again: nothing sent, nothing rewritten
     files = s["files"]
-    assert run(corpus, out, sb, models, "--sync") == 0
+    assert run(corpus, out, sb, models, "--sync", *workers) == 0
     assert ledger(sb) == charges and summary(out)["changes"]["unchanged"] == len({r["id"] for r in day2})
     assert summary(out)["files"] == files
     assert_current(out, models, day2)
