@@ -146,7 +146,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
     embeddings, request_rows = out.embeddings, out[REQUESTS]
     outputs = {"Embeddings": (out.embeddings, Output("embeddings", emb_schema)),
                "Pending": (out[PENDING], Output("pending", pending_schema)),
-               "Changes": (changed, Output("changes", CHANGES_SCHEMA, rows=True))}
+               "Changes": (changed, Output("changes", CHANGES_SCHEMA))}
     if reused is not None:
         reused_tables_ = reused | "FetchReused" >> FetchReused(model.name, job.run_id, emb_schema, kept,
                                                                dt.datetime.now(dt.timezone.utc), REUSED_PER_TABLE)

@@ -44,7 +44,8 @@ def _count(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, scan: Scan
     _, changed, _, requests = packed_requests(p, job, info, prior, duplicate_ids=scan.duplicate_ids,
                                               claims=claims, count_only=True)
     (changed  # a repeated id comes once per row: counted once (ids only cross the shuffle)
-     | "ChangedIds" >> beam.Map(lambda r: (r["doc_id"], r["change"])) | "Distinct" >> beam.Distinct()
+     | "ChangedIds" >> beam.FlatMap(lambda t: zip(t.column("doc_id").to_pylist(), t.column("change").to_pylist()))
+     | "Distinct" >> beam.Distinct()
      | "CountChanges" >> beam.Map(lambda kv: Metrics.counter("embedpipe", f"changed_{kv[1]}").inc()))
     request_totals(requests) | "Count" >> beam.Map(_count_totals)
     (requests | "WorstCase" >> WorstCaseMicro(price, margin)

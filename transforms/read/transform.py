@@ -15,7 +15,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from service.tokenizer import get_encoding
-from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, classify, fingerprint
+from transforms.read.changes import CHANGES_SCHEMA, RESUMED, UNCHANGED, DocIndex, classify, fingerprint
 from transforms.read.parquet import Partition, ReadParquetTables
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, Rejected
@@ -64,8 +64,8 @@ def _row_rejection(doc_id, text) -> Rejected | None:
 
 class _SplitTable(beam.DoFn):
     """One Arrow table in; per chunk of a row that needs work, (text_sha256, (text, n_tokens,
-    ChunkRef)), or a tagged Rejected for the row; per row, a tagged `changed` record (doc_id,
-    change, fingerprint)."""
+    ChunkRef)), or a tagged Rejected for the row; a tagged `changed` table (CHANGES_SCHEMA) of
+    the rows that need work: one element for the table, not one a row (2 us of CPU a row less)."""
 
     def __init__(self, id_column: str, text_column: str, keep_columns: Sequence[str], split: SplitConfig,
                  duplicate_ids: Mapping[str, int], view: ViewRef, progress: tuple[str, str, float] | None):
@@ -98,6 +98,7 @@ class _SplitTable(beam.DoFn):
         kept = list(zip(*(table.column(c).to_pylist() for c in self._keep_columns))) or [()] * len(ids)
         self._rows.inc(len(ids))
         valid, todos = [], []
+        changed_ids, changes, versions = [], [], []
         for row, (doc_id, text, extra) in enumerate(zip(ids, texts, kept)):
             if doc_id is None:  # no id: nothing to match across runs; a failed row every time
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejected(None, None, "null_id", "the id column is null"))
@@ -106,7 +107,9 @@ class _SplitTable(beam.DoFn):
             change, todo = classify(self._index.get(doc_id), version)
             if change == UNCHANGED:
                 continue
-            yield beam.pvalue.TaggedOutput(CHANGED, {"doc_id": doc_id, "change": change, "fingerprint": version})
+            changed_ids.append(doc_id)
+            changes.append(change)
+            versions.append(version)
             if doc_id in self._duplicate_ids:  # every row of a repeated id: ambiguity is not resolved
                 rejection = Rejected(doc_id, None, "duplicate_id",
                                      f"id occurs {self._duplicate_ids[doc_id]} times in the input")
@@ -119,6 +122,9 @@ class _SplitTable(beam.DoFn):
                 todos.append(todo)
             else:
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+        if changed_ids:
+            yield beam.pvalue.TaggedOutput(CHANGED, pa.Table.from_pydict(
+                {"doc_id": changed_ids, "change": changes, "fingerprint": versions}, schema=CHANGES_SCHEMA))
         chunk_lists = self._splitter.split_many([(d, t) for d, t, _ in valid])
         for (doc_id, _, extra), chunks, todo in zip(valid, chunk_lists, todos):
             if todo is not None:   # resumed: only the chunks still pending
@@ -164,10 +170,11 @@ def pending_entries(table: pa.Table, kept_names: tuple):
         yield cols["text_sha256"][i], (cols["text"][i], cols["n_tokens"][i], ref)
 
 
-def _resumed(table: pa.Table):
+def _resumed(table: pa.Table) -> pa.Table:
     """Each document of a table of pending rows, once: it is resumed."""
-    for doc_id in dict.fromkeys(table.column("doc_id").to_pylist()):
-        yield {"doc_id": doc_id, "change": RESUMED, "fingerprint": None}
+    doc_ids = list(dict.fromkeys(table.column("doc_id").to_pylist()))
+    return pa.Table.from_pydict({"doc_id": doc_ids, "change": [RESUMED] * len(doc_ids),
+                                 "fingerprint": [None] * len(doc_ids)}, schema=CHANGES_SCHEMA)
 
 
 class ReadPending(beam.PTransform):
@@ -186,4 +193,4 @@ class ReadPending(beam.PTransform):
         entries = tables | "PendingEntries" >> beam.FlatMap(pending_entries, self._kept).with_outputs(
             REJECTED, main=ENTRIES)
         return {ENTRIES: entries[ENTRIES], REJECTED: entries[REJECTED],
-                CHANGED: tables | "Resumed" >> beam.FlatMap(_resumed)}
+                CHANGED: tables | "Resumed" >> beam.Map(_resumed)}
