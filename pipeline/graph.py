@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import shutil
 import tempfile
 from typing import Iterator, Mapping, NamedTuple, Sequence
 
@@ -55,7 +54,8 @@ class Claiming(NamedTuple):
     shared: ClaimFile | None
 
     def late(self) -> list[LateRef]:
-        """After the job: the rows whose text had been sent when they came."""
+        """After the job: the rows whose text had been sent when they came, or that another
+        process had claimed."""
         if self.shared is not None:
             return self.shared.late()
         claims = runscoped.get(self.scope, "claims")
@@ -63,22 +63,20 @@ class Claiming(NamedTuple):
 
 
 @contextlib.contextmanager
-def claiming(job: Job, scope: str) -> Iterator[Claiming]:
-    """SCOPE's claims for one pipeline (the run id, or another for a counting pipeline): the
-    claim file lives in a temporary directory of the driver's, and the in-process claims are
-    forgotten, when the pipeline is done."""
-    shared_dir = tempfile.mkdtemp(prefix="embedpipe-claims-") if streams(job) and not in_process(job.opts) else None
-    try:
-        shared = ClaimFile.create(os.path.join(shared_dir, "claims.sqlite")) if shared_dir else None
-        try:
-            yield Claiming(streams(job), scope, shared)
-        finally:
-            if shared is not None:
-                shared.close()
-    finally:
-        runscoped.discard(scope)
-        if shared_dir:
-            shutil.rmtree(shared_dir, ignore_errors=True)
+def claims_for(job: Job, scope: str) -> Iterator[Claiming]:
+    """SCOPE's claims for one pipeline (the run id, or another for a counting pipeline). The
+    claim file lives in a temporary directory of the driver's (a local disk: SQLite's locks),
+    and it and the in-process claims go when the pipeline is done."""
+    streaming = streams(job)
+    with contextlib.ExitStack() as stack:
+        stack.callback(runscoped.discard, scope)
+        shared = None
+        if streaming and not in_process(job.opts):
+            shared_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="embedpipe-claims-",
+                                                                         ignore_cleanup_errors=True))
+            shared = ClaimFile.create(os.path.join(shared_dir, "claims.sqlite"))
+            stack.callback(shared.close)
+        yield Claiming(streaming, scope, shared)
 
 
 def _without_text(entry):
@@ -105,18 +103,18 @@ def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, i
 
 
 def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = Prior(), *,
-                    duplicate_ids: Mapping[str, int], claims: Claiming, progress: bool = False,
+                    duplicate_ids: Mapping[str, int], claiming: Claiming, progress: bool = False,
                     count_only: bool = False):
     """Read -> Dedupe -> Pack, shared by `run` and `plan`: (rejected rows, changed documents,
     reused (TextItem, ReuseRef) pairs or None, requests). COUNT_ONLY drops the texts before
-    they are grouped (plan and the exact preflight only count). CLAIMS' scope names the
+    they are grouped (plan and the exact preflight only count). CLAIMING's scope names the
     in-process state of a pipeline (transforms/worker/runscoped.py): the run id, or another
     for a counting pipeline, whose claims must not be the run's."""
     model, s = job.model, job.settings
-    scope = claims.scope
+    scope = claiming.scope
     read = p | "Read" >> _read(job, info, prior, duplicate_ids, scope, progress)
     entries = read[ENTRIES] | "WithoutText" >> beam.Map(_without_text) if count_only else read[ENTRIES]
-    dedupe = Dedupe(_known_stores(job, prior, scope), scope, claims.streaming, claims.shared)
+    dedupe = Dedupe(_known_stores(job, prior, scope), scope, claiming.streaming, claiming.shared)
     deduped = entries | "Dedupe" >> dedupe
     requests = (deduped[ITEMS]
                 | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
@@ -130,7 +128,7 @@ def _journal_request_rows(rows: Sequence[dict]) -> list[dict]:
 
 
 def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: str, *,
-          duplicate_ids: Mapping[str, int], claims: Claiming, budget: Budget) -> None:
+          duplicate_ids: Mapping[str, int], claiming: Claiming, budget: Budget) -> None:
     """The job; its outputs go to RUN_DIR (DIR's history of this run)."""
     opts, model, s, codec = job.opts, job.model, job.settings, job.codec
     meta = schemas.metadata(model.name, job.dimensions, job.run_id)
@@ -138,7 +136,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
     emb_schema = schemas.embeddings(job.dimensions, kept, meta)
     pending_schema = schemas.pending(kept, meta)
     rejected, changed, reused, requests = packed_requests(p, job, info, prior, duplicate_ids=duplicate_ids,
-                                                          claims=claims, progress=True)
+                                                          claiming=claiming, progress=True)
     output = OutputConfig(job.run_id, opts.output, emb_schema, pending_schema, kept, s.embed.progress_interval_s)
     out = requests | "Embed" >> EmbedRequests(EmbedConfig(job.service, budget, output, s.split.boundary_window,
                                                           _known_stores(job, prior, job.run_id)))

@@ -76,9 +76,9 @@ def _template(job: Job, before: Prior, info) -> View:
 def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> dict[str, int]:
     opts = job.opts
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
-    with graph.claiming(job, job.run_id) as claims:
+    with graph.claims_for(job, job.run_id) as claiming:
         graph.build(pipeline, job, info, before, out.make_run_dir(job.run_id),
-                    duplicate_ids=scan.duplicate_ids, claims=claims, budget=budget)
+                    duplicate_ids=scan.duplicate_ids, claiming=claiming, budget=budget)
         try:
             with job_progress(opts.output, job.run_id, scan.rows, budget.spendable.rub,
                               job.settings.embed.progress_interval_s):
@@ -89,7 +89,7 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget
             raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
                             f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
                             f"{job.again}: nothing is paid twice.") from None
-        late.write_late_copies(out, job.run_id, claims.late(), job.keep_columns, job.codec)
+        late.write_late_copies(out, job.run_id, claiming.late(), job.keep_columns, job.codec)
     return counters(result)
 
 

@@ -11,7 +11,7 @@ from apache_beam.metrics import Metrics
 from pipeline.checks.inputs import InputInfo
 from pipeline.checks.prior import Prior
 from pipeline.checks.scan import Scan
-from pipeline.graph import Claiming, claiming, packed_requests
+from pipeline.graph import Claiming, claims_for, packed_requests
 from pipeline.runner import counters, make_runner
 from pipeline.settings.job import Job
 from transforms.money import preflight
@@ -35,14 +35,14 @@ def exact_totals(job: Job, info: InputInfo, prior: Prior, scan: Scan, price: flo
     plan_worst_case_micro. It streams as the run would (the view's document index and the
     known texts indexed, not grouped), with claims and indexes of its own, discarded afterwards."""
     p = beam.Pipeline(runner=make_runner(job.opts), options=job.opts)
-    with claiming(job, f"{job.run_id}-count") as claims:
-        return _count(p, job, info, prior, scan, price, margin, claims)
+    with claims_for(job, f"{job.run_id}-count") as claiming:
+        return _count(p, job, info, prior, scan, price, margin, claiming)
 
 
 def _count(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, scan: Scan, price: float, margin: float,
-           claims: Claiming) -> dict[str, int]:
+           claiming: Claiming) -> dict[str, int]:
     _, changed, _, requests = packed_requests(p, job, info, prior, duplicate_ids=scan.duplicate_ids,
-                                              claims=claims, count_only=True)
+                                              claiming=claiming, count_only=True)
     (changed  # a repeated id comes once per row: counted once (ids only cross the shuffle)
      | "ChangedIds" >> beam.FlatMap(lambda t: zip(t.column("doc_id").to_pylist(), t.column("change").to_pylist()))
      | "Distinct" >> beam.Distinct()
@@ -54,7 +54,7 @@ def _count(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, scan: Scan
     result.wait_until_finish()
     totals = counters(result)
     # rows whose text had gone when they came: delivered with it, not sent
-    totals["plan_chunks"] = totals.get("plan_chunks", 0) + len(claims.late())
+    totals["plan_chunks"] = totals.get("plan_chunks", 0) + len(claiming.late())
     return totals
 
 

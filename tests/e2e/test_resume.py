@@ -24,9 +24,10 @@ JOURNALED_BEFORE_KILL = 3
 
 # Resumes stream on the local runner (transforms/dedupe/known.py: indexes in the process), its
 # worker processes sharing a claim file when there are several; --doc-vectors groups by text hash
-# instead, as the distributed runners do. Every way must pay for nothing twice.
-WAYS = {"streaming": (), "processes": ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing"),
-        "grouping": ("--doc_vectors",)}
+# instead, across processes here as the distributed runners do across workers. Every way must pay
+# for nothing twice.
+PROCESSES = ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+WAYS = {"streaming": (), "processes": PROCESSES, "grouping": ("--doc_vectors", *PROCESSES)}
 
 
 @pytest.fixture

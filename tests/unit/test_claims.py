@@ -56,7 +56,8 @@ def test_one_claim_per_text_under_threads():
 def test_runs_are_kept_apart_and_discarded():
     a = Claims.for_run("run-a")
     assert Claims.for_run("run-a") is a and Claims.for_run("run-b") is not a
-    assert runscoped.discard("run-a") == {"claims": a} and runscoped.discard("run-a") == {}
+    runscoped.discard("run-a")
+    assert runscoped.get("run-a", "claims") is None and runscoped.get("run-b", "claims") is not None
     runscoped.discard("run-b")
 
 
@@ -88,21 +89,32 @@ def test_another_processs_claim_makes_a_row_late_and_the_file_keeps_it(tmp_path)
     assert mine.late == theirs.late == []   # the driver reads the file, not a worker's memory
 
 
-def _claim_range(path: str, worker: int, n: int) -> list[int]:
+def _claim(path: str, worker: int, order: list[int], start, results) -> None:
     claims = Claims(ClaimFile(path))
-    return [i for i in range(n) if claims.add(hashlib.sha256(str(i).encode()).hexdigest(), ref(f"{worker}-{i}"))]
+    start.wait()
+    results.put((worker, [i for i in order if claims.add(hashlib.sha256(str(i).encode()).hexdigest(),
+                                                         ref(f"{worker}-{i}"))]))
 
 
 def test_processes_sharing_a_claim_file_send_each_text_once(tmp_path):
     shared = ClaimFile.create(str(tmp_path / "claims.sqlite"))
-    n, workers = 300, 3
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        firsts = pool.starmap(_claim_range, [(shared.path, w, n) for w in range(workers)])
-    assert sorted(i for claimed in firsts for i in claimed) == list(range(n))
+    n = 300
+    orders = [list(range(n)), list(reversed(range(n))), list(range(n // 2, n)) + list(range(n // 2))]
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Barrier(len(orders)), ctx.Queue()
+    workers = [ctx.Process(target=_claim, args=(shared.path, w, order, start, results)) for w, order in enumerate(orders)]
+    for w in workers:
+        w.start()
+    firsts = dict(results.get(timeout=60) for _ in workers)
+    for w in workers:
+        w.join(timeout=60)
+    claimed = [i for w in sorted(firsts) for i in firsts[w]]
+    assert sorted(claimed) == list(range(n))   # each text once, by one of them
+    assert sum(1 for w in firsts if firsts[w]) >= 2, firsts   # they did meet: several claimed
     late = shared.late()
-    assert len(late) == n * (workers - 1)
+    assert len(late) == n * (len(orders) - 1)
     # each late row points at the one row that claimed its text
-    claimer = {i: w for w, claimed in enumerate(firsts) for i in claimed}
+    claimer = {i: w for w, mine in firsts.items() for i in mine}
     for row in late:
         i = int(row.ref.doc_id.split("-")[1])
         assert row.first[0] == f"{claimer[i]}-{i}" != row.ref.doc_id

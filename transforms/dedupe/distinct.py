@@ -54,8 +54,9 @@ class GroupDistinctTexts(beam.PTransform):
 
 
 class LateRef(NamedTuple):
-    """A row whose text was already sent when it arrived: it takes a copy of what became of
-    the text's first row (FIRST: doc_id, chunk_index, token_start, token_end)."""
+    """A row whose text was already sent when it arrived, or claimed by another process: it
+    takes a copy of what became of a row of that claim, FIRST (doc_id, chunk_index,
+    token_start, token_end): the smallest one once sent here, the claiming one elsewhere."""
     ref: ChunkRef
     text_sha256: str
     first: tuple
@@ -99,17 +100,25 @@ class Claims:
                 return False
             first = self._sent.get(key)
             if first is None and self._shared is not None:
-                if (first := self._shared.claim(key, _pack_first(ref))) is not None:
-                    self._sent.put(key, first)   # another process's: its other rows here skip the file
+                first = self._claimed_elsewhere(key, ref)
             if first is None:
                 self._open[key] = [ref]
                 return True
-            late = LateRef(ref, sha, _unpack_first(first))
-            if self._shared is None:
-                self.late.append(late)
-            else:
-                self._shared.add_late(late)
+            self._keep_late(LateRef(ref, sha, _unpack_first(first)))
             return False
+
+    def _claimed_elsewhere(self, key: bytes, ref: ChunkRef) -> bytes | None:
+        """Claims KEY in the shared file for REF; if another process had, its first row (kept:
+        its other rows here need not ask the file again)."""
+        if (first := self._shared.claim(key, _pack_first(ref))) is not None:
+            self._sent.put(key, first)
+        return first
+
+    def _keep_late(self, late: LateRef) -> None:
+        if self._shared is None:
+            self.late.append(late)
+        else:   # the driver reads the file: it cannot read a worker process's memory
+            self._shared.add_late(late)
 
     def seal(self, item: TextItem) -> TextItem:
         """The text is being sent: every row that claimed it so far shares it; later ones are late."""
@@ -127,7 +136,7 @@ class _ClaimTexts(beam.DoFn):
     def __init__(self, run_id: str, shared: ClaimFile | None):
         self._run_id, self._claim_file = run_id, shared
         self._distinct = Metrics.counter("embedpipe", "distinct_chunks")
-        self._shared = Metrics.counter("embedpipe", "chunks_deduplicated")
+        self._deduplicated = Metrics.counter("embedpipe", "chunks_deduplicated")
 
     def setup(self):
         self._claims = Claims.for_run(self._run_id, self._claim_file)
@@ -138,7 +147,7 @@ class _ClaimTexts(beam.DoFn):
             self._distinct.inc()
             yield TextItem(sha, text, n_tokens, (ref,))
         else:
-            self._shared.inc()
+            self._deduplicated.inc()
 
 
 class StreamDistinctTexts(beam.PTransform):

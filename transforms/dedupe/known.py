@@ -12,8 +12,8 @@ Two ways, as for distinct texts (transforms/dedupe/transform.py chooses), to fin
 place (ReuseRef):
 - AntiJoinKnown: a CoGroupByKey of this run's texts with every known text's digest and
   place; exact on any runner, no vector crosses it.
-- ReuseKnownStream (one process): the process reads the sources' digests into a KnownIndex
-  (~50 bytes a text) once; texts pass through it as they stream.
+- ReuseKnownStream (the local runner): each process reads the sources' digests into a
+  KnownIndex (~50 bytes a text) once; texts pass through it as they stream.
 Either way a reused text's vector is read afterwards from its place, a row group at a time
 (FetchReused), so vectors never gather.
 """
@@ -97,7 +97,7 @@ def _journaled(path: str) -> Iterator[tuple[int, str, str, int]]:
         yield row, sha, request["request_id"], share
 
 
-# -- several workers: a join of digests -------------------------------------------------------
+# -- distributed runners: a join of digests ---------------------------------------------------
 
 def _stored_refs(path: str, model: str, dims: int):
     for g, row, sha, request_id in _stored(path, model, dims):
@@ -156,7 +156,7 @@ class AntiJoinKnown(beam.PTransform):
                 | "AntiJoin" >> beam.ParDo(_AntiJoin()).with_outputs(REUSED, main="items"))
 
 
-# -- one process, streaming -------------------------------------------------------------------
+# -- the local runner, streaming ---------------------------------------------------------------
 
 _ENTRY = struct.Struct("<iiiiq")   # request id's number, file, row group, row, share
 

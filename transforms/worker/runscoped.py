@@ -1,8 +1,9 @@
 """Objects shared by every DoFn instance of one worker process for one run.
 
 The streaming steps keep per-run state in memory (claims of sent texts, what earlier runs
-delivered or hold): one copy per process, built on first use, and discarded by the driver
-once the job is done (on the local runner the workers are the driver's own process).
+delivered or hold): one copy per process, built on first use. The driver discards what it
+holds once the job is done (on the local runner in one process, the workers are the driver's
+own; worker processes of their own end with the job).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def get(run_id: str, name: str):
         return _by_run.get(run_id, {}).get(name)
 
 
-def discard(run_id: str) -> dict[str, object]:
-    """Forget RUN_ID's objects; returns them (the driver reads some after the job)."""
+def discard(run_id: str) -> None:
+    """Forget RUN_ID's objects."""
     with _lock:
-        return _by_run.pop(run_id, {})
+        _by_run.pop(run_id, None)
