@@ -24,8 +24,10 @@ run: setup
 	$(BIN)/python -m pipeline demo --workdir demo
 
 # The quick suite: everything except the soak, the benchmarks and the Airflow and interop venv tests.
+# Two pytest processes: most tests wait on a sandbox or a pipeline's subprocesses, so two share
+# 2 cores well (6 minutes against 10 serially, measured on the same machine in one hour).
 test: setup
-	$(PYTEST) -q -m "not soak and not bench and not airflow and not interop"
+	$(PYTEST) -q -n 2 -m "not soak and not bench and not airflow and not interop"
 
 soak: setup
 	$(PYTEST) -q -m soak -s

@@ -32,7 +32,8 @@ setup(
     extras_require={
         # moto's S3 server on loopback proves s3:// end to end (tests/e2e/test_object_stores.py);
         # flask is all its server mode needs for S3 (moto[server] would add ~200 MB for other services)
-        "test": ["pytest>=8,<10", "hypothesis>=6.100,<7", "apache-beam[aws]>=2.60,<3",
+        # pytest-xdist: `make test` runs on 2 processes (10 min serially on 2 cores, 6 in two)
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "hypothesis>=6.100,<7", "apache-beam[aws]>=2.60,<3",
                  "moto[s3]>=5,<6", "flask>=2.2.2,<4", "flask-cors>=4,<7"],
         # gs:// end to end against gcp-storage-emulator on loopback; Beam's GCP extra adds ~440 MB,
         # so it stays out of `test` (tests/e2e/test_object_stores.py skips gs:// without it)
