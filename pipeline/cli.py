@@ -16,7 +16,7 @@ import sys
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
 from pipeline.settings import profiles
 from pipeline.settings.job import model_names, resolve
-from pipeline.settings.options import EmbedPipeOptions, all_options_parser, check_runner, unknown_flags, use_filesystems
+from pipeline.settings.options import EmbedPipeOptions, all_options_parser, check_beam, unknown_flags, use_filesystems
 from pipeline.terminal import OWN_LOGGERS
 from pipeline.terminal import summary as short
 from pipeline.terminal import usage
@@ -45,7 +45,7 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
     if unknown := unknown_flags(flags):
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
     opts = EmbedPipeOptions(flags)
-    check_runner(opts)
+    check_beam(opts)
     use_filesystems(opts)
     return opts
 

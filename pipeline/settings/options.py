@@ -6,8 +6,9 @@ import difflib
 # Registers the Flink and Spark runners' options, so their flags count as known.
 import apache_beam.runners.portability.flink_runner  # noqa: F401
 import apache_beam.runners.portability.spark_runner  # noqa: F401
+from apache_beam.internal import pickler
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions, _BeamArgumentParser
 from apache_beam.runners.runner import create_runner
 
 from pipeline.exits import UsageError
@@ -50,13 +51,19 @@ def use_filesystems(opts: PipelineOptions) -> None:
     FileSystems.set_options(opts)
 
 
-def check_runner(opts: PipelineOptions) -> None:
-    """An unknown --runner would otherwise end in Beam's traceback once the job is built."""
+def check_beam(opts: PipelineOptions) -> None:
+    """An unknown --runner or a --pickle_library that is not installed would otherwise end in
+    Beam's traceback once the job is built, after the input's scan and the account's reads."""
     name = opts.view_as(StandardOptions).runner
     try:
         create_runner(name) if name else None
     except (ValueError, ImportError) as exc:
         raise UsageError(f"--runner {name}: {exc}") from None
+    library = opts.view_as(SetupOptions).pickle_library
+    try:
+        pickler.set_library(library)   # what beam.Pipeline() does first
+    except (ValueError, ImportError) as exc:
+        raise UsageError(f"--pickle_library {library}: {exc}") from None
 
 
 class EmbedPipeOptions(PipelineOptions):

@@ -6,6 +6,7 @@ import time only shows in a fresh interpreter.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -79,6 +80,8 @@ def test_local_worker_processes_keep_their_harness_chatter_to_themselves(sandbox
     (["--direct_num_workers", "abc"], ["--direct_num_workers", "invalid int value: 'abc'"]),
     (["--direct_running_mode", "fast"], ["--direct_running_mode", "invalid choice"]),
     (["--s3_endpoint_url"], ["--s3_endpoint_url", "expected one argument"]),
+    pytest.param(["--pickle_library", "dill"], ["--pickle_library dill", "dill is not installed"],
+                 marks=pytest.mark.skipif(importlib.util.find_spec("dill") is not None, reason="dill is installed")),
 ])
 def test_a_mistake_in_a_beam_option_is_one_line_and_exit_2(tmp_path, flags, words):
     corpus = write_corpus(tmp_path / "corpus.parquet")
