@@ -9,6 +9,7 @@ import apache_beam.runners.portability.spark_runner  # noqa: F401
 from apache_beam.internal import pickler
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
 from apache_beam.runners.runner import create_runner
 
 from pipeline.exits import UsageError
@@ -52,18 +53,21 @@ def use_filesystems(opts: PipelineOptions) -> None:
 
 
 def check_beam(opts: PipelineOptions) -> None:
-    """An unknown --runner or a --pickle_library that is not installed would otherwise end in
-    Beam's traceback once the job is built, after the input's scan and the account's reads."""
+    """What beam.Pipeline() checks first (the runner, the pickle library, Beam's validation of
+    the options) would otherwise end in Beam's traceback once the job is built, after the input's
+    scan and the account's reads."""
     name = opts.view_as(StandardOptions).runner
     try:
-        create_runner(name) if name else None
+        runner = create_runner(name or "DirectRunner")
     except (ValueError, ImportError) as exc:
         raise UsageError(f"--runner {name}: {exc}") from None
     library = opts.view_as(SetupOptions).pickle_library
     try:
-        pickler.set_library(library)   # what beam.Pipeline() does first
+        pickler.set_library(library)
     except (ValueError, ImportError) as exc:
         raise UsageError(f"--pickle_library {library}: {exc}") from None
+    if errors := PipelineOptionsValidator(opts, runner).validate():
+        raise UsageError("Beam's options: " + " ".join(" ".join(e.split()) for e in errors))
 
 
 class EmbedPipeOptions(PipelineOptions):

@@ -80,6 +80,7 @@ def test_local_worker_processes_keep_their_harness_chatter_to_themselves(sandbox
     (["--direct_num_workers", "abc"], ["--direct_num_workers", "invalid int value: 'abc'"]),
     (["--direct_running_mode", "fast"], ["--direct_running_mode", "invalid choice"]),
     (["--s3_endpoint_url"], ["--s3_endpoint_url", "expected one argument"]),
+    (["--environment_type", "PROCESS"], ["Beam's options", "process_command is required"]),
     pytest.param(["--pickle_library", "dill"], ["--pickle_library dill", "dill is not installed"],
                  marks=pytest.mark.skipif(importlib.util.find_spec("dill") is not None, reason="dill is installed")),
 ])
