@@ -18,7 +18,6 @@ from transforms.money import preflight
 from transforms.money.preflight import WorstCaseMicro
 from transforms.pack import request_totals
 
-
 log = logging.getLogger("embedpipe")
 
 TOTALS = ("plan_requests", "plan_inputs", "plan_chunks", "plan_tokens")

@@ -39,6 +39,12 @@ CHANGES_SCHEMA = pa.schema([required("doc_id", pa.string()), required("change", 
                             pa.field("fingerprint", FINGERPRINT)])
 
 
+def changes_table(doc_ids: list, changes: list, fingerprints: list) -> pa.Table:
+    """Change records (CHANGES_SCHEMA), a table at a time: one Beam element, not one a row."""
+    return pa.Table.from_pydict({"doc_id": doc_ids, "change": changes, "fingerprint": fingerprints},
+                                schema=CHANGES_SCHEMA)
+
+
 def signature(tokenizer: str, chunk_tokens: int, overlap_tokens: int, boundary_window: float,
               kept: Sequence[str]) -> bytes:
     """What makes the same text give other chunks or rows: a change re-does every document."""

@@ -15,7 +15,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from service.tokenizer import get_encoding
-from transforms.read.changes import CHANGES_SCHEMA, RESUMED, UNCHANGED, DocIndex, classify, fingerprint
+from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, changes_table, classify, fingerprint
 from transforms.read.parquet import Partition, ReadParquetTables
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, Rejected
@@ -123,8 +123,7 @@ class _SplitTable(beam.DoFn):
             else:
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
         if changed_ids:
-            yield beam.pvalue.TaggedOutput(CHANGED, pa.Table.from_pydict(
-                {"doc_id": changed_ids, "change": changes, "fingerprint": versions}, schema=CHANGES_SCHEMA))
+            yield beam.pvalue.TaggedOutput(CHANGED, changes_table(changed_ids, changes, versions))
         chunk_lists = self._splitter.split_many([(d, t) for d, t, _ in valid])
         for (doc_id, _, extra), chunks, todo in zip(valid, chunk_lists, todos):
             if todo is not None:   # resumed: only the chunks still pending
@@ -173,8 +172,7 @@ def pending_entries(table: pa.Table, kept_names: tuple):
 def _resumed(table: pa.Table) -> pa.Table:
     """Each document of a table of pending rows, once: it is resumed."""
     doc_ids = list(dict.fromkeys(table.column("doc_id").to_pylist()))
-    return pa.Table.from_pydict({"doc_id": doc_ids, "change": [RESUMED] * len(doc_ids),
-                                 "fingerprint": [None] * len(doc_ids)}, schema=CHANGES_SCHEMA)
+    return changes_table(doc_ids, [RESUMED] * len(doc_ids), [None] * len(doc_ids))
 
 
 class ReadPending(beam.PTransform):
