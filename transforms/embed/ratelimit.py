@@ -17,6 +17,7 @@ checks, once, what it reads the second against):
   at most one 429 per 64 x its level answers, however long the run). Twice, not doubling on:
   where processes share an account, the one left with the work when the others finish would
   wait out a wait that grew while they still ran (simulated: 1.4x the ideal time, 1.1x now).
+  A refused request's retry goes at the lowered limit, so its own 429 is news too.
 - latency above what the request's size explains: each answer that took one attempt is
   compared with the fastest of the recent answers of at least about its size (latency only
   grows with size, so what is left is a queue upstream or a saturated service), as a ratio.
@@ -41,6 +42,14 @@ checks, once, what it reads the second against):
   (BBR's ProbeRTT, once: half the places for about half a round trip; repeated, it cost a
   shared CPU more than it found). Not while a 429's plateau holds: a refusing service queues
   nothing.
+Below one place (more processes than the service has places: a wide Dataflow job on a small
+account): at one place, a process whose places the others keep taking draws a 429 on a large
+share of its requests (39% simulated, with each process's fair share half a place). So one place
+drawing `_STRIKES` 429s, each within a probe's wait of the last, halves on, down to
+`_PACED_FLOOR`: a limit L < 1 is one request, then (1 / L - 1) round trips of nothing. There,
+growth is counted in time, not in answers (they come 1 / L round trips apart): `_PACED_STEP` per
+round trip, and the probe's wait in round trips, so that the process with the smallest share does
+not wait longest (AIMD on the rate). A single 429 at one place after a quiet spell keeps one place.
 Before the first answer there is no round trip to read, and a large request's first answer may
 take seconds (1.5 s for 300k tokens in the bench, far more upstream): doubling per round trip
 would leave a fast service idle for several of them. A refusal comes back at once, though, so a
@@ -77,31 +86,37 @@ _WORTH = 0.5     # a step up must raise the throughput by at least this share of
 _PROBE_ANSWERS = 32   # x the 429's level: answers under it before the first probe of that level
 _PROBE_LATER = 2      # x that: the wait once a probe drew another 429
 _RAMP_FACTOR = 4      # x the initial limit: how far it may grow before the first answer
+_PACED_FLOOR = 1 / 32  # the lowest limit: one request per 32 round trips
+_PACED_STEP = 1 / 8    # below one place: growth per round trip of time
+_PACED_NEAR = 7 / 8    # x the 429's level: where growth below one place waits for the probe
+_STRIKES = 3          # 429s at one place, each within a probe's wait of the last, before fewer
+_UNKNOWN_RTT_S = 1.0   # a round trip's length before any clean answer timed one
 
 class Permit:
     """One granted place. `rate_limited()` may be called while the request is still retrying
     (the client's on_retry hook): the other threads slow down at once, and it returns when
     the retry may go."""
-    __slots__ = ("_limiter", "epoch", "level", "sent_with", "throttled", "released")
+    __slots__ = ("_limiter", "epoch", "level", "sent_with", "released")
 
     def __init__(self, limiter: "ConcurrencyLimiter", epoch: int, level: int, sent_with: int):
         self._limiter, self.epoch, self.level, self.sent_with = limiter, epoch, level, sent_with
-        self.throttled = self.released = False
+        self.released = False
 
     def rate_limited(self) -> None:
         self._limiter._throttle(self)
-        self._limiter._park()
+        self._limiter._park(self)
 
     def release(self, outcome: str = OK, *, tokens: int | None = None, latency_s: float | None = None) -> None:
         self._limiter.release(self, outcome, tokens=tokens, latency_s=latency_s)
 
 
 class ConcurrencyLimiter:
-    def __init__(self, initial: float, minimum: float = 1, maximum: float = 64, *,
+    def __init__(self, initial: float, minimum: float = _PACED_FLOOR, maximum: float = 64, *,
                  admitted_after_s: float | None = None, clock: Callable[[], float] = time.monotonic):
         """ADMITTED_AFTER_S: the ramp before the first answer (above); None: none."""
-        if not 1 <= minimum <= initial <= maximum:
-            raise ValueError(f"need 1 <= minimum <= initial <= maximum, got {minimum}, {initial}, {maximum}")
+        if not (0 < minimum <= initial <= maximum and initial >= 1):
+            raise ValueError(f"need 0 < minimum <= initial <= maximum and initial >= 1, "
+                             f"got {minimum}, {initial}, {maximum}")
         if admitted_after_s is not None and admitted_after_s <= 0:
             raise ValueError(f"admitted_after_s must be > 0, got {admitted_after_s}")
         self._min, self._max = float(minimum), float(maximum)
@@ -112,6 +127,11 @@ class ConcurrencyLimiter:
         self._ramping = admitted_after_s is not None   # until the first answer or 429
         self._granted_at = clock()                     # when the last place was given
         self._in_flight = 0
+        self._paced_until = float("-inf")   # below one place: no request before this
+        self._rtt: float | None = None      # smoothed latency of clean answers
+        self._since_429 = _PROBE_ANSWERS    # clean answers since the last 429 that counted
+        self._answered_at = clock()         # the last answer of any kind (or the start)
+        self._strikes = 0                   # 429s at one place or fewer, each soon after the last
         self._epoch = 0              # bumped by every decrease
         self._level = 0              # bumped by every change of the limit
         self._slow_start = True
@@ -136,8 +156,18 @@ class ConcurrencyLimiter:
 
     @property
     def allowed(self) -> int:
-        """Requests that may be in flight now."""
-        return int(self._limit)
+        """Requests that may be in flight now (below one place: one, paced; `paced_until`)."""
+        return max(1, int(self._limit))
+
+    def answered_within(self, seconds: float) -> bool:
+        """Whether an answer came (or the limiter was made) within the last SECONDS."""
+        with self._cond:
+            return self._clock() - self._answered_at < seconds
+
+    @property
+    def paced_until(self) -> float:
+        """Below one place, when the next request may go (on the limiter's clock)."""
+        return self._paced_until
 
     @property
     def in_flight(self) -> int:
@@ -147,20 +177,30 @@ class ConcurrencyLimiter:
         """Block until a place is free; None if `timeout` seconds passed first."""
         with self._cond:
             deadline = None if timeout is None else self._clock() + timeout
-            while self._in_flight >= int(self._limit):
-                now, ramp_at = self._clock(), self._ramp_at()
+            while not self._may_send(now := self._clock()):
+                ramp_at = self._ramp_at()
                 if ramp_at is not None and now >= ramp_at:
                     self._grow()
                     continue
                 if deadline is not None and now >= deadline:
                     return None
-                waits = [t - now for t in (ramp_at, deadline) if t is not None]
+                paced = self._paced_until if self._paced_until > now else None
+                waits = [t - now for t in (ramp_at, deadline, paced) if t is not None]
                 self._cond.wait(min(waits) if waits else None)
             self._in_flight += 1
             self._granted_at = self._clock()
             permit = Permit(self, self._epoch, self._level, self._in_flight)
             self._end_drain()   # its request is out
             return permit
+
+    def _may_send(self, now: float) -> bool:
+        return self._in_flight < self.allowed and now >= self._paced_until
+
+    def _pace(self) -> None:
+        """Below one place, a request is followed by (1 / limit - 1) round trips of nothing."""
+        if self._limit < 1:
+            rtt = self._rtt if self._rtt is not None else _UNKNOWN_RTT_S
+            self._paced_until = self._clock() + rtt * (1 / self._limit - 1)
 
     def _ramp_at(self) -> float | None:
         """When the ramp before the first answer adds the next place, if it still may."""
@@ -181,8 +221,10 @@ class ConcurrencyLimiter:
             self._ramping = False   # an answer, an error or a 429: from now on, the signals decide
             if outcome == RATE_LIMITED:
                 self._throttle(permit)
-            elif outcome == OK and not permit.throttled:
+            elif outcome == OK:
+                self._answered_at = self._clock()
                 self._answered(permit, tokens, latency_s)
+            self._pace()
             self._in_flight -= 1
             self._cond.notify_all()
 
@@ -191,15 +233,20 @@ class ConcurrencyLimiter:
         if tokens is not None and latency_s is not None and latency_s > 0:
             expected = min((s for t, s in self._recent if t >= _SIZE_SLACK * tokens), default=None)
             self._recent.append((tokens, latency_s))
+            self._rtt = latency_s if self._rtt is None else 0.875 * self._rtt + 0.125 * latency_s
             if expected is not None:
                 ratio = max(1.0, latency_s / expected)
+        self._since_429 += 1
         if permit.epoch != self._epoch:   # sent before the last decrease: its latency is old news
             return
         if ratio is not None:   # what the latency was at each concurrency it was sent with
             mean, n = self._seen.get(permit.sent_with, (ratio, 0))
             self._seen[permit.sent_with] = ((mean + ratio) / 2 if n else ratio, n + 1)
-        if self._plateau is not None and self._limit + 1 >= self._plateau:
-            self._under += 1
+        if self._plateau is not None and self._under_plateau():
+            self._under += 1 if self._limit >= 1 else 1 / self._limit   # below one place: in round trips
+        if self._limit < 1:
+            self._paced_answer()
+            return
         in_use = self._in_flight >= int(self._limit)   # full when this answer came (it counts)
         if self._slow_start:
             if ratio is not None and ratio >= _QUEUED:
@@ -235,22 +282,42 @@ class ConcurrencyLimiter:
                 sent_with / mean < below / self._seen[below][0] * (1 + _WORTH * (sent_with - below) / below):
             self._decrease(below)            # the step up from there bought too little
             self.latency_decreases += 1
-        elif self._drain_due and self._plateau is None and self._limit >= 2 * self._min:
+        elif self._drain_due and self._plateau is None and self._limit >= 2:
             self._drain()
         elif in_use:
             self._grow()
 
+    def _paced_answer(self) -> None:
+        """Below one place each answer is a round trip of its own, and they come 1 / limit
+        round trips apart: growth per answer is STEP / limit, so it is STEP per round trip
+        of time whatever the limit, and processes sharing a service converge to equal shares
+        (AIMD on the rate). Counted in answers, the one with the smallest share grew slowest."""
+        if self._plateau is None or not self._under_plateau() or self._under >= self._probe_wait:
+            self._limit = min(self._max, 2 * self._limit, self._limit + _PACED_STEP / self._limit)
+            self.peak = max(self.peak, self._limit)
+            self._level += 1
+            if self._plateau is not None and self._limit >= self._plateau:
+                self._plateau = None
+
+    def _under_plateau(self) -> bool:
+        """One step under the last 429's level, where growth waits for its probe."""
+        if self._limit < 1:
+            return self._limit >= _PACED_NEAR * self._plateau
+        return self._limit + 1 >= self._plateau
+
     def _latency_decrease(self, concurrency: float, ratio: float) -> None:
         """Gradient2's gradient: what fits is the concurrency the latency was measured at x
-        expected / latency."""
-        self._decrease(concurrency / ratio)
+        expected / latency; never under one place, where a queue is at most one request of each
+        process, and fewer could leave the service idle (2 processes on a capacity of 1: 1.16x
+        the floor paced by latency, 1.04x at one place each)."""
+        self._decrease(max(1.0, concurrency / ratio))
         self.latency_decreases += 1
 
     def _grow(self) -> None:
         if self._plateau is not None:
             if self._limit >= self._plateau:   # probed it, and an answer came back: no plateau
                 self._plateau = None
-            elif self._limit + 1 >= self._plateau and self._under < self._probe_wait:
+            elif self._under_plateau() and self._under < self._probe_wait:
                 return                         # the next step would probe the 429's level: not yet
         self._limit = min(self._max, self._limit + 1)
         self.peak = max(self.peak, self._limit)
@@ -285,28 +352,30 @@ class ConcurrencyLimiter:
         with self._cond:
             self.rate_limited_count += 1
             self._ramping = False
-            if permit.throttled:
-                return
-            permit.throttled = True
             if permit.epoch < self._epoch:   # sent before the last decrease: already answered
                 return
             self._end_drain()
-            level = int(self._limit)
-            if self._plateau is not None and level >= self._plateau - 1:
-                self._probe_wait = _PROBE_LATER * _PROBE_ANSWERS * level   # probed that level again
-            else:
-                self._probe_wait = _PROBE_ANSWERS * level
-            self._plateau, self._under = level, 0
-            self._decrease(self._limit / 2)
+            level = int(self._limit) if self._limit >= 1 else self._limit
+            wait = _PROBE_ANSWERS * max(1, level)
+            if self._plateau is not None and self._under_plateau():
+                wait *= _PROBE_LATER   # probed that level again
+            self._probe_wait, self._plateau, self._under = wait, level, 0
+            # one place goes to fewer only after _STRIKES 429s, each within a probe's wait of the last
+            self._strikes = self._strikes + 1 if self._since_429 < _PROBE_ANSWERS and self._limit < 2 else 0
+            self._since_429 = 0
+            self._decrease(self._limit / 2 if self._strikes >= _STRIKES else max(1.0, self._limit / 2))
 
-    def _park(self) -> None:
+    def _park(self, permit: Permit) -> None:
         """A rate-limited request gives its place back and waits until the in-flight count is
         under the (lowered) limit before it retries."""
         with self._cond:
+            self._pace()
             self._in_flight -= 1
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self._in_flight < int(self._limit))
+            while not self._may_send(now := self._clock()):
+                self._cond.wait(self._paced_until - now if self._in_flight < self.allowed else None)
             self._in_flight += 1
+            permit.epoch, permit.sent_with = self._epoch, self._in_flight   # its retry goes at this limit
 
 
 class _Bucket:
