@@ -41,6 +41,7 @@ class EmbedSettings:
     max_in_flight: int = 32
     initial_in_flight: int = 2
     admitted_after_s: float = 0.25
+    max_refused_s: float = 900.0
     progress_interval_s: float = 5.0
 
 
@@ -143,6 +144,7 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
     positive = {"embed.max_in_flight": settings.embed.max_in_flight,
                 "embed.initial_in_flight": settings.embed.initial_in_flight,
                 "embed.admitted_after_s": settings.embed.admitted_after_s,
+                "embed.max_refused_s": settings.embed.max_refused_s,
                 "client.max_attempts": settings.client.max_attempts,
                 "client.pool_size": settings.client.pool_size, "client.max_decoding": settings.client.max_decoding,
                 "pack.max_open_requests": settings.pack.max_open_requests,

@@ -87,6 +87,7 @@ class Job:
         return ServiceConfig(self.opts.base_url, self.opts.account_segment, self.key_source, self.model.name,
                              self.opts.dimensions, self.dimensions, self.retry, c.pool_size, c.encoding_format,
                              c.max_decoding, e.max_in_flight, e.initial_in_flight, e.admitted_after_s,
+                             e.max_refused_s,
                              r.requests_per_minute,
                              r.tokens_per_minute)
 

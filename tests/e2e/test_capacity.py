@@ -26,7 +26,7 @@ def unlimited(tmp_path_factory):
     return _job(tmp, [])[0]
 
 
-def _job(tmp, sandbox_args, *job_args, rate_limits=None, embed=None):
+def _job(tmp, sandbox_args, *job_args, rate_limits=None, embed=None, client=None):
     from service.sandbox.launcher import SandboxProcess  # a module fixture cannot use sandbox_factory
     corpus, out = tmp / "c.parquet", tmp / "out"
     if not corpus.exists():
@@ -37,7 +37,7 @@ def _job(tmp, sandbox_args, *job_args, rate_limits=None, embed=None):
             mp.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
             code = run("--input", str(corpus), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url,
                        "--models-config", str(models_config(tmp)),
-                       "--run-config", str(_config(tmp, rate_limits, embed)),
+                       "--run-config", str(_config(tmp, rate_limits, embed, client)),
                        *job_args)
         assert code == 0
         charges = ledger(sb.db)
@@ -46,11 +46,12 @@ def _job(tmp, sandbox_args, *job_args, rate_limits=None, embed=None):
     return rows, charges, summary(out)
 
 
-def _config(tmp, rate_limits, embed=None):
+def _config(tmp, rate_limits, embed=None, client=None):
     path = run_config(tmp)
     doc = yaml.safe_load(path.read_text())
     doc["rate_limits"].update(rate_limits or {})
     doc["embed"].update(embed or {})
+    doc["client"].update(client or {})
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -84,6 +85,21 @@ def test_a_service_at_capacity_gets_every_row_paid_once(tmp_path, unlimited, mod
     assert s["requests"] == len(charges) and s["pending"] == 0 and s["failed"] == 0
     print(f"\ncapacity 2, {mode}, {workers} worker(s): {s['requests']} requests, "
           f"{s['metrics'].get('retries', 0)} retries")
+
+
+def test_more_processes_than_places_deliver_every_row_and_keep_sending(tmp_path, unlimited):
+    """Two processes on one place: the one kept out has requests refused until their retries
+    run out (client.max_refusals 0 here: at the first 429). That tripped its breaker as if the
+    service were gone: 92 of 96 rows were left pending. A refusing service is busy, not gone,
+    so such a request is sent again while the process had an answer within
+    embed.max_refused_s."""
+    rows, charges, s = _job(tmp_path, ["--capacity", "1", "--capacity-mode", "429"],
+                            "--direct_num_workers", "2", "--direct_running_mode", "multi_processing",
+                            client={"max_refusals": 0})
+    assert rows == unlimited
+    paid = collections.Counter(h for c in charges for h in c["input_sha256"])
+    assert len(paid) == DOCS and max(paid.values()) == 1
+    assert s["pending"] == 0 and s["failed"] == 0 and s["metrics"].get("rate_limited", 0) > 0
 
 
 def test_a_known_quota_is_kept_without_429s(tmp_path, unlimited):

@@ -1,11 +1,24 @@
 """The request runner's handling of what the service answers, without Beam.
 
 The client is a real EmbeddingsClient against a real sandbox where the behaviour needs one;
-here only the pure parts: re-splitting an over-long input."""
+here the pure parts (re-splitting an over-long input) and what the runner does with answers
+a sandbox gives: the journal, the start of a request, refusals."""
 from __future__ import annotations
 
+import datetime as dt
+import threading
+import time
+
+import numpy as np
+
+from service.client import EmbeddingsClient, RetryPolicy
+from service.credentials import ApiKey
 from service.tokenizer import get_encoding
-from transforms.embed.send import resplit
+from tests.conftest import SANDBOX_KEY
+from transforms.embed.ratelimit import ConcurrencyLimiter
+from transforms.embed.send import UNAVAILABLE, Breaker, RequestRunner, request_key, resplit
+from transforms.money import journal
+from transforms.money.budget import BudgetGuard
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, TextItem
 
@@ -40,16 +53,6 @@ def test_an_input_too_short_to_halve_comes_back_whole():
 
 def test_a_request_already_in_this_runs_journal_is_not_paid_again(tmp_path):
     """A retried bundle packs the same texts: the id is the same, the journal answers."""
-    import datetime as dt
-
-    import numpy as np
-
-    from service.client import EmbeddingsClient, RetryPolicy
-    from service.credentials import ApiKey
-    from transforms.embed.send import Breaker, RequestRunner, request_key
-    from transforms.money import journal
-    from transforms.money.budget import BudgetGuard
-
     batch = [_item("first text"), _item("second text")._replace(text_sha256="sha2")]
     rid = request_key("r1", "m", None, batch)
     assert rid == request_key("r1", "m", None, batch[::-1]) != request_key("r2", "m", None, batch)
@@ -78,15 +81,6 @@ def test_started_at_is_taken_after_the_intent_so_that_it_plus_the_latency_is_whe
     """The reconciliation orders the account's charges by when each answer came (started_at +
     latency_ms): taken before a slow intent write, that point was early, and a retried
     attempt's charge was named other spending (seen once in CI, under load)."""
-    import datetime as dt
-    import time
-
-    from service.client import EmbeddingsClient
-    from service.credentials import ApiKey
-    from tests.conftest import SANDBOX_KEY
-    from transforms.embed.send import Breaker, RequestRunner
-    from transforms.money.budget import BudgetGuard
-
     written = []
 
     def intend(request_id, tokens, worst_case_micro):
@@ -104,3 +98,48 @@ def test_started_at_is_taken_after_the_intent_so_that_it_plus_the_latency_is_whe
     assert row["status"] == 200 and written
     assert written[0] <= row["started_at"]
     assert row["started_at"] + dt.timedelta(milliseconds=row["latency_ms"]) <= answered
+
+
+def _refused_runner(sandbox, max_refused_s):
+    client = EmbeddingsClient(sandbox.base_url, ApiKey(SANDBOX_KEY), retry=RetryPolicy(max_refusals=0))
+    return RequestRunner(client, model="text-embedding-3-small", dimensions=None, expected_dims=1536,
+                         guard=BudgetGuard(balance_before=None, spendable_rub=None, price_per_token_rub=1e-6,
+                                           margin=1.0),
+                         breaker=Breaker(), run_id="r1", resplit=lambda i: [i],
+                         concurrency=ConcurrencyLimiter(1, maximum=1), max_refused_s=max_refused_s)
+
+
+def _hold_the_place(sandbox):
+    """Another process's request, worked on for the sandbox's latency."""
+    other = EmbeddingsClient(sandbox.base_url, ApiKey(SANDBOX_KEY))
+    thread = threading.Thread(target=other.embed, args=("text-embedding-3-small", ["the other process"]))
+    thread.start()
+    return thread
+
+
+def test_a_request_refused_until_its_retries_ran_out_is_sent_again(sandbox_factory):
+    """The service is busy, not gone: the request goes again (after the Retry-After), and is
+    answered once the place is free. Tripping the breaker here left a process's rows pending
+    whenever more processes than places shared an account."""
+    sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0,
+                         args=["--capacity", "1", "--capacity-mode", "429", "--latency-ms", "1500"])
+    holder = _hold_the_place(sb)
+    time.sleep(0.3)
+    runner = _refused_runner(sb, max_refused_s=60)
+    out = runner.run([_item("kept out for a while")])
+    holder.join()
+    assert runner._breaker.reason is None and not out.pending and len(out.deliveries) == 1
+    statuses = [r["status"] for r in out.requests]
+    assert statuses[-1] == 200 and set(statuses[:-1]) == {429} and len(statuses) >= 2
+
+
+def test_a_process_refused_for_longer_than_max_refused_s_stops_sending(sandbox_factory):
+    sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0,
+                         args=["--capacity", "1", "--capacity-mode", "429", "--latency-ms", "3000"])
+    holder = _hold_the_place(sb)
+    time.sleep(0.3)
+    runner = _refused_runner(sb, max_refused_s=0.5)
+    out = runner.run([_item("kept out for good")])
+    holder.join()
+    assert runner._breaker.reason == UNAVAILABLE and "429" in runner._breaker.message
+    assert [reason for _, reason in out.pending] == [UNAVAILABLE] and not out.deliveries

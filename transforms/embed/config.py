@@ -27,6 +27,7 @@ class ServiceConfig:
     max_in_flight: int              # the adaptive limit's ceiling (transforms/embed/ratelimit.py)
     initial_in_flight: int          # and where it starts
     admitted_after_s: float         # a request out this long without a 429 holds a place
+    max_refused_s: float            # refused (429) this long without an answer: stop sending
     requests_per_minute: int        # explicit quotas; 0: none
     tokens_per_minute: int
 

@@ -6,7 +6,10 @@
 - 401/403: trip the breaker: nothing more is sent by this worker, the rest is pending;
 - 402 or a request that no longer fits the budget: stop spending, the rest is pending;
 - transient faults that outlived the client's retry budget: the service is unreachable:
-  trip the breaker too (a retry storm against a dead service helps nobody).
+  trip the breaker too (a retry storm against a dead service helps nobody);
+- 429s that outlived the client's refusals: the service is busy, not gone (more processes
+  than it has places keep some out for a while): sent again after the Retry-After, while this
+  process had an answer within `max_refused_s`; after that, as unreachable.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import threading
+import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -133,13 +137,15 @@ class RequestRunner:
                  recall: Callable[[str], tuple[dict, list[str], list[int], np.ndarray] | None] | None = None,
                  intend: Callable[[str, int, int], None] | None = None,
                  concurrency: ConcurrencyLimiter | None = None, quota: TokenBucketLimiter | None = None,
-                 known: Callable[[str], "tuple[np.ndarray, ReuseRef] | None"] | None = None):
+                 known: Callable[[str], "tuple[np.ndarray, ReuseRef] | None"] | None = None,
+                 max_refused_s: float = 0.0):
         self._client, self._model, self._dimensions = client, model, dimensions
         self._expected_dims = expected_dims
         self._guard, self._breaker, self._run_id = guard, breaker, run_id
         self._resplit, self._journal, self._recall, self._intend = resplit, journal, recall, intend
         self._concurrency, self._quota = concurrency, quota
         self._known = known
+        self._max_refused_s = max_refused_s
         self._same_refusals = _RefusalStreak()
 
     def run(self, items: Sequence[TextItem]) -> Outcome:
@@ -272,8 +278,14 @@ class RequestRunner:
             for item in batch:
                 out.failed += rejections(item, "invalid_response", exc.message)
             self._breaker.trip(INVALID, exc.message)
+        elif isinstance(exc, errors.RateLimitError) and self._concurrency is not None \
+                and self._concurrency.answered_within(self._max_refused_s):
+            time.sleep(exc.retry_after or self._client.retry.initial_backoff_s)   # as the service asked
+            return [batch]
         elif exc.retryable:
-            self._breaker.trip(UNAVAILABLE, exc.message)
+            refused = isinstance(exc, errors.RateLimitError)
+            self._breaker.trip(UNAVAILABLE, f"every request refused (HTTP 429) for over {self._max_refused_s:g} s "
+                                            f"without an answer: {exc.message}" if refused else exc.message)
             out.pending += [(i, UNAVAILABLE) for i in batch]
         else:  # 404, 413 and other permanent statuses: this batch cannot succeed as sent
             if len(batch) > 1:

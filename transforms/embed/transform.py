@@ -107,7 +107,8 @@ class _EmbedDoFn(beam.DoFn):
             intend=lambda request_id, tokens, worst: journal.write_intent(out.output_dir, out.run_id, request_id,
                                                                           tokens, worst),
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
-            known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None)
+            known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None,
+            max_refused_s=service.max_refused_s)
         self._pool = cf.ThreadPoolExecutor(service.max_in_flight + 1, thread_name_prefix="embed")
 
     def start_bundle(self):
