@@ -70,7 +70,6 @@ MODEL = "text-embedding-3-small"
 LATENCY = ["--latency-ms", "50", "--latency-per-token-us", "5"]
 RATE_LIMIT = ["--faults", str(REPO / "configs/sandbox/faults-ratelimit.yaml"), "--latency-ms", "200"]
 RATE_LIMIT_RPS, RATE_LIMIT_BURST = 20.0, 5.0   # as in configs/sandbox/faults-ratelimit.yaml
-CAPACITIES = (4, 8)
 
 
 def _env() -> dict:
@@ -229,7 +228,7 @@ class Bench:
         bodies = floor.packed_bodies(corpus, MODEL, self.model.max_inputs_per_request, a.capacity_request_tokens,
                                      fill=0.99)
         rows, worst = [], {}
-        for cap in CAPACITIES:
+        for cap in a.capacities:
             with self.sandbox(f"sandbox-capacity-{cap}-floor", LATENCY + ["--capacity", str(cap)]) as sb:
                 self.say(f"  floor at capacity {cap} ...")
                 floor_s = floor.send_all(sb.base_url, KEY, bodies, cap)
@@ -267,7 +266,7 @@ class Bench:
                   "before which nothing is sent); answers span = the first to the last answer billed: the part "
                   "the in-flight limit decides.")
         for (mode, w), (ratio, span, share, off) in sorted(worst.items()):
-            self.targets.append(f"capacity {'/'.join(map(str, CAPACITIES))}, {mode} mode, {w} worker(s): worst "
+            self.targets.append(f"capacity {'/'.join(map(str, a.capacities))}, {mode} mode, {w} worker(s): worst "
                                 f"wall / floor {ratio:.2f} (target <= 1.2; answers span / floor {span:.2f}), "
                                 f"worst 429 share {100 * share:.1f}% "
                                 f"(target <= 2% in 429 mode), farthest settled limit from the capacity {off}")
@@ -482,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-scale", action="store_true", help="run the scale (and sync) sections alone")
     ap.add_argument("--sync-docs", type=int, default=200000,
                     help="documents of the next-day --sync section (0: skip it)")
+    ap.add_argument("--capacities", type=_ints, default=[4, 8],
+                    help="the sandbox's capacities in the capacity section (1 with 2 workers: more processes than places)")
     ap.add_argument("--only-capacity", action="store_true", help="run the capacity section (and --scale) alone")
     ap.add_argument("--no-capacity", dest="capacity", action="store_false", help="skip the capacity section")
     ap.add_argument("--capacity-request-tokens", type=int, default=30_000,
