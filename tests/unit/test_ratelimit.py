@@ -7,6 +7,7 @@ import collections
 import heapq
 import random
 import threading
+import time
 import typing
 
 import pytest
@@ -216,15 +217,60 @@ def test_one_place_refused_again_and_again_goes_below_one_and_paces_its_requests
     clock.now = 1.0
     answer(permit, latency_s=0.5)
     assert lim.limit == 0.75              # 1/8 per round trip of time: the answer came two round trips on
-    answers = 1
+    limits = []
     while lim.limit < 1:
         clock.now = lim.paced_until
         permit = lim.acquire(timeout=0)
         clock.now += 0.5
         answer(permit, latency_s=0.5)
-        answers += 1
-    assert 50 <= answers <= 70            # under the 429's level for its probe wait: 2 x 32 round trips,
-                                          # as 1 drew 429s again
+        limits.append(round(lim.limit, 3))
+    assert limits == [0.917, 1.053]
+    clock.now = 10.0
+    lim.acquire(timeout=0).release(RATE_LIMITED)      # soon after the last 429: halved, below one place
+    assert lim.limit == pytest.approx(1.053 / 2, rel=1e-3)
+    clock.now = 11.0
+    lim.acquire(timeout=0).release(RATE_LIMITED)      # below one place, each 429 halves
+    assert lim.limit == pytest.approx(1.053 / 4, rel=1e-3)
+    assert lim.paced_until == pytest.approx(11.0 + 0.5 * (1 / lim.limit - 1))
+
+
+def test_at_the_floor_growth_at_most_doubles_per_answer():
+    clock = Clock()
+    lim = ConcurrencyLimiter(1, maximum=8, clock=clock)
+    answer(lim.acquire(), latency_s=0.5)
+    while lim.limit > 1 / 32:
+        lim.acquire(timeout=0).release(RATE_LIMITED)
+        clock.now = lim.paced_until
+    limits = []
+    while lim.limit < 1:
+        clock.now = lim.paced_until
+        permit = lim.acquire(timeout=0)
+        clock.now += 0.5
+        answer(permit, latency_s=0.5)
+        limits.append(lim.limit)
+    assert limits[:4] == [1 / 16, 1 / 8, 1 / 4, 1 / 2]   # 1/8 per round trip of time would leap to 4
+
+
+def test_a_refused_retry_below_one_place_waits_out_the_pause_and_its_answer_counts():
+    lim = ConcurrencyLimiter(1, maximum=1)
+    answer(lim.acquire(), latency_s=0.1)
+    for _ in range(4):
+        lim.acquire().release(RATE_LIMITED)
+    assert lim.limit == 0.5
+    permit = lim.acquire()
+    start = time.monotonic()
+    permit.rate_limited()                 # the client's hook: 0.25 now, and 3 round trips of nothing
+    assert time.monotonic() - start >= 0.25 and lim.limit == 0.25
+    permit.release(OK)                    # answered after its retry: an answer all the same
+    assert lim.limit == 0.5 and lim.answered_within(1.0)
+
+
+def test_latency_never_takes_the_limit_under_one_place():
+    """There a queue is at most one request of each process; fewer could leave the service idle."""
+    lim = ConcurrencyLimiter(1, maximum=1)
+    answer(lim.acquire(), latency_s=1.0)
+    answer(lim.acquire(), latency_s=10.0)
+    assert lim.latency_decreases == 1 and lim.limit == 1
 
 
 def test_release_twice_and_bad_arguments_are_refused():

@@ -47,9 +47,10 @@ account): at one place, a process whose places the others keep taking draws a 42
 share of its requests (39% simulated, with each process's fair share half a place). So one place
 drawing `_STRIKES` 429s, each within a probe's wait of the last, halves on, down to
 `_PACED_FLOOR`: a limit L < 1 is one request, then (1 / L - 1) round trips of nothing. There,
-growth is counted in time, not in answers (they come 1 / L round trips apart): `_PACED_STEP` per
-round trip, and the probe's wait in round trips, so that the process with the smallest share does
-not wait longest (AIMD on the rate). A single 429 at one place after a quiet spell keeps one place.
+each 429 halves, and growth is counted in time, not in answers (they come 1 / L round trips
+apart): `_PACED_STEP` per round trip, so that the process with the smallest share does not climb
+slowest (AIMD on the rate), at most doubling per answer. A single 429 at one place after a quiet
+spell keeps one place.
 Before the first answer there is no round trip to read, and a large request's first answer may
 take seconds (1.5 s for 300k tokens in the bench, far more upstream): doubling per round trip
 would leave a fast service idle for several of them. A refusal comes back at once, though, so a
@@ -59,10 +60,10 @@ request out for `admitted_after_s` without a 429 holds a place: until the first 
 it before the next step; a queueing one shows its queue in the first answers' latency.
 The concurrency a round trip measured is the mean in-flight count its requests were sent with,
 not the limit (reading may leave the limit unfilled). Decreases at most halve the limit at
-once. Growth needs the limit full when an answer comes (a caller that never fills it proves
-nothing about a larger one, and a limit that grows unused only overstates what was found): +1
-per answer until the first sign of a queue or
-a 429 (slow start: doubling per round trip), then +1 per round trip. Each worker process
+once. From one place up, growth needs the limit full when an answer comes (a caller that never
+fills it proves nothing about a larger one, and a limit that grows unused only overstates what
+was found): +1 per answer until the first sign of a queue or a 429 (slow start: doubling per
+round trip), then +1 per round trip. Each worker process
 adapts on its own; processes sharing an account settle together, as TCP flows share a link,
 with no coordinator.
 """
@@ -88,7 +89,6 @@ _PROBE_LATER = 2      # x that: the wait once a probe drew another 429
 _RAMP_FACTOR = 4      # x the initial limit: how far it may grow before the first answer
 _PACED_FLOOR = 1 / 32  # the lowest limit: one request per 32 round trips
 _PACED_STEP = 1 / 8    # below one place: growth per round trip of time
-_PACED_NEAR = 7 / 8    # x the 429's level: where growth below one place waits for the probe
 _STRIKES = 3          # 429s at one place, each within a probe's wait of the last, before fewer
 _UNKNOWN_RTT_S = 1.0   # a round trip's length before any clean answer timed one
 
@@ -129,8 +129,8 @@ class ConcurrencyLimiter:
         self._in_flight = 0
         self._paced_until = float("-inf")   # below one place: no request before this
         self._rtt: float | None = None      # smoothed latency of clean answers
-        self._since_429 = _PROBE_ANSWERS    # clean answers since the last 429 that counted
-        self._answered_at = clock()         # the last answer of any kind (or the start)
+        self._since_429 = _PROBE_ANSWERS    # answers since the last 429 that counted
+        self._answered_at = clock()         # the last answer (or the start)
         self._strikes = 0                   # 429s at one place or fewer, each soon after the last
         self._epoch = 0              # bumped by every decrease
         self._level = 0              # bumped by every change of the limit
@@ -160,9 +160,12 @@ class ConcurrencyLimiter:
         return max(1, int(self._limit))
 
     def answered_within(self, seconds: float) -> bool:
-        """Whether an answer came (or the limiter was made) within the last SECONDS."""
+        """Whether an answer came (or the limiter was made) within the last SECONDS, plus two
+        of this limiter's own paced cycles (at the floor, a round trip of 30 s is a cycle of
+        16 minutes: that silence is its own doing, not the service's)."""
         with self._cond:
-            return self._clock() - self._answered_at < seconds
+            cycle = (self._rtt or _UNKNOWN_RTT_S) / self._limit if self._limit < 1 else 0.0
+            return self._clock() - self._answered_at < seconds + 2 * cycle
 
     @property
     def paced_until(self) -> float:
@@ -242,8 +245,8 @@ class ConcurrencyLimiter:
         if ratio is not None:   # what the latency was at each concurrency it was sent with
             mean, n = self._seen.get(permit.sent_with, (ratio, 0))
             self._seen[permit.sent_with] = ((mean + ratio) / 2 if n else ratio, n + 1)
-        if self._plateau is not None and self._under_plateau():
-            self._under += 1 if self._limit >= 1 else 1 / self._limit   # below one place: in round trips
+        if self._plateau is not None and self._limit + 1 >= self._plateau:
+            self._under += 1
         if self._limit < 1:
             self._paced_answer()
             return
@@ -289,21 +292,17 @@ class ConcurrencyLimiter:
 
     def _paced_answer(self) -> None:
         """Below one place each answer is a round trip of its own, and they come 1 / limit
-        round trips apart: growth per answer is STEP / limit, so it is STEP per round trip
-        of time whatever the limit, and processes sharing a service converge to equal shares
-        (AIMD on the rate). Counted in answers, the one with the smallest share grew slowest."""
-        if self._plateau is None or not self._under_plateau() or self._under >= self._probe_wait:
-            self._limit = min(self._max, 2 * self._limit, self._limit + _PACED_STEP / self._limit)
-            self.peak = max(self.peak, self._limit)
-            self._level += 1
-            if self._plateau is not None and self._limit >= self._plateau:
-                self._plateau = None
-
-    def _under_plateau(self) -> bool:
-        """One step under the last 429's level, where growth waits for its probe."""
-        if self._limit < 1:
-            return self._limit >= _PACED_NEAR * self._plateau
-        return self._limit + 1 >= self._plateau
+        round trips apart: growth per answer is STEP / limit, STEP per round trip of time
+        whatever the limit (AIMD on the rate: counted in answers, the process with the smallest
+        share grew slowest), but at most doubling per answer, so that a process at the floor
+        does not leap to several places on one answer (from 1/32 back to one place: ~60 round
+        trips). No probe wait here: in the simulator it cut no 429s and cost up to 1.4x the
+        wall."""
+        self._limit = min(self._max, 2 * self._limit, self._limit + _PACED_STEP / self._limit)
+        self.peak = max(self.peak, self._limit)
+        self._level += 1
+        if self._plateau is not None and self._limit >= self._plateau:
+            self._plateau = None
 
     def _latency_decrease(self, concurrency: float, ratio: float) -> None:
         """Gradient2's gradient: what fits is the concurrency the latency was measured at x
@@ -317,7 +316,7 @@ class ConcurrencyLimiter:
         if self._plateau is not None:
             if self._limit >= self._plateau:   # probed it, and an answer came back: no plateau
                 self._plateau = None
-            elif self._under_plateau() and self._under < self._probe_wait:
+            elif self._limit + 1 >= self._plateau and self._under < self._probe_wait:
                 return                         # the next step would probe the 429's level: not yet
         self._limit = min(self._max, self._limit + 1)
         self.peak = max(self.peak, self._limit)
@@ -355,26 +354,32 @@ class ConcurrencyLimiter:
             if permit.epoch < self._epoch:   # sent before the last decrease: already answered
                 return
             self._end_drain()
-            level = int(self._limit) if self._limit >= 1 else self._limit
-            wait = _PROBE_ANSWERS * max(1, level)
-            if self._plateau is not None and self._under_plateau():
-                wait *= _PROBE_LATER   # probed that level again
-            self._probe_wait, self._plateau, self._under = wait, level, 0
-            # one place goes to fewer only after _STRIKES 429s, each within a probe's wait of the last
+            if self._limit >= 1:   # below one place, a 429 only halves (_paced_answer)
+                level = int(self._limit)
+                if self._plateau is not None and level >= self._plateau - 1:
+                    self._probe_wait = _PROBE_LATER * _PROBE_ANSWERS * level   # probed that level again
+                else:
+                    self._probe_wait = _PROBE_ANSWERS * level
+                self._plateau, self._under = level, 0
+            # one place goes to fewer only after _STRIKES 429s, each within a probe's wait of the
+            # last; below one place each 429 halves
             self._strikes = self._strikes + 1 if self._since_429 < _PROBE_ANSWERS and self._limit < 2 else 0
             self._since_429 = 0
-            self._decrease(self._limit / 2 if self._strikes >= _STRIKES else max(1.0, self._limit / 2))
+            below = self._limit < 1 or self._strikes >= _STRIKES
+            self._decrease(self._limit / 2 if below else max(1.0, self._limit / 2))
 
     def _park(self, permit: Permit) -> None:
         """A rate-limited request gives its place back and waits until the in-flight count is
-        under the (lowered) limit before it retries."""
+        under the (lowered) limit, and below one place for the pause, before it retries."""
         with self._cond:
             self._pace()
             self._in_flight -= 1
             self._cond.notify_all()
-            while not self._may_send(now := self._clock()):
-                self._cond.wait(self._paced_until - now if self._in_flight < self.allowed else None)
-            self._in_flight += 1
+            try:
+                while not self._may_send(now := self._clock()):
+                    self._cond.wait(self._paced_until - now if self._in_flight < self.allowed else None)
+            finally:   # the caller releases the permit whatever happens: its place must be held
+                self._in_flight += 1
             permit.epoch, permit.sent_with = self._epoch, self._in_flight   # its retry goes at this limit
 
 
