@@ -6,8 +6,10 @@ a sandbox gives: the journal, the start of a request, refusals."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
+import urllib.request
 
 import numpy as np
 
@@ -15,7 +17,7 @@ from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import ApiKey
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
-from transforms.embed.ratelimit import ConcurrencyLimiter
+from transforms.embed.ratelimit import OK, ConcurrencyLimiter
 from transforms.embed.send import UNAVAILABLE, Breaker, RequestRunner, request_key, resplit
 from transforms.money import journal
 from transforms.money.budget import BudgetGuard
@@ -100,46 +102,88 @@ def test_started_at_is_taken_after_the_intent_so_that_it_plus_the_latency_is_whe
     assert row["started_at"] + dt.timedelta(milliseconds=row["latency_ms"]) <= answered
 
 
-def _refused_runner(sandbox, max_refused_s):
+def _refused_runner(sandbox, max_refused_s, limiter=None):
     client = EmbeddingsClient(sandbox.base_url, ApiKey(SANDBOX_KEY), retry=RetryPolicy(max_refusals=0))
-    return RequestRunner(client, model="text-embedding-3-small", dimensions=None, expected_dims=1536,
-                         guard=BudgetGuard(balance_before=None, spendable_rub=None, price_per_token_rub=1e-6,
-                                           margin=1.0),
-                         breaker=Breaker(), run_id="r1", resplit=lambda i: [i],
-                         concurrency=ConcurrencyLimiter(1, maximum=1), max_refused_s=max_refused_s)
+    breaker = Breaker()
+    runner = RequestRunner(client, model="text-embedding-3-small", dimensions=None, expected_dims=1536,
+                           guard=BudgetGuard(balance_before=None, spendable_rub=None, price_per_token_rub=1e-6,
+                                             margin=1.0),
+                           breaker=breaker, run_id="r1", resplit=lambda i: [i],
+                           concurrency=limiter or ConcurrencyLimiter(1, maximum=1), max_refused_s=max_refused_s)
+    return runner, breaker
 
 
-def _hold_the_place(sandbox):
-    """Another process's request, worked on for the sandbox's latency."""
+def _capacity(sandbox) -> dict:
+    with urllib.request.urlopen(sandbox.base_url.removesuffix("/v1") + "/healthz", timeout=10) as resp:
+        return json.load(resp)["capacity"]
+
+
+def _hold_the_place(sandbox) -> threading.Thread:
+    """Another process's request, worked on for the sandbox's latency: it has the one place
+    when this returns."""
     other = EmbeddingsClient(sandbox.base_url, ApiKey(SANDBOX_KEY))
     thread = threading.Thread(target=other.embed, args=("text-embedding-3-small", ["the other process"]))
     thread.start()
+    deadline = time.monotonic() + 30
+    while _capacity(sandbox)["in_progress"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     return thread
 
 
+def _one_place(sandbox_factory, latency_ms: int):
+    return sandbox_factory(key=SANDBOX_KEY, balance=100.0,
+                           args=["--capacity", "1", "--capacity-mode", "429", "--latency-ms", str(latency_ms)])
+
+
 def test_a_request_refused_until_its_retries_ran_out_is_sent_again(sandbox_factory):
-    """The service is busy, not gone: the request goes again (after the Retry-After), and is
-    answered once the place is free. Tripping the breaker here left a process's rows pending
-    whenever more processes than places shared an account."""
-    sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0,
-                         args=["--capacity", "1", "--capacity-mode", "429", "--latency-ms", "1500"])
+    """The service is busy, not gone: the request goes again after each Retry-After (1 s
+    here), and is answered once the place is free. Tripping the breaker here left a process's
+    rows pending whenever more processes than places shared an account."""
+    sb = _one_place(sandbox_factory, 2000)
     holder = _hold_the_place(sb)
-    time.sleep(0.3)
-    runner = _refused_runner(sb, max_refused_s=60)
+    runner, breaker = _refused_runner(sb, max_refused_s=60)
+    start = time.monotonic()
     out = runner.run([_item("kept out for a while")])
+    elapsed = time.monotonic() - start
     holder.join()
-    assert runner._breaker.reason is None and not out.pending and len(out.deliveries) == 1
-    statuses = [r["status"] for r in out.requests]
-    assert statuses[-1] == 200 and set(statuses[:-1]) == {429} and len(statuses) >= 2
+    assert breaker.reason is None and not out.pending and len(out.deliveries) == 1
+    assert [r["status"] for r in out.requests] == [200]   # one logical request, one row
+    refused = _capacity(sb)["refused"]
+    assert refused >= 1 and out.retries == refused
+    assert elapsed >= refused + 2.0   # each refusal waited its Retry-After, and the answer took 2 s
+
+
+def test_a_request_refused_for_longer_than_max_refused_s_is_pending_while_others_are_answered(sandbox_factory):
+    sb = _one_place(sandbox_factory, 3000)
+    holder = _hold_the_place(sb)
+    limiter, stop = ConcurrencyLimiter(1, maximum=4), threading.Event()
+
+    def others_answered():   # the process's other requests, answered meanwhile
+        while not stop.is_set():
+            if (permit := limiter.acquire(timeout=0.1)) is not None:
+                permit.release(OK)
+            time.sleep(0.05)
+
+    answering = threading.Thread(target=others_answered)
+    answering.start()
+    try:
+        runner, breaker = _refused_runner(sb, max_refused_s=1.0, limiter=limiter)
+        out = runner.run([_item("refused on its own")])
+    finally:
+        stop.set()
+        answering.join()
+    holder.join()
+    assert breaker.reason is None and [reason for _, reason in out.pending] == [UNAVAILABLE]
+    assert [r["status"] for r in out.requests] == [429]
 
 
 def test_a_process_refused_for_longer_than_max_refused_s_stops_sending(sandbox_factory):
-    sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0,
-                         args=["--capacity", "1", "--capacity-mode", "429", "--latency-ms", "3000"])
+    sb = _one_place(sandbox_factory, 3000)
     holder = _hold_the_place(sb)
-    time.sleep(0.3)
-    runner = _refused_runner(sb, max_refused_s=0.5)
+    runner, breaker = _refused_runner(sb, max_refused_s=0.5)
     out = runner.run([_item("kept out for good")])
     holder.join()
-    assert runner._breaker.reason == UNAVAILABLE and "429" in runner._breaker.message
+    assert breaker.reason == UNAVAILABLE and "no answer for over 0.5 s" in breaker.message
+    assert "429" in breaker.message
     assert [reason for _, reason in out.pending] == [UNAVAILABLE] and not out.deliveries

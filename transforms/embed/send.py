@@ -8,8 +8,9 @@
 - transient faults that outlived the client's retry budget: the service is unreachable:
   trip the breaker too (a retry storm against a dead service helps nobody);
 - 429s that outlived the client's refusals: the service is busy, not gone (more processes
-  than it has places keep some out for a while): sent again after the Retry-After, while this
-  process had an answer within `max_refused_s`; after that, as unreachable.
+  than it has places keep some out for a while): sent again after the Retry-After, for up to
+  `max_refused_s` from its first such end, while this process gets answers; past that, the
+  request is pending; a process without an answer for that long trips the breaker.
 """
 from __future__ import annotations
 
@@ -146,6 +147,7 @@ class RequestRunner:
         self._concurrency, self._quota = concurrency, quota
         self._known = known
         self._max_refused_s = max_refused_s
+        self._refused_since: dict[str, float] = {}   # request id -> when its refusals first ran out
         self._same_refusals = _RefusalStreak()
 
     def run(self, items: Sequence[TextItem]) -> Outcome:
@@ -187,8 +189,11 @@ class RequestRunner:
             billed = getattr(exc, "usage", None)  # a malformed 200 was still billed
             self._guard.settle(reservation, billed.cost_rub if billed else None,
                                billed.balance if billed else None)
-            out.requests.append(self._request_row(request_id, batch, started[0], error=exc))
             out.retries += max(0, exc.attempts - 1)
+            if self._refused_again(exc, request_id):
+                out.retries += 1   # one logical request: the row is its last round's
+                return [batch]
+            out.requests.append(self._request_row(request_id, batch, started[0], error=exc))
             if isinstance(exc, errors.InvalidResponseError) and self._client.encoding_format != encoding:
                 return [batch]  # the server ignored base64: the client now asks for floats
             return self._on_error(exc, batch, out)
@@ -196,6 +201,7 @@ class RequestRunner:
             self._guard.settle(reservation, None, None)  # never leave a reservation behind
             raise
         self._guard.settle(reservation, result.usage.cost_rub, result.usage.balance)
+        self._refused_since.pop(request_id, None)
         if result.usage.cost_rub is not None:
             self._guard.learn_price(result.usage.cost_rub, result.usage.total_tokens)
         row = self._request_row(request_id, batch, started[0], result=result)
@@ -278,20 +284,36 @@ class RequestRunner:
             for item in batch:
                 out.failed += rejections(item, "invalid_response", exc.message)
             self._breaker.trip(INVALID, exc.message)
-        elif isinstance(exc, errors.RateLimitError) and self._concurrency is not None \
-                and self._concurrency.answered_within(self._max_refused_s):
-            time.sleep(exc.retry_after or self._client.retry.initial_backoff_s)   # as the service asked
-            return [batch]
+        elif isinstance(exc, errors.RateLimitError) and self._answered_lately():
+            out.pending += [(i, UNAVAILABLE) for i in batch]   # refused this long on its own: the others go on
         elif exc.retryable:
-            refused = isinstance(exc, errors.RateLimitError)
-            self._breaker.trip(UNAVAILABLE, f"every request refused (HTTP 429) for over {self._max_refused_s:g} s "
-                                            f"without an answer: {exc.message}" if refused else exc.message)
+            refused = isinstance(exc, errors.RateLimitError) and self._concurrency is not None
+            self._breaker.trip(UNAVAILABLE, f"no answer for over {self._max_refused_s:g} s, every request refused "
+                                            f"(HTTP 429): {exc.message}" if refused else exc.message)
             out.pending += [(i, UNAVAILABLE) for i in batch]
         else:  # 404, 413 and other permanent statuses: this batch cannot succeed as sent
             if len(batch) > 1:
                 return [batch[:half], batch[half:]]
             out.failed += rejections(batch[0], f"http_{exc.status or 'error'}", exc.message)
         return []
+
+    def _answered_lately(self) -> bool:
+        return self._concurrency is not None and self._concurrency.answered_within(self._max_refused_s)
+
+    def _refused_again(self, exc: errors.EmbeddingsError, request_id: str) -> bool:
+        """Whether a request the service refused (429) until the client's refusals ran out goes
+        again, after the Retry-After: not if an attempt may have been billed, nor past
+        `max_refused_s` from its first such end, nor once this process has gone that long
+        without an answer."""
+        if not isinstance(exc, errors.RateLimitError) or exc.uncertain_attempts:
+            return False
+        first = self._refused_since.setdefault(request_id, time.monotonic())
+        if time.monotonic() - first >= self._max_refused_s or not self._answered_lately():
+            del self._refused_since[request_id]
+            return False
+        retry = self._client.retry
+        time.sleep(min(exc.retry_after or retry.initial_backoff_s, retry.max_backoff_s))
+        return True
 
     def _unknown(self, pieces: list[TextItem], out: Outcome) -> list[TextItem]:
         """The pieces of a re-split text that no store holds; the others are delivered from
