@@ -202,6 +202,26 @@ def test_a_refused_retry_is_news_it_went_at_the_lowered_limit():
     assert lim.limit == 1 and lim.decreases == 2
 
 
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _paced_up_to_one_place(lim: ConcurrencyLimiter, clock: Clock, rtt: float = 0.5) -> list:
+    """Answers, each sent when the pause allows and taking RTT, until the limit is one place."""
+    limits = []
+    while lim.limit < 1:
+        clock.now = lim.paced_until
+        permit = lim.acquire(timeout=0)
+        clock.now += rtt
+        answer(permit, latency_s=rtt)
+        limits.append(lim.limit)
+    return limits
+
+
 def test_one_place_refused_again_and_again_goes_below_one_and_paces_its_requests():
     clock = Clock()
     lim = ConcurrencyLimiter(1, maximum=8, clock=clock)
@@ -217,14 +237,7 @@ def test_one_place_refused_again_and_again_goes_below_one_and_paces_its_requests
     clock.now = 1.0
     answer(permit, latency_s=0.5)
     assert lim.limit == 0.75              # 1/8 per round trip of time: the answer came two round trips on
-    limits = []
-    while lim.limit < 1:
-        clock.now = lim.paced_until
-        permit = lim.acquire(timeout=0)
-        clock.now += 0.5
-        answer(permit, latency_s=0.5)
-        limits.append(round(lim.limit, 3))
-    assert limits == [0.917, 1.053]
+    assert [round(limit, 3) for limit in _paced_up_to_one_place(lim, clock)] == [0.917, 1.053]
     clock.now = 10.0
     lim.acquire(timeout=0).release(RATE_LIMITED)      # soon after the last 429: halved, below one place
     assert lim.limit == pytest.approx(1.053 / 2, rel=1e-3)
@@ -241,13 +254,7 @@ def test_at_the_floor_growth_at_most_doubles_per_answer():
     while lim.limit > 1 / 32:
         lim.acquire(timeout=0).release(RATE_LIMITED)
         clock.now = lim.paced_until
-    limits = []
-    while lim.limit < 1:
-        clock.now = lim.paced_until
-        permit = lim.acquire(timeout=0)
-        clock.now += 0.5
-        answer(permit, latency_s=0.5)
-        limits.append(lim.limit)
+    limits = _paced_up_to_one_place(lim, clock)
     assert limits[:4] == [1 / 16, 1 / 8, 1 / 4, 1 / 2]   # 1/8 per round trip of time would leap to 4
 
 
@@ -284,14 +291,6 @@ def test_release_twice_and_bad_arguments_are_refused():
     for args in ((0,), (5, 1, 4), (2, 3, 4), (1, 0), (0.5, 0.25)):
         with pytest.raises(ValueError):
             ConcurrencyLimiter(*args)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_before_the_first_answer_a_full_limit_grows_by_one_per_admission_interval_up_to_4x():
