@@ -28,8 +28,8 @@
    per element (tests/bench/beam_overhead.py).
 4. A sandbox with an embeddings rate limit: 429s and throughput with a fixed concurrency,
    with ConcurrencyLimiter and with TokenBucketLimiter (tests/bench/aimd.py).
-5. A sandbox with a capacity (--capacity 4 and 8, queue and 429 mode), the job at its defaults
-   with 1 and 2 worker processes, requests capped at --capacity-request-tokens (so that 30
+5. A sandbox with a capacity (--capacities, 4 and 8 by default; queue and 429 mode), the job at
+   its defaults with 1 and 2 worker processes, requests capped at --capacity-request-tokens (so that 30
    requests are not the whole sample): the limit it settled at, the 429s, wall against the
    floor at that capacity, texts paid twice, and its rows against a run without a capacity.
 6. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
