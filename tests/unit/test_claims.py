@@ -91,9 +91,15 @@ def test_another_processs_claim_makes_a_row_late_and_the_file_keeps_it(tmp_path)
 
 def _claim(path: str, worker: int, order: list[int], start, results) -> None:
     claims = Claims(ClaimFile(path))
+
+    def won(i: int) -> bool:
+        return claims.add(hashlib.sha256(str(i).encode()).hexdigest(), ref(f"{worker}-{i}"))
+
     start.wait()
-    results.put((worker, [i for i in order if claims.add(hashlib.sha256(str(i).encode()).hexdigest(),
-                                                         ref(f"{worker}-{i}"))]))
+    first = [order[0]] if won(order[0]) else []
+    start.wait()   # every process holds a claim: the rest races (one process alone took all 300
+    #                texts before the others woke, on a loaded machine)
+    results.put((worker, first + [i for i in order[1:] if won(i)]))
 
 
 def test_processes_sharing_a_claim_file_send_each_text_once(tmp_path):
@@ -110,7 +116,7 @@ def test_processes_sharing_a_claim_file_send_each_text_once(tmp_path):
         w.join(timeout=60)
     claimed = [i for w in sorted(firsts) for i in firsts[w]]
     assert sorted(claimed) == list(range(n))   # each text once, by one of them
-    assert sum(1 for w in firsts if firsts[w]) >= 2, firsts   # they did meet: several claimed
+    assert all(firsts.values()), firsts   # each won the text it tried first
     late = shared.late()
     assert len(late) == n * (len(orders) - 1)
     # each late row points at the one row that claimed its text
