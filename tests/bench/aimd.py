@@ -17,7 +17,8 @@ import time
 from service import errors
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import ApiKey
-from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter, TokenBucketLimiter
+from transforms.embed.quota import TokenBucketLimiter
+from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter
 
 
 @dataclasses.dataclass

@@ -25,7 +25,8 @@ import numpy as np
 
 from service import errors
 from service.client import EmbeddingsClient
-from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter, TokenBucketLimiter
+from transforms.embed.quota import TokenBucketLimiter
+from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter
 from transforms.money.apportion import apportion_micro, from_micro, to_micro
 from transforms.money.budget import BudgetGuard
 from transforms.read.split import MIN_MAX_TOKENS, Splitter

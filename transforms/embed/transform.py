@@ -25,7 +25,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from service.tokenizer import get_encoding
 from transforms.dedupe.known import known_vector
 from transforms.embed.config import EmbedConfig
-from transforms.embed.ratelimit import ConcurrencyLimiter, TokenBucketLimiter
+from transforms.embed.quota import TokenBucketLimiter
+from transforms.embed.ratelimit import ConcurrencyLimiter
 from transforms.embed.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
 from transforms.money import journal
 from transforms.money.budget import BudgetGuard
