@@ -27,7 +27,8 @@ class ServiceConfig:
     max_in_flight: int              # the adaptive limit's ceiling (transforms/embed/ratelimit.py)
     initial_in_flight: int          # and where it starts
     admitted_after_s: float         # a request out this long without a 429 holds a place
-    max_refused_s: float            # refused (429) this long without an answer: stop sending
+    max_refused_s: float            # a request refused (429) is sent again for this long; a process
+                                    # with no answer for this long stops sending
     requests_per_minute: int        # explicit quotas; 0: none
     tokens_per_minute: int
 
