@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import tempfile
 from typing import Iterator, Mapping, NamedTuple, Sequence
 
 import apache_beam as beam
@@ -23,7 +22,7 @@ from pipeline.checks.prior import Prior
 from pipeline.runner import in_process, is_local, one_worker
 from pipeline.settings.job import Job
 from transforms import schemas
-from transforms.dedupe.claimfile import ClaimFile
+from transforms.dedupe.claimfile import ClaimFile, claim_dir
 from transforms.dedupe.distinct import LateRef
 from transforms.dedupe.known import REUSED, FetchReused, KnownStores
 from transforms.dedupe.transform import ITEMS, Dedupe
@@ -72,9 +71,7 @@ def claims_for(job: Job, scope: str) -> Iterator[Claiming]:
         stack.callback(runscoped.discard, scope)
         shared = None
         if streaming and not in_process(job.opts):
-            shared_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="embedpipe-claims-",
-                                                                         ignore_cleanup_errors=True))
-            shared = ClaimFile.create(os.path.join(shared_dir, "claims.sqlite"))
+            shared = ClaimFile.create(os.path.join(stack.enter_context(claim_dir()), "claims.sqlite"))
             stack.callback(shared.close)
         yield Claiming(streaming, scope, shared)
 

@@ -1,13 +1,15 @@
 """The claims of streaming dedupe: first row claims, open claims gather rows, sealed claims
 turn later rows into late refs pointing at the first row; worker processes sharing a claim file
-claim each text once between them."""
+claim each text once between them; the directories of killed jobs' claim files are swept."""
 from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 import threading
+import time
 
-from transforms.dedupe.claimfile import ClaimFile
+from transforms.dedupe.claimfile import ClaimFile, claim_dir, sweep_stale
 from transforms.dedupe.distinct import Claims, LateRef
 from transforms.records import ChunkRef, TextItem
 from transforms.worker import runscoped
@@ -124,3 +126,26 @@ def test_processes_sharing_a_claim_file_send_each_text_once(tmp_path):
     for row in late:
         i = int(row.ref.doc_id.split("-")[1])
         assert row.first[0] == f"{claimer[i]}-{i}" != row.ref.doc_id
+
+
+def _killed(path: str) -> None:
+    """A job that made its claim directory and died (its lock went with it)."""
+    with claim_dir(path) as made:
+        os.rename(made, made + "-killed")   # what rmtree would have removed, kept as a kill leaves it
+
+
+def test_the_claim_directories_of_killed_jobs_are_swept_and_live_ones_kept(tmp_path):
+    parent = str(tmp_path)
+    _killed(parent)
+    (stale,) = [p for p in os.listdir(parent)]
+    with claim_dir(parent) as live:                      # a job running now: its lock is held
+        assert os.path.exists(live) and not os.path.exists(os.path.join(parent, stale))
+        assert sweep_stale(parent) == []                 # another job's sweep leaves it
+        young = tmp_path / "embedpipe-claims-young"      # being made: no lock file yet
+        old = tmp_path / "embedpipe-claims-old"          # torn before its lock file
+        young.mkdir(), old.mkdir()
+        os.utime(old, (time.time() - 3600,) * 2)
+        (tmp_path / "unrelated").mkdir()
+        assert sweep_stale(parent) == [str(old)]
+        assert sorted(os.listdir(parent)) == sorted([os.path.basename(live), "embedpipe-claims-young", "unrelated"])
+    assert not os.path.exists(live)                      # a job's own directory goes with it

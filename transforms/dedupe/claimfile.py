@@ -8,14 +8,67 @@ every chunk's text in the runner's memory. The standard library's SQLite gives t
 "first claim wins" across processes without a server. The late rows go to the file as well,
 since the driver cannot read a worker process's memory. The file is local: the local runner's
 workers share the driver's disk, and distributed runners group instead.
+
+The driver keeps it in a directory of its own (`claim_dir`), locked for as long as the job
+runs: a job killed with SIGKILL leaves the directory, with each late row's kept columns, and
+the next job on the machine removes every such directory whose lock is free.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import glob
+import os
 import pickle
+import shutil
 import sqlite3
+import tempfile
 import threading
+import time
+from typing import Iterator
 
 _BUSY_TIMEOUT_S = 60.0   # another process's write holds the file for microseconds
+_PREFIX = "embedpipe-claims-"
+_OWNER = "owner.lock"
+_UNLOCKED_GRACE_S = 60.0   # a directory without its lock file yet may be one being made
+
+
+@contextlib.contextmanager
+def claim_dir(parent: str | None = None) -> Iterator[str]:
+    """A new directory for a job's claim file under PARENT (the temporary directory), locked
+    while the job runs and removed after it; stale ones of killed jobs are removed first."""
+    parent = parent or tempfile.gettempdir()
+    sweep_stale(parent)
+    path = tempfile.mkdtemp(prefix=_PREFIX, dir=parent)
+    try:
+        with open(os.path.join(path, _OWNER + ".new"), "w") as owner:
+            fcntl.flock(owner, fcntl.LOCK_EX)   # freed by the kernel when this process dies
+            os.rename(owner.name, os.path.join(path, _OWNER))   # seen by a sweep only once locked
+            yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_stale(parent: str) -> list[str]:
+    """Remove the claim directories under PARENT that no live job holds; return them."""
+    swept = []
+    for path in glob.glob(os.path.join(glob.escape(parent), _PREFIX + "*")):
+        try:
+            with open(os.path.join(path, _OWNER)) as owner:
+                fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue   # a live job's
+        except FileNotFoundError:
+            try:
+                if time.time() - os.path.getmtime(path) < _UNLOCKED_GRACE_S:
+                    continue
+            except FileNotFoundError:
+                continue   # its job removed it meanwhile
+        except OSError:
+            continue   # not ours to judge (another user's, say)
+        shutil.rmtree(path, ignore_errors=True)
+        swept.append(path)
+    return swept
 
 
 class ClaimFile:
