@@ -350,7 +350,7 @@ class ConcurrencyLimiter:
             if permit.epoch < self._epoch:   # sent before the last decrease: already answered
                 return
             self._end_drain()
-            if self._limit >= 1:   # below one place, a 429 only halves (_paced_answer)
+            if self._limit >= 1:   # a plateau and its probe wait from one place up; below, AIMD alone
                 level = int(self._limit)
                 if self._plateau is not None and level >= self._plateau - 1:
                     self._probe_wait = _PROBE_LATER * _PROBE_ANSWERS * level   # probed that level again
