@@ -547,6 +547,38 @@ def test_random_sequences_keep_the_invariants(ops, minimum, maximum):
         assert lim.in_flight == len(held)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["acquire", "release", "wait"]), st.integers(0, 30),
+                          st.sampled_from([OK, OK, RATE_LIMITED, RATE_LIMITED, IGNORED]),
+                          st.sampled_from([None, 0.1, 0.5, 2.0])),
+                max_size=300),
+       st.integers(4, 40))
+def test_random_sequences_below_one_place_keep_the_invariants(ops, maximum):
+    """With 429s enough to go below one place: one request at most, none before its pause ends,
+    the limit within its bounds, the in-flight count exact. (A parked retry waits in real time:
+    test_a_refused_retry_below_one_place_waits_out_the_pause_and_its_answer_counts.)"""
+    clock = Clock()
+    lim = ConcurrencyLimiter(1, maximum=maximum, clock=clock)
+    held = []
+    for op, pick, outcome, latency in ops:
+        if op == "acquire":
+            p = lim.acquire(timeout=0)
+            if p is None:
+                assert lim.in_flight >= lim.allowed or clock.now < lim.paced_until
+            else:
+                held.append(p)
+                assert lim.in_flight <= lim.allowed and clock.now >= lim.paced_until - EPS
+        elif op == "wait":
+            clock.now += [0.1, 1.0, 10.0][pick % 3]
+        elif held:
+            before = lim.limit
+            held.pop(pick % len(held)).release(outcome, tokens=FULL, latency_s=latency)
+            if lim.limit < before:
+                assert lim.limit >= max(1 / 32, before / 2) - EPS
+        assert 1 / 32 <= lim.limit <= maximum
+        assert lim.in_flight == len(held) and lim.allowed == max(1, int(lim.limit))
+
+
 def test_threads_never_exceed_the_ceiling():
     lim = ConcurrencyLimiter(3, minimum=1, maximum=12)   # real time: no pauses below one place
     lock = threading.Lock()
