@@ -160,7 +160,7 @@ class ConcurrencyLimiter:
         of this limiter's own paced cycles (at the floor, a round trip of 30 s is a cycle of
         16 minutes: that silence is its own doing, not the service's)."""
         with self._cond:
-            cycle = (self._rtt or _UNKNOWN_RTT_S) / self._limit if self._limit < 1 else 0.0
+            cycle = self._round_trip() / self._limit if self._limit < 1 else 0.0
             return self._clock() - self._answered_at < seconds + 2 * cycle
 
     @property
@@ -195,11 +195,13 @@ class ConcurrencyLimiter:
     def _may_send(self, now: float) -> bool:
         return self._in_flight < self.allowed and now >= self._paced_until
 
+    def _round_trip(self) -> float:
+        return self._rtt if self._rtt is not None else _UNKNOWN_RTT_S
+
     def _pace(self) -> None:
         """Below one place, a request is followed by (1 / limit - 1) round trips of nothing."""
         if self._limit < 1:
-            rtt = self._rtt if self._rtt is not None else _UNKNOWN_RTT_S
-            self._paced_until = self._clock() + rtt * (1 / self._limit - 1)
+            self._paced_until = self._clock() + self._round_trip() * (1 / self._limit - 1)
 
     def _ramp_at(self) -> float | None:
         """When the ramp before the first answer adds the next place, if it still may."""

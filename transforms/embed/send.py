@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
+import random
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from service import errors
-from service.client import EmbeddingsClient
+from service.client import EmbeddingsClient, backoff_delay
 from transforms.embed.quota import TokenBucketLimiter
 from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter
 from transforms.money.apportion import apportion_micro, from_micro, to_micro
@@ -312,8 +313,8 @@ class RequestRunner:
         if time.monotonic() - first >= self._max_refused_s or not self._answered_lately():
             del self._refused_since[request_id]
             return False
-        retry = self._client.retry
-        time.sleep(min(exc.retry_after or retry.initial_backoff_s, retry.max_backoff_s))
+        retry = self._client.retry   # the client's wait, jitter included: processes do not come back together
+        time.sleep(min(backoff_delay(retry, 1, exc.retry_after, random.random()), retry.max_backoff_s))
         return True
 
     def _unknown(self, pieces: list[TextItem], out: Outcome) -> list[TextItem]:
