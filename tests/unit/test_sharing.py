@@ -1,0 +1,75 @@
+"""AccountSharing: whether others still spend on the account, from the balance after each answer."""
+import random
+
+from transforms.embed.sharing import AccountSharing
+
+COST = 1_000   # micro-units a request costs
+RTT = 1.0
+
+
+class Account:
+    """One balance, charged by this process and by others; this process's answers read it."""
+
+    def __init__(self):
+        self.balance = 10**9
+        self.sharing = AccountSharing()
+        self.now = 0.0
+
+    def others_spend(self, requests: int) -> None:
+        self.balance -= requests * COST
+
+    def answer(self, places: int = 1, *, balance: int | None = None) -> bool:
+        self.now += RTT / places
+        self.balance -= COST
+        return self.sharing.answered(self.now, COST, self.balance if balance is None else balance, places, RTT)
+
+
+def test_the_others_stopping_is_told_once_after_a_whole_window():
+    acct = Account()
+    for _ in range(20):   # another process with a request in flight all along: one charge per answer
+        acct.others_spend(1)
+        assert not acct.answer()
+    assert acct.sharing.shared
+    told = [acct.answer() for _ in range(20)]
+    assert told.count(True) == 1 and not acct.sharing.shared
+    assert 3 <= told.index(True) <= 6   # a window is 3 x (places + 1) round trips: 6 answers at one place
+
+
+def test_alone_from_the_start_is_never_news():
+    acct = Account()
+    assert not any(acct.answer(places=4) for _ in range(200))
+    assert not acct.sharing.shared
+
+
+def test_its_own_requests_answered_out_of_order_are_not_others():
+    """With 8 in flight, each answer's balance may already include up to 7 of its own later
+    charges, or miss them: within the tolerance, never 'shared'."""
+    rng, acct, out = random.Random(0), Account(), []
+    for _ in range(2000):
+        acct.balance -= COST   # charged as it is sent...
+        out.append(acct.balance)
+        if len(out) == 8:      # ...answered in any order
+            acct.now += rng.uniform(0, RTT / 4)
+            acct.sharing.answered(acct.now, COST, out.pop(rng.randrange(8)), 8, RTT)
+        assert not acct.sharing.shared
+
+
+def test_others_spending_little_but_steadily_keep_it_shared():
+    """One other request a round trip against 4 of ours is more than twice the tolerance over
+    a window (15 round trips at 4 places): shared, and it stays so."""
+    acct = Account()
+    for i in range(400):
+        if i % 4 == 0:
+            acct.others_spend(1)
+        assert not acct.answer(places=4)
+    assert acct.sharing.shared
+
+
+def test_a_new_spender_after_a_quiet_spell_is_seen_and_its_end_told_again():
+    acct = Account()
+    for spell in range(2):
+        for _ in range(20):
+            acct.others_spend(2)
+            acct.answer()
+        assert acct.sharing.shared
+        assert [acct.answer() for _ in range(20)].count(True) == 1
