@@ -47,6 +47,11 @@ each 429 halves, and growth is counted in time, not in answers (they come 1 / L 
 apart): `_PACED_STEP` per round trip, so that the process with the smallest share does not climb
 slowest (AIMD on the rate), at most doubling per answer. A single 429 at one place after a quiet
 spell keeps one place.
+When the others stop: a plateau or a pause learnt while other processes spent on the account is
+their doing, and the last one left would keep it (a refusing service says nothing when places
+free). The balance each answer carries says when nobody else spends any more
+(transforms/embed/sharing.py); then the plateau and its wait go, and a paced limit is one place
+again: the limit grows as it would have, and the service's own capacity draws the next 429.
 Before the first answer there is no round trip to read, and a large request's first answer may
 take seconds (1.5 s for 300k tokens in the bench, far more upstream): doubling per round trip
 would leave a fast service idle for several of them. A refusal comes back at once, though, so a
@@ -69,6 +74,8 @@ import collections
 import threading
 import time
 from typing import Callable
+
+from transforms.embed.sharing import AccountSharing
 
 OK, RATE_LIMITED, IGNORED = "ok", "rate_limited", "ignored"
 _OUTCOMES = (OK, RATE_LIMITED, IGNORED)
@@ -102,8 +109,9 @@ class Permit:
         self._limiter._throttle(self)
         self._limiter._park(self)
 
-    def release(self, outcome: str = OK, *, tokens: int | None = None, latency_s: float | None = None) -> None:
-        self._limiter.release(self, outcome, tokens=tokens, latency_s=latency_s)
+    def release(self, outcome: str = OK, *, tokens: int | None = None, latency_s: float | None = None,
+                cost: int | None = None, balance: int | None = None) -> None:
+        self._limiter.release(self, outcome, tokens=tokens, latency_s=latency_s, cost=cost, balance=balance)
 
 
 class ConcurrencyLimiter:
@@ -141,9 +149,10 @@ class ConcurrencyLimiter:
         self._under = 0
         self._drain_due = True               # once, after slow start (above)
         self._restore: float | None = None   # while draining: the limit to give back
+        self._sharing = AccountSharing()
         self._cond = threading.Condition(threading.RLock())
         self.peak = self._limit
-        self.decreases = self.latency_decreases = self.drains = 0
+        self.decreases = self.latency_decreases = self.drains = self.others_left = 0
         self.rate_limited_count = 0
 
     @property
@@ -210,9 +219,10 @@ class ConcurrencyLimiter:
         return self._granted_at + self._admitted_after_s
 
     def release(self, permit: Permit, outcome: str = OK, *, tokens: int | None = None,
-                latency_s: float | None = None) -> None:
+                latency_s: float | None = None, cost: int | None = None, balance: int | None = None) -> None:
         """OUTCOME of the request; for a clean answer (OK, one attempt) its TOKENS and
-        LATENCY_S, the latency signal."""
+        LATENCY_S, the latency signal; for any answer its COST and the account's BALANCE after
+        it (micro-units), the sign of others spending on the account."""
         if outcome not in _OUTCOMES:
             raise ValueError(f"outcome must be one of {_OUTCOMES}, got {outcome!r}")
         with self._cond:
@@ -225,6 +235,9 @@ class ConcurrencyLimiter:
             elif outcome == OK:
                 self._answered_at = self._clock()
                 self._answered(permit, tokens, latency_s)
+                if cost is not None and balance is not None and self._sharing.answered(   # in flight: this one too
+                        self._answered_at, cost, balance, max(self.allowed, self._in_flight), self._round_trip()):
+                    self._alone()
             self._pace()
             self._in_flight -= 1
             self._cond.notify_all()
@@ -301,6 +314,14 @@ class ConcurrencyLimiter:
         self._level += 1
         if self._plateau is not None and self._limit >= self._plateau:
             self._plateau = None
+
+    def _alone(self) -> None:
+        """Nobody else spends on the account any more: what their share taught goes."""
+        self._plateau, self._probe_wait, self._under, self._strikes = None, 0, 0, 0
+        if self._limit < 1:
+            self._limit, self._paced_until = 1.0, float("-inf")
+            self._level += 1
+        self.others_left += 1
 
     def _latency_decrease(self, concurrency: float, ratio: float) -> None:
         """Gradient2's gradient: what fits is the concurrency the latency was measured at x

@@ -228,8 +228,9 @@ class RequestRunner:
     def _embed(self, texts: list[str], tokens: int, request_id: str, worst_case_micro: int,
                started: list[dt.datetime]):
         """The call itself, paced by the client-side quota and the adaptive concurrency limit,
-        which learns from every 429 (even one the client's retry loop absorbs) and from the
-        latency of each answer that took one attempt."""
+        which learns from every 429 (even one the client's retry loop absorbs), from the
+        latency of each answer that took one attempt, and from the balance after each (whether
+        others still spend on the account)."""
         if self._quota is not None:
             self._quota.acquire(tokens)
         if self._concurrency is None:
@@ -245,7 +246,10 @@ class RequestRunner:
         except BaseException as exc:
             permit.release(RATE_LIMITED if getattr(exc, "status", None) == 429 else IGNORED)
             raise
-        permit.release(OK, tokens=tokens, latency_s=result.latency_ms / 1000 if result.attempts == 1 else None)
+        usage = result.usage
+        permit.release(OK, tokens=tokens, latency_s=result.latency_ms / 1000 if result.attempts == 1 else None,
+                       cost=None if usage.cost_rub is None else to_micro(usage.cost_rub),
+                       balance=None if usage.balance is None else to_micro(usage.balance))
         return result
 
     def _announce(self, request_id: str, tokens: int, worst_case_micro: int, started: list[dt.datetime]) -> None:

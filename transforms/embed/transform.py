@@ -76,7 +76,7 @@ class _Shared:
         lim = self.concurrency
         now = {"in_flight_limit": lim.allowed, "in_flight_peak": int(lim.peak), "limit_decreases": lim.decreases,
                "latency_decreases": lim.latency_decreases, "limit_drains": lim.drains,
-               "rate_limited": lim.rate_limited_count}
+               "rate_limited": lim.rate_limited_count, "others_left": lim.others_left}
         with self._mutex:
             changes = [(k, v - self.reported.get(k, 0)) for k, v in now.items() if v != self.reported.get(k, 0)]
             self.reported.update(now)
@@ -89,7 +89,7 @@ class _EmbedDoFn(beam.DoFn):
         self._m = {name: Metrics.counter("embedpipe", name) for name in (
             "requests", "embedded_chunks", "tokens", "cost_micro_rub", "retries", "failed_chunks",
             "pending_chunks", "in_flight_limit", "in_flight_peak", "limit_decreases", "latency_decreases",
-            "limit_drains", "rate_limited")}
+            "limit_drains", "rate_limited", "others_left")}
 
     def setup(self):
         collector.tune_once()
