@@ -5,10 +5,13 @@ paying for nothing twice, with one worker process and with two; in queue mode to
 from __future__ import annotations
 
 import collections
+import threading
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import requests
 import yaml
 
 from tests.conftest import SANDBOX_KEY
@@ -26,19 +29,26 @@ def unlimited(tmp_path_factory):
     return _job(tmp, [])[0]
 
 
-def _job(tmp, sandbox_args, *job_args, rate_limits=None, embed=None, client=None):
+def _job(tmp, sandbox_args, *job_args, rate_limits=None, embed=None, client=None, beside=None):
+    """BESIDE(base_url): a thread that also uses the account while the job runs."""
     from service.sandbox.launcher import SandboxProcess  # a module fixture cannot use sandbox_factory
     corpus, out = tmp / "c.parquet", tmp / "out"
     if not corpus.exists():
         write_docs(corpus, DOCS)
     with SandboxProcess(tmp / "sb.db", key=SANDBOX_KEY, balance=10.0,
                         args=["--latency-ms", "150", *sandbox_args]) as sb:
+        other = beside(sb.base_url) if beside else None
+        if other:
+            other.start()
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
             code = run("--input", str(corpus), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url,
                        "--models-config", str(models_config(tmp)),
                        "--run-config", str(_config(tmp, rate_limits, embed, client)),
                        *job_args)
+        if other:
+            other.stop.set()
+            other.join()
         assert code == 0
         charges = ledger(sb.db)
     rows = {(r["doc_id"], r["chunk_index"]): (r["text_sha256"], r["embedding"])
@@ -102,6 +112,44 @@ def test_more_processes_than_places_deliver_every_row_and_keep_sending(tmp_path,
     assert s["pending"] == 0 and s["failed"] == 0 and s["metrics"].get("rate_limited", 0) > 0
 
 
+class _OtherClient(threading.Thread):
+    """Another client of the same account, a request of the job's size at a time: it spends
+    until it has seen the job spend (the balance after its answers falling by more than its
+    own costs) for SECONDS, then stops."""
+
+    def __init__(self, base_url: str, seconds: float):
+        super().__init__(daemon=True)
+        self.url, self.seconds, self.stop = f"{base_url}/embeddings", seconds, threading.Event()
+        self.texts = [f"another client's text {i}, " + "words " * 20 for i in range(PER_REQUEST)]
+
+    def run(self):
+        with requests.Session() as session:
+            session.trust_env = False   # loopback: no proxy
+            last, saw_job = None, None
+            while not self.stop.is_set() and (saw_job is None or time.monotonic() - saw_job < self.seconds):
+                resp = session.post(self.url, json={"model": MODEL, "input": self.texts}, timeout=30,
+                                    headers={"Authorization": f"Bearer {SANDBOX_KEY}"})
+                if resp.status_code == 429:
+                    time.sleep(0.05)
+                    continue
+                usage = resp.json()["usage"]
+                if last is not None and last - usage["balance"] > usage["cost_rub"] + 1e-6 and saw_job is None:
+                    saw_job = time.monotonic()
+                last = usage["balance"]
+
+
+def test_the_process_left_alone_on_the_account_takes_the_places_back(tmp_path):
+    """Another client holds one of the account's 2 places while the job starts, then stops: the
+    job's 429s taught it a level while the other spent, and the balance its answers carry tells
+    it when nobody else spends any more (others_left); every row is still delivered, once."""
+    n = 48 * PER_REQUEST
+    write_docs(tmp_path / "c.parquet", n)
+    rows, charges, s = _job(tmp_path, ["--capacity", "2", "--capacity-mode", "429"],
+                            beside=lambda url: _OtherClient(url, seconds=2.5))
+    assert len(rows) == n and s["pending"] == 0 and s["failed"] == 0
+    assert s["metrics"].get("others_left", 0) >= 1
+
+
 def test_a_known_quota_is_kept_without_429s(tmp_path, unlimited):
     """rate_limits.requests_per_minute below the service's rate: the adaptive limit never meets a
     429, because the token bucket paces the requests first."""
@@ -109,3 +157,4 @@ def test_a_known_quota_is_kept_without_429s(tmp_path, unlimited):
                             rate_limits={"requests_per_minute": 300})
     assert rows == unlimited and len(charges) == s["requests"]
     assert s["metrics"].get("retries", 0) == 0 and s["metrics"].get("rate_limited", 0) == 0
+    assert s["metrics"].get("others_left", 0) == 0   # alone on the account all along: never news
