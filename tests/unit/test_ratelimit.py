@@ -274,16 +274,18 @@ def test_a_refused_retry_below_one_place_waits_out_the_pause_and_its_answer_coun
 
 
 class Spending:
-    """The account's balance: each answer of LIMITER carries it after its charge, and OTHERS
-    requests of other processes are charged between two of its answers."""
+    """The account's balance: each answer of LIMITER carries it after its charge, and other
+    processes spend OTHERS requests a round trip (RTT) of time in between."""
 
-    def __init__(self, limiter: ConcurrencyLimiter, clock: Clock):
-        self.limiter, self.clock, self.balance = limiter, clock, 10**12
+    def __init__(self, limiter: ConcurrencyLimiter, clock: Clock, rtt: float = 0.5):
+        self.limiter, self.clock, self.rtt, self.balance = limiter, clock, rtt, 10**12
+        self.charged_at = clock.now
 
-    def answer(self, permit, others: int, rtt: float = 0.5) -> None:
-        self.clock.now += rtt / self.limiter.allowed
-        self.balance -= (others + 1) * COST
-        permit.release(OK, tokens=FULL, latency_s=rtt, cost=COST, balance=self.balance)
+    def answer(self, permit, others: int) -> None:
+        self.clock.now += self.rtt / self.limiter.allowed
+        self.balance -= round(others * (self.clock.now - self.charged_at) / self.rtt) * COST + COST
+        self.charged_at = self.clock.now
+        permit.release(OK, tokens=FULL, latency_s=self.rtt, cost=COST, balance=self.balance)
 
 
 def test_when_the_others_stop_spending_the_plateau_they_set_goes():
@@ -621,12 +623,13 @@ def test_random_sequences_keep_the_invariants(ops, minimum, maximum):
                 max_size=300),
        st.integers(4, 40))
 def test_random_sequences_below_one_place_keep_the_invariants(ops, maximum):
-    """With 429s enough to go below one place: one request at most, none before its pause ends,
-    the limit within its bounds, the in-flight count exact. (A parked retry waits in real time:
+    """With 429s enough to go below one place, and others spending on the account now and then:
+    one request at most, none before its pause ends, the limit within its bounds, the in-flight
+    count exact. (A parked retry waits in real time:
     test_a_refused_retry_below_one_place_waits_out_the_pause_and_its_answer_counts.)"""
     clock = Clock()
     lim = ConcurrencyLimiter(1, maximum=maximum, clock=clock)
-    held = []
+    held, balance = [], 10**12
     for op, pick, outcome, latency in ops:
         if op == "acquire":
             p = lim.acquire(timeout=0)
@@ -639,7 +642,8 @@ def test_random_sequences_below_one_place_keep_the_invariants(ops, maximum):
             clock.now += [0.1, 1.0, 10.0][pick % 3]
         elif held:
             before = lim.limit
-            held.pop(pick % len(held)).release(outcome, tokens=FULL, latency_s=latency)
+            balance -= COST * (1 + pick % 4)   # others spend now and then: the account may look shared, then not
+            held.pop(pick % len(held)).release(outcome, tokens=FULL, latency_s=latency, cost=COST, balance=balance)
             if lim.limit < before:
                 assert lim.limit >= max(1 / 32, before / 2) - EPS
         assert 1 / 32 <= lim.limit <= maximum

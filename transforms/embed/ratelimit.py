@@ -50,8 +50,9 @@ spell keeps one place.
 When the others stop: a plateau or a pause learnt while other processes spent on the account is
 their doing, and the last one left would keep it (a refusing service says nothing when places
 free). The balance each answer carries says when nobody else spends any more
-(transforms/embed/sharing.py); then the plateau and its wait go, and a paced limit is one place
-again: the limit grows as it would have, and the service's own capacity draws the next 429.
+(transforms/embed/sharing.py); then the plateau, its wait and the strikes go, and a paced limit
+is one place again: the limit grows as it would have, and the service's own capacity draws the
+next 429.
 Before the first answer there is no round trip to read, and a large request's first answer may
 take seconds (1.5 s for 300k tokens in the bench, far more upstream): doubling per round trip
 would leave a fast service idle for several of them. A refusal comes back at once, though, so a

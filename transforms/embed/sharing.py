@@ -1,41 +1,55 @@
 """Whether anyone else is spending on the account, read from the balance every answer carries
 (`usage.balance`, after its charge): the shared counter the budget reads too
-(transforms/money/budget.py). No Beam, no money rules here: integers in, a flag out.
+(transforms/money/budget.py). No Beam, no money rules here: integers in, a flag out. Not
+thread-safe: the limiter calls it under its lock.
 
 Why the limiter needs it: a service that refuses past its capacity (429) says nothing when a
 place frees, so a process that drew a 429 while other processes ran holds under that level for
 a probe's wait counted in answers. When the others finish first, the one left runs alone under a
 level that was its share, not the account's (bench: 20 s of one request in flight on a capacity
-of 4 that nobody else used, half the run). The balance falls by every charge to the account:
-over a window of this process's answers, what it fell by beyond this process's own costs is what
-others spent, give or take this process's requests charged but not answered yet (at most as
-many as it has in flight, at either end of the window). A top-up (the balance rising) hides
-what others spend until the balance falls under its lowest again: at worst, one probe too soon.
+of 4 that nobody else used, half the run).
+
+How: the balance falls by every charge to the account. Between two of this process's answers,
+what it fell by beyond this process's own costs is what others spent, give or take this
+process's requests charged but not answered yet (at most as many as it had in flight, at either
+end: the tolerance). Others spending more than twice the tolerance over a window of round trips:
+shared. Then alone only after a quiet span in which, at their mean rate since, they would have
+spent `_SIGNIFICANT` tolerances (a spender that sends now and then is not gone because it
+paused), twice as long after each time it said so (each one may cost a 429 to find the capacity
+again). A top-up (the balance rising) hides what others spend until the balance falls under its
+lowest again, so it may be told once too soon; the baseline stays the lowest balance seen,
+because an answer that comes late carries a balance above it without any top-up.
 """
 from __future__ import annotations
 
-import collections
+import bisect
 
-_WINDOW_RTTS = 3   # x (places + 1): a window's length in round trips; one other process with a
-                   # single request in flight spends in it more than twice the tolerance (4: the
-                   # last process left in the bench saw it 2.5-3 s after the other finished)
+_WINDOW_RTTS = 3     # x (places + 1): the window that tells "shared", in round trips; one other
+                     # process with a single request in flight spends in it over twice the tolerance
+_SIGNIFICANT = 8     # tolerances the others would spend, at their rate, in a quiet span that means
+                     # gone (a steady spender at random times spends <= 1 of 8 expected: 0.3%)
+_MAX_DOUBLINGS = 4
 
 
 class AccountSharing:
-    """`answered` once per answer; `shared` says what the last full window showed."""
+    """`answered` once per answer; `shared` is the state it last decided (it keeps it while
+    the others' spending is between one and two tolerances)."""
 
     def __init__(self):
         self.shared = False
-        self._lowest: int | None = None   # the lowest balance seen: answers may come out of order
+        self.told = 0                     # times it said the others had stopped
+        self._lowest: int | None = None   # the balance baseline: answers may come out of order
         self._dropped = 0                 # how far it fell since the first answer
         self._own = 0                     # this process's costs since then
         self._largest = 0                 # the largest cost of one of its requests
-        self._seen: collections.deque = collections.deque()   # (at, dropped, own)
+        self._since: tuple[float, int] | None = None   # while shared: (when, others' spending then)
+        self._rate = 0.0                  # what they spent a second, from then to the last window that showed them
+        self._seen: list[tuple[float, int, int]] = []   # (at, others' spending, places), every half round trip
 
     def answered(self, at: float, cost: int, balance: int, places: int, round_trip_s: float) -> bool:
         """An answer at AT (seconds) that cost COST and left BALANCE (micro-units), with PLACES
-        in flight allowed and a round trip of ROUND_TRIP_S. True when it shows that the others
-        who shared the account have stopped spending (once per such change)."""
+        in flight allowed (or in flight, if more) and a round trip of ROUND_TRIP_S. True when it
+        shows that the others who shared the account have stopped spending."""
         self._largest = max(self._largest, cost)
         if self._lowest is None:   # the baseline: this answer's own charge is already in it
             self._lowest = balance
@@ -44,18 +58,32 @@ class AccountSharing:
             if balance < self._lowest:
                 self._dropped += self._lowest - balance
                 self._lowest = balance
-        self._seen.append((at, self._dropped, self._own))
-        start = at - _WINDOW_RTTS * (places + 1) * round_trip_s
-        while len(self._seen) > 1 and self._seen[1][0] <= start:
-            self._seen.popleft()
-        then, dropped, own = self._seen[0]
-        if then > start:
-            return False   # not a whole window yet
-        others = (self._dropped - dropped) - (self._own - own)
-        tolerance = places * self._largest   # charged, not answered yet, at either end
-        if others > 2 * tolerance:
+        others = self._dropped - self._own
+        window = _WINDOW_RTTS * (places + 1) * round_trip_s
+        spent = self._spent_since(at, window, others, places)
+        if spent is not None and spent[0] > 2 * spent[1]:   # their rate: the mean since first seen
             self.shared = True
-        elif others <= tolerance and self.shared:
-            self.shared = False
-            return True
-        return False
+            self._since = self._since or (at - window, others - spent[0])
+            self._rate = (others - self._since[1]) / max(1e-9, at - self._since[0])
+        told, quiet = False, window
+        if self.shared:
+            quiet = max(window, _SIGNIFICANT * places * self._largest / self._rate) * 2 ** min(self.told, _MAX_DOUBLINGS)
+            spent = self._spent_since(at, quiet, others, places)
+            if spent is not None and spent[0] <= spent[1]:
+                self.shared, told, self._since = False, True, None
+                self.told += 1
+        if not self._seen or at - self._seen[-1][0] >= round_trip_s / 2:
+            self._seen.append((at, others, places))
+        keep = bisect.bisect_right(self._seen, at - 2 * quiet, key=lambda e: e[0])
+        if keep > len(self._seen) // 2:   # amortised: entries are dropped in halves
+            del self._seen[:keep]
+        return told
+
+    def _spent_since(self, at: float, span: float, others: int, places: int) -> tuple[int, int] | None:
+        """(what others spent since the last entry at least SPAN seconds before AT, the
+        tolerance), or None if the entries do not reach back that far."""
+        i = bisect.bisect_right(self._seen, at - span, key=lambda e: e[0]) - 1
+        if i < 0:
+            return None
+        _, spent, places_then = self._seen[i]
+        return others - spent, max(places, places_then) * self._largest
