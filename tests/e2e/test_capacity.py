@@ -30,25 +30,25 @@ def unlimited(tmp_path_factory):
 
 
 def _job(tmp, sandbox_args, *job_args, rate_limits=None, embed=None, client=None, beside=None):
-    """BESIDE(base_url): a thread that also uses the account while the job runs."""
+    """BESIDE: another client that also uses the account while the job runs."""
     from service.sandbox.launcher import SandboxProcess  # a module fixture cannot use sandbox_factory
     corpus, out = tmp / "c.parquet", tmp / "out"
     if not corpus.exists():
         write_docs(corpus, DOCS)
     with SandboxProcess(tmp / "sb.db", key=SANDBOX_KEY, balance=10.0,
                         args=["--latency-ms", "150", *sandbox_args]) as sb:
-        other = beside(sb.base_url) if beside else None
-        if other:
-            other.start()
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
-            code = run("--input", str(corpus), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url,
-                       "--models-config", str(models_config(tmp)),
-                       "--run-config", str(_config(tmp, rate_limits, embed, client)),
-                       *job_args)
-        if other:
-            other.stop.set()
-            other.join()
+        if beside:
+            beside.begin(sb.base_url)
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+                code = run("--input", str(corpus), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url,
+                           "--models-config", str(models_config(tmp)),
+                           "--run-config", str(_config(tmp, rate_limits, embed, client)),
+                           *job_args)
+        finally:
+            if beside:
+                beside.end()
         assert code == 0
         charges = ledger(sb.db)
     rows = {(r["doc_id"], r["chunk_index"]): (r["text_sha256"], r["embedding"])
@@ -112,40 +112,52 @@ def test_more_processes_than_places_deliver_every_row_and_keep_sending(tmp_path,
     assert s["pending"] == 0 and s["failed"] == 0 and s["metrics"].get("rate_limited", 0) > 0
 
 
-class _OtherClient(threading.Thread):
+class _OtherClient:
     """Another client of the same account, a request of the job's size at a time: it spends
     until it has seen the job spend (the balance after its answers falling by more than its
-    own costs) for SECONDS, then stops."""
+    own costs) in JOB_SEEN of its answers, then stops."""
 
-    def __init__(self, base_url: str, seconds: float):
-        super().__init__(daemon=True)
-        self.url, self.seconds, self.stop = f"{base_url}/embeddings", seconds, threading.Event()
+    def __init__(self, job_seen: int):
+        self.job_seen, self.seen, self.error = job_seen, 0, None
         self.texts = [f"another client's text {i}, " + "words " * 20 for i in range(PER_REQUEST)]
+        self._stop = threading.Event()
 
-    def run(self):
-        with requests.Session() as session:
-            session.trust_env = False   # loopback: no proxy
-            last, saw_job = None, None
-            while not self.stop.is_set() and (saw_job is None or time.monotonic() - saw_job < self.seconds):
-                resp = session.post(self.url, json={"model": MODEL, "input": self.texts}, timeout=30,
-                                    headers={"Authorization": f"Bearer {SANDBOX_KEY}"})
-                if resp.status_code == 429:
-                    time.sleep(0.05)
-                    continue
-                usage = resp.json()["usage"]
-                if last is not None and last - usage["balance"] > usage["cost_rub"] + 1e-6 and saw_job is None:
-                    saw_job = time.monotonic()
-                last = usage["balance"]
+    def begin(self, base_url: str) -> None:
+        self.url = f"{base_url}/embeddings"
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def end(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        try:
+            with requests.Session() as session:
+                session.trust_env = False   # loopback: no proxy
+                last = None
+                while not self._stop.is_set() and self.seen < self.job_seen:
+                    resp = session.post(self.url, json={"model": MODEL, "input": self.texts}, timeout=30,
+                                        headers={"Authorization": f"Bearer {SANDBOX_KEY}"})
+                    if resp.status_code == 429:
+                        time.sleep(0.05)
+                        continue
+                    resp.raise_for_status()
+                    usage = resp.json()["usage"]
+                    self.seen += last is not None and last - usage["balance"] > usage["cost_rub"] + 1e-6
+                    last = usage["balance"]
+        except Exception as exc:   # reported by the test, not lost in a thread
+            self.error = exc
 
 
 def test_the_process_left_alone_on_the_account_takes_the_places_back(tmp_path):
     """Another client holds one of the account's 2 places while the job starts, then stops: the
     job's 429s taught it a level while the other spent, and the balance its answers carry tells
     it when nobody else spends any more (others_left); every row is still delivered, once."""
-    n = 48 * PER_REQUEST
+    n, other = 64 * PER_REQUEST, _OtherClient(job_seen=12)
     write_docs(tmp_path / "c.parquet", n)
-    rows, charges, s = _job(tmp_path, ["--capacity", "2", "--capacity-mode", "429"],
-                            beside=lambda url: _OtherClient(url, seconds=2.5))
+    rows, charges, s = _job(tmp_path, ["--capacity", "2", "--capacity-mode", "429"], beside=other)
+    assert other.error is None and other.seen == 12   # it did share the account with the job
     assert len(rows) == n and s["pending"] == 0 and s["failed"] == 0
     assert s["metrics"].get("others_left", 0) >= 1
 
