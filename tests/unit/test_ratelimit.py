@@ -325,6 +325,14 @@ def test_when_the_others_stop_spending_a_paced_process_takes_one_place_again():
     pytest.fail("the others' stop was never seen")
 
 
+def test_an_answer_whose_signals_raise_still_gives_its_place_back():
+    lim = ConcurrencyLimiter(1, maximum=1)
+    lim._sharing.answered = lambda *args: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        lim.acquire().release(OK, cost=COST, balance=10**9)
+    assert lim.in_flight == 0 and lim.acquire(timeout=0) is not None
+
+
 def test_latency_never_takes_the_limit_under_one_place():
     """There a queue is at most one request of each process; fewer could leave the service idle."""
     lim = ConcurrencyLimiter(1, maximum=1)

@@ -100,3 +100,27 @@ def test_a_top_up_hides_the_others_until_the_balance_is_under_its_lowest_again()
         acct.others_spend(1)
         acct.answer()
     assert acct.sharing.told <= 1 and acct.sharing.shared
+
+
+def test_answers_above_the_lowest_balance_while_shared_never_break_the_rate():
+    """A review's case: others spend, then answers sit above the lowest balance (a top-up, or
+    late answers) while this process's costs still count. Its estimate of what the others spent
+    since first seen fell to 0, and the rate divided by it."""
+    sharing, lowest = AccountSharing(), 10**9
+    sharing.answered(0.0, COST, lowest, 1, RTT)
+    for at, others in enumerate([2, None, None, None, 3, 0, 3, None, None, None] * 3, 1):
+        if others is not None:
+            lowest -= (1 + others) * COST
+        sharing.answered(float(at), COST, lowest if others is not None else lowest + 1, 1, RTT)
+
+
+def test_more_places_do_not_hide_the_others_for_a_whole_new_window():
+    """From 1 place to 32 the window grows 16x, past every entry kept: 'shared' waited ~78 round
+    trips for a window of history (a review's count). A shorter span is stricter, so it is used."""
+    acct = Account()
+    for _ in range(50):
+        acct.answer(1)
+    for i in range(32 * 5):   # 5 round trips at 32 places, others at 40 requests a round trip
+        acct.others_spend(1 + (i % 4 == 0))
+        acct.answer(32)
+    assert acct.sharing.shared

@@ -231,17 +231,19 @@ class ConcurrencyLimiter:
                 raise RuntimeError("permit released twice")
             permit.released = True
             self._ramping = False   # an answer, an error or a 429: from now on, the signals decide
-            if outcome == RATE_LIMITED:
-                self._throttle(permit)
-            elif outcome == OK:
-                self._answered_at = self._clock()
-                self._answered(permit, tokens, latency_s)
-                if cost is not None and balance is not None and self._sharing.answered(   # in flight: this one too
-                        self._answered_at, cost, balance, max(self.allowed, self._in_flight), self._round_trip()):
-                    self._alone()
-            self._pace()
-            self._in_flight -= 1
-            self._cond.notify_all()
+            try:
+                if outcome == RATE_LIMITED:
+                    self._throttle(permit)
+                elif outcome == OK:
+                    self._answered_at = self._clock()
+                    self._answered(permit, tokens, latency_s)
+                    if cost is not None and balance is not None and self._sharing.answered(   # in flight: this one too
+                            self._answered_at, cost, balance, max(self.allowed, self._in_flight), self._round_trip()):
+                        self._alone()
+                self._pace()
+            finally:   # whatever the signals did, the place is given back
+                self._in_flight -= 1
+                self._cond.notify_all()
 
     def _answered(self, permit: Permit, tokens: int | None, latency_s: float | None) -> None:
         ratio = None

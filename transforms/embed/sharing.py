@@ -60,14 +60,17 @@ class AccountSharing:
                 self._lowest = balance
         others = self._dropped - self._own
         window = _WINDOW_RTTS * (places + 1) * round_trip_s
-        spent = self._spent_since(at, window, others, places)
+        spent = self._spent_since(at, window, others, places, or_oldest=True)   # a shorter span is stricter
         if spent is not None and spent[0] > 2 * spent[1]:   # their rate: the mean since first seen
             self.shared = True
-            self._since = self._since or (at - window, others - spent[0])
-            self._rate = (others - self._since[1]) / max(1e-9, at - self._since[0])
+            self._since = self._since or (spent[2], others - spent[0])
+            since_spent = others - self._since[1]   # a top-up hides theirs and lowers ours: never <= 0
+            if since_spent > 0:
+                self._rate = since_spent / max(1e-9, at - self._since[0])
         told, quiet = False, window
         if self.shared:
-            quiet = max(window, _SIGNIFICANT * places * self._largest / self._rate) * 2 ** min(self.told, _MAX_DOUBLINGS)
+            quiet = max(window, _SIGNIFICANT * places * self._largest / max(1e-9, self._rate))
+            quiet *= 2 ** min(self.told, _MAX_DOUBLINGS)
             spent = self._spent_since(at, quiet, others, places)
             if spent is not None and spent[0] <= spent[1]:
                 self.shared, told, self._since = False, True, None
@@ -79,11 +82,12 @@ class AccountSharing:
             del self._seen[:keep]
         return told
 
-    def _spent_since(self, at: float, span: float, others: int, places: int) -> tuple[int, int] | None:
+    def _spent_since(self, at: float, span: float, others: int, places: int,
+                     or_oldest: bool = False) -> tuple[int, int, float] | None:
         """(what others spent since the last entry at least SPAN seconds before AT, the
-        tolerance), or None if the entries do not reach back that far."""
+        tolerance, that entry's time); None if no entry is that old (OR_OLDEST: the oldest)."""
         i = bisect.bisect_right(self._seen, at - span, key=lambda e: e[0]) - 1
-        if i < 0:
+        if i < 0 and not (or_oldest and self._seen):
             return None
-        _, spent, places_then = self._seen[i]
-        return others - spent, max(places, places_then) * self._largest
+        then, spent, places_then = self._seen[max(i, 0)]
+        return others - spent, max(places, places_then) * self._largest, then
