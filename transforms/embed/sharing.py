@@ -36,15 +36,18 @@ class AccountSharing:
     the others' spending is between one and two tolerances)."""
 
     def __init__(self):
-        self.shared = False
         self.told = 0                     # times it said the others had stopped
         self._lowest: int | None = None   # the balance baseline: answers may come out of order
         self._dropped = 0                 # how far it fell since the first answer
         self._own = 0                     # this process's costs since then
         self._largest = 0                 # the largest cost of one of its requests
-        self._since: tuple[float, int] | None = None   # while shared: (when, others' spending then)
+        self._since: tuple[float, int] | None = None   # while shared: (when they were first seen, their spending then)
         self._rate = 0.0                  # what they spent a second, from then to the last window that showed them
         self._seen: list[tuple[float, int, int]] = []   # (at, others' spending, places), every half round trip
+
+    @property
+    def shared(self) -> bool:
+        return self._since is not None
 
     def answered(self, at: float, cost: int, balance: int, places: int, round_trip_s: float) -> bool:
         """An answer at AT (seconds) that cost COST and left BALANCE (micro-units), with PLACES
@@ -62,18 +65,17 @@ class AccountSharing:
         window = _WINDOW_RTTS * (places + 1) * round_trip_s
         spent = self._spent_since(at, window, others, places, or_oldest=True)   # a shorter span is stricter
         if spent is not None and spent[0] > 2 * spent[1]:   # their rate: the mean since first seen
-            self.shared = True
             self._since = self._since or (spent[2], others - spent[0])
             since_spent = others - self._since[1]   # a top-up hides theirs and lowers ours: never <= 0
             if since_spent > 0:
                 self._rate = since_spent / max(1e-9, at - self._since[0])
         told, quiet = False, window
-        if self.shared:
+        if self._since is not None:
             quiet = max(window, _SIGNIFICANT * places * self._largest / max(1e-9, self._rate))
             quiet *= 2 ** min(self.told, _MAX_DOUBLINGS)
             spent = self._spent_since(at, quiet, others, places)
             if spent is not None and spent[0] <= spent[1]:
-                self.shared, told, self._since = False, True, None
+                told, self._since = True, None
                 self.told += 1
         if not self._seen or at - self._seen[-1][0] >= round_trip_s / 2:
             self._seen.append((at, others, places))
