@@ -16,12 +16,14 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.scan import scan_input
 from pipeline.exits import UsageError
-from transforms.read.parquet import ReadParquetTables, parquet_file, read_whole
+from transforms.dedupe.claimfile import ClaimFile
+from transforms.read.parquet import Pull, ReadParquetTables, parquet_file, read_whole
 
 ROWS = [(1, "the quick brown fox", "en"), (2, "съешь ещё этих булок", "ru"), (3, "jumps over", "en"),
         (4, "a lazy dog", None), (5, "и выпей чаю", "ru")]
@@ -58,10 +60,10 @@ def spark_layout(root: Path) -> Path:
     return root
 
 
-def read_rows(info, spread: bool = True) -> None:
+def read_rows(info, spread: bool | Pull = True, *options: str) -> None:
     """ReadParquetTables over INFO's files yields ROWS, with partition keys as columns and the
     text column typed string."""
-    with beam.Pipeline(runner="FnApiRunner") as p:
+    with beam.Pipeline(runner="FnApiRunner", options=PipelineOptions(list(options))) as p:
         rows = (p | ReadParquetTables(info.files, ["id", "text", "lang"], info.partition_mappings, spread)
                 | beam.FlatMap(lambda t: [(*r.values(), str(t.schema.field("text").type)) for r in t.to_pylist()]))
         assert_that(rows, equal_to([(*row, "string") for row in ROWS]))
@@ -77,16 +79,21 @@ def test_a_hive_dataset_directory_reads_with_its_partition_key_as_a_column(tmp_p
     read_rows(info)
 
 
-@pytest.mark.parametrize("spread", [True, False])
-def test_row_groups_are_reshuffled_for_several_workers_only(tmp_path, spread):
-    """Spread: a GroupByKey lets a runner share the row groups among workers. Without it (one
+@pytest.mark.parametrize("spread", [True, False, "pull"])
+def test_row_groups_are_shared_among_several_workers_only(tmp_path, spread):
+    """Spread: a GroupByKey lets a runner share the row groups (or, pulled, the pullers) among
+    workers; two local worker processes pull the row groups from one claim file. Without it (one
     local worker) the read is fused with what follows it, and reads the same rows."""
     info = inspect_input(str(duckdb_layout(tmp_path / "dataset")), "id", "text", ["lang"])
+    options = ()
+    if spread == "pull":
+        spread = Pull(ClaimFile.create(str(tmp_path / "claims.sqlite")), 2)
+        options = ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
     p = beam.Pipeline(runner="FnApiRunner")
     _ = p | ReadParquetTables(info.files, ["id", "text", "lang"], info.partition_mappings, spread)
     urns = [t.spec.urn for t in p.to_runner_api().components.transforms.values()]
-    assert ("beam:transform:group_by_key:v1" in urns) == spread
-    read_rows(info, spread)
+    assert ("beam:transform:group_by_key:v1" in urns) == bool(spread)
+    read_rows(info, spread, *options)
 
 
 def test_a_glob_over_a_hive_dataset_keeps_its_partition_keys(tmp_path):

@@ -9,6 +9,9 @@ every chunk's text in the runner's memory. The standard library's SQLite gives t
 since the driver cannot read a worker process's memory. The file is local: the local runner's
 workers share the driver's disk, and distributed runners group instead.
 
+The same file is the pool of the input's row groups that the worker processes pull from
+(`take`), so that the work follows each process's pace.
+
 The driver keeps it in a directory of its own (`claim_dir`), locked for as long as the job
 runs: a job killed with SIGKILL leaves the directory, with each late row's kept columns, and
 the next job on the machine removes every such directory whose lock is free.
@@ -92,6 +95,7 @@ class ClaimFile:
             db.execute("PRAGMA journal_mode=WAL")   # readers do not wait for writers, nor writers for readers
             db.execute("CREATE TABLE claims (key BLOB PRIMARY KEY, first BLOB NOT NULL) WITHOUT ROWID")
             db.execute("CREATE TABLE late (ref BLOB NOT NULL)")
+            db.execute("CREATE TABLE taken (key BLOB PRIMARY KEY) WITHOUT ROWID")
         finally:
             db.close()
         return cls(path)
@@ -110,6 +114,11 @@ class ClaimFile:
             if db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?)", (key, first)).rowcount == 1:
                 return None
             return db.execute("SELECT first FROM claims WHERE key = ?", (key,)).fetchone()[0]
+
+    def take(self, key: bytes) -> bool:
+        """Whether this call took KEY (a part of the input: transforms/read/parquet.py's Pull)."""
+        with self._lock:
+            return self._connection().execute("INSERT OR IGNORE INTO taken VALUES (?)", (key,)).rowcount == 1
 
     def add_late(self, late) -> None:
         """Keep a late row (a LateRef) for the driver."""

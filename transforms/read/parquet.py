@@ -11,7 +11,7 @@ dictionary-encoded strings), so the steps after it see one type whatever wrote t
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -133,14 +133,34 @@ def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str]):
                 names=list(columns))
 
 
+class Pull(NamedTuple):
+    """Row groups pulled by the local runner's worker processes as each is ready for more, from
+    one pool: a runner splits a stage's input among its workers once, at its start, so a process
+    that sends fewer requests at once (its share of a service's capacity) would otherwise finish
+    its half long after the other. POOL's `take(key)` is true for the one caller that takes KEY
+    (transforms/dedupe/claimfile.py); WORKERS: one puller each."""
+    pool: Any
+    workers: int
+
+
+def pulled(_puller: int, entries: Sequence[tuple[str, dict]], pool: Any, columns: Sequence[str]):
+    """The tables of every row group of ENTRIES that this puller takes first; each puller tries
+    them all, in the same order."""
+    for entry in entries:
+        for ref in row_groups(entry):
+            if pool.take(f"{ref[0]}\0{ref[1]}".encode()):
+                yield from read_row_group(ref, columns)
+
+
 class ReadParquetTables(beam.PTransform):
     """FILES (with PARTITIONS[i], the partition values of FILES[i], or none) -> pa.Tables of at
     most BATCH_ROWS rows of one row group, holding COLUMNS in that order; a partition key is a
     column like any other. SPREAD: the row groups are reshuffled so that a runner can share them
-    among its workers; with one worker that is only a stage more (~0.05 s before the first table)."""
+    among its workers (with one worker that is only a stage more, ~0.05 s before the first table),
+    or pulled by the local runner's worker processes (a Pull)."""
 
     def __init__(self, files: Sequence[str], columns: Sequence[str],
-                 partitions: Sequence[Partition] | None = None, spread: bool = True):
+                 partitions: Sequence[Partition] | None = None, spread: "bool | Pull" = True):
         super().__init__()
         if partitions is not None and len(partitions) != len(files):
             raise ValueError("one partition mapping per file")
@@ -149,6 +169,11 @@ class ReadParquetTables(beam.PTransform):
         self._spread = spread
 
     def expand(self, pbegin):
+        if isinstance(self._spread, Pull):
+            return (pbegin
+                    | "Pullers" >> beam.Create(range(self._spread.workers), reshuffle=True)
+                    | "PullRowGroups" >> beam.FlatMap(pulled, self._entries, self._spread.pool, self._columns)
+                    .with_output_types(pa.Table))
         groups = (pbegin
                   | "Files" >> beam.Create(self._entries, reshuffle=self._spread)
                   | "RowGroups" >> beam.FlatMap(row_groups))

@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 
 from service.tokenizer import get_encoding
 from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, changes_table, classify, fingerprint
-from transforms.read.parquet import Partition, ReadParquetTables
+from transforms.read.parquet import Partition, Pull, ReadParquetTables
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, Rejected
 from transforms.worker import collector, runscoped
@@ -148,7 +148,7 @@ class ReadDocuments(beam.PTransform):
     def __init__(self, files: Sequence[str], partitions: Sequence[Partition] | None, id_column: str,
                  text_column: str, keep_columns: Sequence[str], split: SplitConfig,
                  duplicate_ids: Mapping[str, int], view: ViewRef,
-                 progress: tuple[str, str, float] | None = None, spread: bool = True):
+                 progress: tuple[str, str, float] | None = None, spread: bool | Pull = True):
         super().__init__()
         self._files, self._partitions, self._spread = list(files), partitions, spread
         self._columns = (id_column, text_column, *keep_columns)
@@ -181,7 +181,7 @@ class ReadPending(beam.PTransform):
     resumed. What `--resume` without `--input` sends, without reading the corpus again."""
 
     def __init__(self, files: Sequence[str], columns: Sequence[str], kept_names: Sequence[str],
-                 spread: bool = True):
+                 spread: bool | Pull = True):
         super().__init__()
         self._files, self._columns, self._kept = list(files), list(columns), tuple(kept_names)
         self._spread = spread
