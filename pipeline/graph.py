@@ -4,7 +4,8 @@ history; the commit after the job (pipeline/outdir) makes it the current view.
 
 On the local runner a run streams: texts and vectors go from Read to Write in one fused stage
 and nothing large crosses a stage boundary (the FnApiRunner holds such a PCollection in memory
-whole); its worker processes, when it has several, share their claims through a file.
+whole); its worker processes, when it has several, share their claims through a file and pull the
+input's row groups from it as each is ready for more.
 --doc-vectors and distributed runners group by text instead; the Dedupe step chooses its way
 (transforms/dedupe/transform.py).
 """
@@ -19,7 +20,7 @@ import apache_beam as beam
 
 from pipeline.checks.inputs import InputInfo
 from pipeline.checks.prior import Prior
-from pipeline.runner import in_process, is_local, one_worker
+from pipeline.runner import in_process, is_local, local_workers, one_worker
 from pipeline.settings.job import Job
 from transforms import schemas
 from transforms.dedupe.claimfile import ClaimFile, claim_dir
@@ -31,6 +32,7 @@ from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
 from transforms.money.budget import Budget
 from transforms.pack import PackRequests
 from transforms.read.changes import CHANGES_SCHEMA
+from transforms.read.parquet import Pull
 from transforms.read.split import SplitConfig
 from transforms.read.transform import CHANGED, ENTRIES, REJECTED, ReadDocuments, ReadPending, ViewRef
 from transforms.worker import runscoped
@@ -85,11 +87,21 @@ def _known_stores(job: Job, prior: Prior, scope: str) -> KnownStores:
     return KnownStores(scope, job.model.name, job.dimensions, prior.known, prior.journal)
 
 
-def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, int], scope: str,
+def _spread(job: Job, claiming: Claiming) -> bool | Pull:
+    """How the input is shared among workers: none with one; pulled from the claim file by the
+    local runner's worker processes; else the runner's split of reshuffled row groups."""
+    if one_worker(job.opts):
+        return False
+    if claiming.shared is not None:
+        return Pull(claiming.shared, local_workers(job.opts))
+    return True
+
+
+def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, int], claiming: Claiming,
           progress: bool) -> beam.PTransform:
     """The corpus's documents that need work against the view; without --input, the view's pending rows."""
-    opts, s = job.opts, job.settings
-    spread = not one_worker(opts)
+    opts, s, scope = job.opts, job.settings, claiming.scope
+    spread = _spread(job, claiming)
     if not opts.input:
         return ReadPending(prior.pending, info.columns, [f.name for f in info.kept_fields], spread)
     split = SplitConfig(max_tokens=job.model.chunk_tokens, overlap_tokens=s.split.overlap_tokens,
@@ -109,7 +121,7 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = 
     for a counting pipeline, whose claims must not be the run's."""
     model, s = job.model, job.settings
     scope = claiming.scope
-    read = p | "Read" >> _read(job, info, prior, duplicate_ids, scope, progress)
+    read = p | "Read" >> _read(job, info, prior, duplicate_ids, claiming, progress)
     entries = read[ENTRIES] | "WithoutText" >> beam.Map(_without_text) if count_only else read[ENTRIES]
     dedupe = Dedupe(_known_stores(job, prior, scope), scope, claiming.streaming, claiming.shared)
     deduped = entries | "Dedupe" >> dedupe

@@ -1,6 +1,8 @@
 """Running a Beam pipeline locally without downloads, and reading its counters."""
 from __future__ import annotations
 
+import os
+
 import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions, WorkerOptions
 from apache_beam.portability.api import beam_provision_api_pb2
@@ -26,6 +28,11 @@ def in_process(opts) -> bool:
 def one_worker(opts) -> bool:
     """The local runner with one worker: no other worker to share the input with."""
     return is_local(opts) and opts.view_as(DirectOptions).direct_num_workers == 1
+
+
+def local_workers(opts) -> int:
+    """How many workers the local runner runs (FnApiRunner's reading of --direct_num_workers)."""
+    return opts.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
 
 
 def make_runner(opts):
