@@ -262,8 +262,8 @@ class Bench:
                   "(latency grows), 429 = refused at once with Retry-After 1 s. The floor sends the same "
                   "pre-packed requests N at a time. limit settled = the limits at the end, summed over the worker "
                   "processes (summary.json metrics.in_flight_limit). 1st answer = the process start to the first "
-                  "answer billed (start-up; with 2 workers also the whole Read stage and the Dedupe shuffle, "
-                  "before which nothing is sent); answers span = the first to the last answer billed: the part "
+                  "answer billed (start-up; with 2 workers also the start of the worker processes, before "
+                  "which nothing is sent); answers span = the first to the last answer billed: the part "
                   "the in-flight limit decides.")
         for (mode, w), (ratio, span, share, off) in sorted(worst.items()):
             self.targets.append(f"capacity {'/'.join(map(str, a.capacities))}, {mode} mode, {w} worker(s): worst "
