@@ -232,6 +232,7 @@ class Bench:
             with self.sandbox(f"sandbox-capacity-{cap}-floor", LATENCY + ["--capacity", str(cap)]) as sb:
                 self.say(f"  floor at capacity {cap} ...")
                 floor_s = floor.send_all(sb.base_url, KEY, bodies, cap)
+            fixed = {w: self.fixed_at(cap, w, corpus, extra) for w in a.workers if cap % w == 0}
             for mode in ("queue", "429"):
                 for w in a.workers:
                     label = f"capacity-{cap}-{mode}-w{w}"
@@ -244,16 +245,18 @@ class Bench:
                     settled, mean, peak = self.settled(s, out)
                     shutil.rmtree(out, ignore_errors=True)
                     share = refused / s["requests"]
+                    by_fixed = f"{m.wall_s / fixed[w]:.2f}" if w in fixed else ""
                     rows.append([cap, mode, w, m.wall_s, floor_s, f"{m.wall_s / floor_s:.2f}", m.first_request_s,
-                                 f"{m.answer_span_s / floor_s:.2f}",
+                                 f"{m.answer_span_s / floor_s:.2f}", fixed.get(w, ""), by_fixed,
                                  f"{s['requests']} ({self.lower_bound(s['prompt_tokens'], s['chunks'], a.capacity_request_tokens)})",
                                  refused, f"{100 * share:.1f}%", settled, f"{mean:.1f} / {peak}", twice,
                                  "yes" if same else "NO", f"{m.load_before:.1f}-{m.load_after:.1f}"])
-                    seen = worst.setdefault((mode, w), [0.0, 0.0, 0.0, 0])
+                    seen = worst.setdefault((mode, w), [0.0, 0.0, 0.0, 0, 0.0])
                     worst[(mode, w)] = [max(seen[0], m.wall_s / floor_s), max(seen[1], m.answer_span_s / floor_s),
-                                        max(seen[2], share), max(seen[3], abs(settled - cap))]
+                                        max(seen[2], share), max(seen[3], abs(settled - cap)),
+                                        max(seen[4], m.wall_s / fixed[w] if w in fixed else 0.0)]
         self.emit(table(["capacity", "mode", "workers", "wall s", "floor s (capacity in flight)", "wall / floor",
-                         "1st answer s", "answers span / floor",
+                         "1st answer s", "answers span / floor", "fixed at the capacity s", "wall / fixed",
                          "requests (lower bound)", "429s", "429s / requests", "limit settled", "in flight mean / peak",
                          "texts paid twice", "same rows as without a capacity", "load"], rows,
                         f"Sandbox with a capacity (50 ms + 5 us/token), the job at its defaults; requests capped at "
@@ -264,12 +267,28 @@ class Bench:
                   "processes (summary.json metrics.in_flight_limit). 1st answer = the process start to the first "
                   "answer billed (start-up; with 2 workers also the start of the worker processes, before "
                   "which nothing is sent); answers span = the first to the last answer billed: the part "
-                  "the in-flight limit decides.")
-        for (mode, w), (ratio, span, share, off) in sorted(worst.items()):
+                  "the in-flight limit decides. fixed at the capacity = the same job with its limit fixed "
+                  "where an adaptive one should settle (each worker process starting and staying at capacity / "
+                  "workers), against the queueing sandbox: what this client does on this machine if it knew "
+                  "the capacity; wall / fixed is then the cost of finding it.")
+        for (mode, w), (ratio, span, share, off, by_fixed) in sorted(worst.items()):
             self.targets.append(f"capacity {'/'.join(map(str, a.capacities))}, {mode} mode, {w} worker(s): worst "
-                                f"wall / floor {ratio:.2f} (target <= 1.2; answers span / floor {span:.2f}), "
+                                f"wall / floor {ratio:.2f} (target <= 1.2; answers span / floor {span:.2f}; "
+                                f"wall / the job fixed at the capacity {by_fixed:.2f}), "
                                 f"worst 429 share {100 * share:.1f}% "
                                 f"(target <= 2% in 429 mode), farthest settled limit from the capacity {off}")
+
+    def fixed_at(self, cap: int, workers: int, corpus: Path, extra: tuple[str, ...]) -> float:
+        """The wall of the job with its limit fixed at CAP (CAP / WORKERS per worker process:
+        starting there, as the ceiling) against a queueing sandbox of that capacity."""
+        settings = yaml.safe_load((REPO / "configs" / "pipeline.yaml").read_text())
+        settings["embed"]["initial_in_flight"] = cap // workers
+        config = self.work / f"run-config-fixed-{cap}-w{workers}.yaml"
+        config.write_text(yaml.safe_dump(settings))
+        label = f"capacity-{cap}-fixed-w{workers}"
+        with self.sandbox(f"sandbox-{label}", LATENCY + ["--capacity", str(cap)]) as sb:
+            m, _, _ = self.pipeline(label, corpus, sb, cap // workers, workers, extra=(*extra, "--run-config", str(config)))
+        return m.wall_s
 
     def floor(self, corpus: Path, sb: SandboxProcess, in_flight: int, base_wall_s: float) -> tuple[list, float]:
         self.say(f"  floor: the sandbox alone, {in_flight} in flight ...")
