@@ -31,7 +31,8 @@
 5. A sandbox with a capacity (--capacities, 4 and 8 by default; queue and 429 mode), the job at
    its defaults with 1 and 2 worker processes, requests capped at --capacity-request-tokens (so that 30
    requests are not the whole sample): the limit it settled at, the 429s, wall against the
-   floor at that capacity, texts paid twice, and its rows against a run without a capacity.
+   floor at that capacity and against the same job with its limit fixed at the capacity, texts
+   paid twice, and its rows against a run without a capacity.
 6. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
 
 Figures go to the terminal and to the generated section of docs/BENCH.md. Nothing here
