@@ -5,7 +5,7 @@ history; the commit after the job (pipeline/outdir) makes it the current view.
 On the local runner a run streams: texts and vectors go from Read to Write in one fused stage
 and nothing large crosses a stage boundary (the FnApiRunner holds such a PCollection in memory
 whole); its worker processes, when it has several, share their claims through a file and pull the
-input's row groups from it as each is ready for more.
+input from it as each is ready for more.
 --doc-vectors and distributed runners group by text instead; the Dedupe step chooses its way
 (transforms/dedupe/transform.py).
 """

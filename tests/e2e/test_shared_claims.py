@@ -87,3 +87,18 @@ def test_a_capped_run_leaves_late_rows_pending_and_the_resume_pays_once(tmp_path
     kinds = assert_every_row_once(out, rows)
     assert kinds["pending"] == kinds["failed"] == 0
     assert billed_twice(ledger(sandbox)) == {}
+
+
+def test_worker_processes_share_a_file_of_one_row_group(tmp_path, sandbox_factory, monkeypatch):
+    """A runner gives a stage's input to its workers once, at the start: one row group would go to
+    one process. Pulled table by table, both read it, and every row is read once."""
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+    models = write_models(tmp_path / "models.yaml")
+    rows = corpus_rows(n_short=2400, n_long=0, seed=21)
+    corpus = write_corpus(tmp_path / "corpus.parquet", rows)
+    assert pq.read_metadata(corpus).num_row_groups == 1
+    out = tmp_path / "out"
+    assert run(corpus, out, start_sandbox(sandbox_factory, models), models, *PROCESSES) == 0
+    kinds = assert_every_row_once(out, rows)
+    assert kinds["pending"] == 0 and kinds["failed"] == 1   # the empty text
+    assert len([f for f in current_files(out, "embeddings") if "-late-" not in f.name]) >= 2

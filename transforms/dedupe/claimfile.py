@@ -9,8 +9,8 @@ every chunk's text in the runner's memory. The standard library's SQLite gives t
 since the driver cannot read a worker process's memory. The file is local: the local runner's
 workers share the driver's disk, and distributed runners group instead.
 
-The same file is the pool of the input's row groups that the worker processes pull from
-(`take`), so that the work follows each process's pace.
+The same file is the pool of the input's row groups and tables that the worker processes pull
+from (`take`), so that the work follows each process's pace.
 
 The driver keeps it in a directory of its own (`claim_dir`), locked for as long as the job
 runs: a job killed with SIGKILL leaves the directory, with each late row's kept columns, and
@@ -119,6 +119,11 @@ class ClaimFile:
         """Whether this call took KEY (a part of the input: transforms/read/parquet.py's Pull)."""
         with self._lock:
             return self._connection().execute("INSERT OR IGNORE INTO taken VALUES (?)", (key,)).rowcount == 1
+
+    def taken(self, key: bytes) -> bool:
+        """Whether any call took KEY."""
+        with self._lock:
+            return self._connection().execute("SELECT 1 FROM taken WHERE key = ?", (key,)).fetchone() is not None
 
     def add_late(self, late) -> None:
         """Keep a late row (a LateRef) for the driver."""

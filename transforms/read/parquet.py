@@ -120,12 +120,14 @@ def row_groups(entry: tuple[str, dict]):
 BATCH_ROWS = 512
 
 
-def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str]):
-    """The row group, as tables of at most BATCH_ROWS rows."""
+def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str], keep: Callable[[int], bool] = lambda j: True):
+    """The row group, as tables of at most BATCH_ROWS rows; KEEP(j) false skips the j-th."""
     path, index, partition = ref
     in_file = [c for c in columns if c not in partition]
     with open_parquet(path) as fh:
-        for batch in parquet_file(fh).iter_batches(BATCH_ROWS, row_groups=[index], columns=in_file):
+        for j, batch in enumerate(parquet_file(fh).iter_batches(BATCH_ROWS, row_groups=[index], columns=in_file)):
+            if not keep(j):
+                continue
             n = batch.num_rows
             yield pa.Table.from_arrays(
                 [normalise(pa.chunked_array([batch.column(c)])) if c in in_file
@@ -134,22 +136,40 @@ def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str]):
 
 
 class Pull(NamedTuple):
-    """Row groups pulled by the local runner's worker processes as each is ready for more, from
+    """The input pulled by the local runner's worker processes as each is ready for more, from
     one pool: a runner splits a stage's input among its workers once, at its start, so a process
     that sends fewer requests at once (its share of a service's capacity) would otherwise finish
-    its half long after the other. POOL's `take(key)` is true for the one caller that takes KEY
+    its half long after the other, and a file of one row group would go to one process. POOL:
+    `take(key)` is true for the one caller that takes KEY, `taken(key)` whether one did
     (transforms/dedupe/claimfile.py); WORKERS: one puller each."""
     pool: Any
     workers: int
 
 
 def pulled(_puller: int, entries: Sequence[tuple[str, dict]], pool: Any, columns: Sequence[str]):
-    """The tables of every row group of ENTRIES that this puller takes first; each puller tries
-    them all, in the same order."""
+    """The tables this puller takes first, every puller trying the same ones in the same order:
+    whole row groups while any is left, each read by the one that takes it; then, started last
+    first (the most left), the tables not taken yet of those still being read. Whoever reads a
+    row group takes its tables one by one, in order, so two share its rest by their pace (both
+    decode it: at most one row group more per puller, at the end)."""
+    seen = []
     for entry in entries:
         for ref in row_groups(entry):
-            if pool.take(f"{ref[0]}\0{ref[1]}".encode()):
-                yield from read_row_group(ref, columns)
+            seen.append(ref)
+            if pool.take(_key(ref, "")):
+                yield from _read_shared(ref, columns, pool)
+    for ref in reversed(seen):
+        if not pool.taken(_key(ref, "done")):
+            yield from _read_shared(ref, columns, pool)
+
+
+def _key(ref: tuple[str, int, dict], part: "int | str") -> bytes:
+    return f"{ref[0]}\0{ref[1]}\0{part}".encode()
+
+
+def _read_shared(ref: tuple[str, int, dict], columns: Sequence[str], pool: Any):
+    yield from read_row_group(ref, columns, lambda j: pool.take(_key(ref, j)))
+    pool.take(_key(ref, "done"))
 
 
 class ReadParquetTables(beam.PTransform):
