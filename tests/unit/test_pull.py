@@ -8,9 +8,8 @@ import itertools
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.read import parquet
-
 from transforms.dedupe.claimfile import ClaimFile
+from transforms.read import parquet
 from transforms.read.parquet import BATCH_ROWS, pulled
 
 GROUPS, GROUP_ROWS = 6, 100   # a row group under BATCH_ROWS is one table

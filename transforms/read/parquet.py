@@ -150,8 +150,8 @@ def pulled(_puller: int, entries: Sequence[tuple[str, dict]], pool: Any, columns
     """The tables this puller takes first, every puller trying the same ones in the same order:
     whole row groups while any is left, each read by the one that takes it; then, started last
     first (the most left), the tables not taken yet of those still being read. Whoever reads a
-    row group takes its tables one by one, in order, so two share its rest by their pace (both
-    decode it: at most one row group more per puller, at the end)."""
+    row group takes its tables one by one, in order, so two share its rest by their pace (the
+    one that joins decodes it from its start: at most one row group per other puller, at the end)."""
     seen = []
     for entry in entries:
         for ref in row_groups(entry):
