@@ -165,6 +165,12 @@ class ConcurrencyLimiter:
         """Requests that may be in flight now (below one place: one, paced; `paced_until`)."""
         return max(1, int(self._limit))
 
+    @property
+    def settled(self) -> int:
+        """The places it holds outside a drain, for the metrics: a drain lasts until one request
+        goes, and at the end of a run none may."""
+        return max(1, int(self._restore if self._restore is not None else self._limit))
+
     def answered_within(self, seconds: float) -> bool:
         """Whether an answer came (or the limiter was made) within the last SECONDS, plus two
         of this limiter's own paced cycles (at the floor, a round trip of 30 s is a cycle of

@@ -74,7 +74,7 @@ class _Shared:
         """What the limiter's figures moved since the last report: counters summed over bundles
         and processes (in summary.json's metrics: the limits of all processes added up)."""
         lim = self.concurrency
-        now = {"in_flight_limit": lim.allowed, "in_flight_peak": int(lim.peak), "limit_decreases": lim.decreases,
+        now = {"in_flight_limit": lim.settled, "in_flight_peak": int(lim.peak), "limit_decreases": lim.decreases,
                "latency_decreases": lim.latency_decreases, "limit_drains": lim.drains,
                "rate_limited": lim.rate_limited_count, "others_left": lim.others_left}
         with self._mutex:
