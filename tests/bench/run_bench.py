@@ -269,8 +269,8 @@ class Bench:
                   "answer billed (start-up; with 2 workers also the start of the worker processes, before "
                   "which nothing is sent); answers span = the first to the last answer billed: the part "
                   "the in-flight limit decides. fixed at the capacity = the same job with its limit fixed "
-                  "where an adaptive one should settle (each worker process starting and staying at capacity / "
-                  "workers), against the queueing sandbox: what this client does on this machine if it knew "
+                  "where an adaptive one should settle (each worker process starts at capacity / workers, its "
+                  "ceiling too: only a latency signal could take it lower), against the queueing sandbox: what this client does on this machine if it knew "
                   "the capacity; wall / fixed is then the cost of finding it.")
         for (mode, w), (ratio, span, share, off, by_fixed) in sorted(worst.items()):
             self.targets.append(f"capacity {'/'.join(map(str, a.capacities))}, {mode} mode, {w} worker(s): worst "
