@@ -156,7 +156,7 @@ def pulled(_puller: int, entries: Sequence[tuple[str, dict]], pool: Any, columns
     for entry in entries:
         for ref in row_groups(entry):
             seen.append(ref)
-            if pool.take(_key(ref, "")):
+            if pool.take(_key(ref, "whole")):
                 yield from _read_shared(ref, columns, pool)
     for ref in reversed(seen):
         if not pool.taken(_key(ref, "done")):
