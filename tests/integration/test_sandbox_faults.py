@@ -2,6 +2,7 @@
 answer is billed; a revoked key gets 401; the embeddings rate limit answers 429."""
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import pytest
 import requests
 import yaml
 
+from service.sandbox import server as server_module
 from service.sandbox.config import build_parser, config_from_args
 from service.sandbox.faults import FaultConfig, FaultInjector
+from service.sandbox.server import make_server
 
 KEY = "sk-fault-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -110,6 +113,26 @@ def test_latency_is_waited(sandbox_factory):
         elapsed = time.perf_counter() - t0
     n = r.json()["usage"]["total_tokens"]
     assert elapsed >= 0.150 + n * 0.001   # a lower bound only: waits are sleeps
+
+
+def test_the_latency_includes_the_work(tmp_path, monkeypatch):
+    # In process, so that the server's sleeps can be seen: it sleeps what is left of the latency
+    # once it has counted and embedded, never the whole latency on top of that work.
+    config = config_from_args(build_parser().parse_args(
+        ["--db", str(tmp_path / "s.db"), "--key", KEY, "--balance", "100", "--port", "0", "--latency-ms", "200"]))
+    server, _ = make_server(config)
+    slept, sleep = [], time.sleep
+    monkeypatch.setattr(server_module.time, "sleep", lambda s: (slept.append(s), sleep(s)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        r = requests.post(f"http://127.0.0.1:{server.server_address[1]}/v1/embeddings", headers=AUTH, timeout=10,
+                          json={"model": "text-embedding-3-small", "input": ["the work is part of the latency"]})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.status_code == 200
+    assert len(slept) == 1 and 0 < slept[0] < 0.200
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("faults-*.yaml")), ids=lambda p: p.name)
