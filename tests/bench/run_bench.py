@@ -228,7 +228,7 @@ class Bench:
             shutil.rmtree(out, ignore_errors=True)
         bodies = floor.packed_bodies(corpus, MODEL, self.model.max_inputs_per_request, a.capacity_request_tokens,
                                      fill=0.99)
-        rows, worst = [], {}
+        rows, worst, nproc = [], {}, os.cpu_count() or 1
         for cap in a.capacities:
             with self.sandbox(f"sandbox-capacity-{cap}-floor", LATENCY + ["--capacity", str(cap)]) as sb:
                 self.say(f"  floor at capacity {cap} ...")
@@ -247,7 +247,8 @@ class Bench:
                     shutil.rmtree(out, ignore_errors=True)
                     share = refused / s["requests"]
                     by_fixed = f"{m.wall_s / fixed[w]:.2f}" if w in fixed else ""
-                    rows.append([cap, mode, w, m.wall_s, floor_s, f"{m.wall_s / floor_s:.2f}", m.first_request_s,
+                    rows.append([cap, mode, w, m.wall_s, floor_s, (m.cpu_s + m.sandbox_cpu_s) / nproc,
+                                 f"{m.wall_s / floor_s:.2f}", m.first_request_s,
                                  f"{m.answer_span_s / floor_s:.2f}", fixed.get(w, ""), by_fixed,
                                  f"{s['requests']} ({self.lower_bound(s['prompt_tokens'], s['chunks'], a.capacity_request_tokens)})",
                                  refused, f"{100 * share:.1f}%", settled, f"{mean:.1f} / {peak}", twice,
@@ -256,7 +257,8 @@ class Bench:
                     worst[(mode, w)] = [max(seen[0], m.wall_s / floor_s), max(seen[1], m.answer_span_s / floor_s),
                                         max(seen[2], share), max(seen[3], abs(settled - cap)),
                                         max(seen[4], m.wall_s / fixed[w] if w in fixed else 0.0)]
-        self.emit(table(["capacity", "mode", "workers", "wall s", "floor s (capacity in flight)", "wall / floor",
+        self.emit(table(["capacity", "mode", "workers", "wall s", "floor s (capacity in flight)", "CPU floor s",
+                         "wall / floor",
                          "1st answer s", "answers span / floor", "fixed at the capacity s", "wall / fixed",
                          "requests (lower bound)", "429s", "429s / requests", "limit settled", "in flight mean / peak",
                          "texts paid twice", "same rows as without a capacity", "load"], rows,
@@ -264,7 +266,8 @@ class Bench:
                         f"{a.capacity_request_tokens:,} tokens ({a.docs:,} documents)"))
         self.emit("Capacity N: at most N requests of the account worked on at once; queue = the others wait "
                   "(latency grows), 429 = refused at once with Retry-After 1 s. The floor sends the same "
-                  "pre-packed requests N at a time. limit settled = the limits at the end, summed over the worker "
+                  "pre-packed requests N at a time; CPU floor = (client CPU + sandbox CPU) / nproc of that run: "
+                  "no run on this machine can be faster, whatever its limit. limit settled = the limits at the end, summed over the worker "
                   "processes (summary.json metrics.in_flight_limit). 1st answer = the process start to the first "
                   "answer billed (start-up; with 2 workers also the start of the worker processes, before "
                   "which nothing is sent); answers span = the first to the last answer billed: the part "
