@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = p.add_argument_group("fault injection (flags override --faults)")
     f.add_argument("--faults", help="YAML fault profile (configs/sandbox/faults-*.yaml)")
     f.add_argument("--seed", type=int, help="seed of the fault draws (repeatable given the same request order)")
-    f.add_argument("--latency-ms", type=float, help="an embeddings answer leaves this long after its work began (the work included)")
+    f.add_argument("--latency-ms", type=float,
+                   help="an embeddings answer leaves this long after its work began (the work included)")
     f.add_argument("--latency-per-token-us", type=float, help="and this much longer per token of the request")
     for name, kind, text in FaultConfig.FLAG_HELP:
         f.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
