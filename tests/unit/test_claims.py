@@ -93,10 +93,11 @@ def test_another_processs_claim_makes_a_row_late_and_the_file_keeps_it(tmp_path)
 
 def test_rows_of_one_batch_join_the_claim_of_its_first(tmp_path):
     other = hashlib.sha256(b"other").hexdigest()
-    for claims in (Claims(), Claims(ClaimFile.create(str(tmp_path / "claims.sqlite")))):
+    for shared in (None, ClaimFile.create(str(tmp_path / "claims.sqlite"))):
+        claims = Claims(shared)
         assert claims.add([(SHA, ref("b")), (other, ref("x")), (SHA, ref("a"))]) == [True, True, False]
         assert claims.seal(TextItem(SHA, "text", 5, (ref("b"),))).refs == (ref("a"), ref("b"))
-        assert claims.late == []
+        assert claims.late == [] and (shared is None or shared.late() == [])
 
 
 def test_a_batch_meets_another_processs_claims(tmp_path):
