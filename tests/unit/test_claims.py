@@ -24,11 +24,11 @@ SHA = hashlib.sha256(b"text").hexdigest()
 
 def test_rows_join_an_open_claim_and_late_rows_point_at_the_first():
     claims = Claims()
-    assert claims.add([(SHA, ref("b", 1, 10))]) == [True]
-    assert claims.add([(SHA, ref("a", 2, 20))]) == [False]
+    assert claims.add(SHA, ref("b", 1, 10)) is True
+    assert claims.add(SHA, ref("a", 2, 20)) is False
     sealed = claims.seal(TextItem(SHA, "text", 5, (ref("b", 1, 10),)))
     assert sealed.refs == (ref("a", 2, 20), ref("b", 1, 10))  # sorted: the first row is the smallest
-    assert claims.add([(SHA, ref("c"))]) == [False]
+    assert claims.add(SHA, ref("c")) is False
     assert claims.late == [LateRef(ref("c"), SHA, ("a", 2, 20, 25))]
 
 
@@ -43,7 +43,7 @@ def test_one_claim_per_text_under_threads():
 
     def worker(n):
         for i in range(200):
-            if claims.add([(hashlib.sha256(str(i).encode()).hexdigest(), ref(f"{n}-{i}"))]) == [True]:
+            if claims.add(hashlib.sha256(str(i).encode()).hexdigest(), ref(f"{n}-{i}")):
                 with lock:
                     firsts.append(i)
 
@@ -81,50 +81,27 @@ def test_a_runs_claims_are_built_once():
 def test_another_processs_claim_makes_a_row_late_and_the_file_keeps_it(tmp_path):
     shared = ClaimFile.create(str(tmp_path / "claims.sqlite"))
     mine, theirs = Claims(shared), Claims(ClaimFile(shared.path))   # two processes' claims
-    assert mine.add([(SHA, ref("b", 1, 10))]) == [True]
-    assert theirs.add([(SHA, ref("a", 2, 20))]) == [False]   # open elsewhere: it cannot join, so it is late
-    assert mine.add([(SHA, ref("c", 3, 30))]) == [False]     # open here: it joins
+    assert mine.add(SHA, ref("b", 1, 10)) is True
+    assert theirs.add(SHA, ref("a", 2, 20)) is False   # open elsewhere: it cannot join, so it is late
+    assert mine.add(SHA, ref("c", 3, 30)) is False     # open here: it joins
     assert mine.seal(TextItem(SHA, "text", 5, (ref("b", 1, 10),))).refs == (ref("b", 1, 10), ref("c", 3, 30))
-    assert theirs.add([(SHA, ref("d"))]) == [False]
+    assert theirs.add(SHA, ref("d")) is False
     # the claiming row has the outcome every row of the claim shares
     assert shared.late() == [LateRef(ref("a", 2, 20), SHA, ("b", 1, 10, 15)), LateRef(ref("d"), SHA, ("b", 1, 10, 15))]
     assert mine.late == theirs.late == []   # the driver reads the file, not a worker's memory
 
 
-def test_rows_of_one_batch_join_the_claim_of_its_first(tmp_path):
-    other = hashlib.sha256(b"other").hexdigest()
-    for shared in (None, ClaimFile.create(str(tmp_path / "claims.sqlite"))):
-        claims = Claims(shared)
-        assert claims.add([(SHA, ref("b")), (other, ref("x")), (SHA, ref("a"))]) == [True, True, False]
-        assert claims.seal(TextItem(SHA, "text", 5, (ref("b"),))).refs == (ref("a"), ref("b"))
-        assert claims.late == [] and (shared is None or shared.late() == [])
-
-
-def test_a_batch_meets_another_processs_claims(tmp_path):
-    shared = ClaimFile.create(str(tmp_path / "claims.sqlite"))
-    mine, theirs = Claims(shared), Claims(ClaimFile(shared.path))
-    texts = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(3)]
-    assert theirs.add([(texts[1], ref("t1"))]) == [True]
-    assert mine.add([(texts[0], ref("m0")), (texts[1], ref("m1")), (texts[2], ref("m2")), (texts[1], ref("m3"))]) \
-        == [True, False, True, False]
-    # both of this batch's rows of the text claimed elsewhere are late, pointing at that claim
-    assert shared.late() == [LateRef(ref("m1"), texts[1], ("t1", 0, 0, 5)), LateRef(ref("m3"), texts[1], ("t1", 0, 0, 5))]
-    assert mine.add([(texts[1], ref("m4"))]) == [False]   # and the rows after them
-    assert len(shared.late()) == 3
-
-
 def _claim(path: str, worker: int, order: list[int], start, results) -> None:
     claims = Claims(ClaimFile(path))
 
-    def won(batch: list[int]) -> list[int]:
-        entries = [(hashlib.sha256(str(i).encode()).hexdigest(), ref(f"{worker}-{i}")) for i in batch]
-        return [i for i, first in zip(batch, claims.add(entries)) if first]
+    def won(i: int) -> bool:
+        return claims.add(hashlib.sha256(str(i).encode()).hexdigest(), ref(f"{worker}-{i}"))
 
     start.wait()
-    first = won(order[:1])
+    first = [order[0]] if won(order[0]) else []
     start.wait()   # every process holds a claim: the rest races (one process alone took all 300
-    #                texts before the others woke, on a loaded machine), 7 texts at a time
-    results.put((worker, first + [i for at in range(1, len(order), 7) for i in won(order[at:at + 7])]))
+    #                texts before the others woke, on a loaded machine)
+    results.put((worker, first + [i for i in order[1:] if won(i)]))
 
 
 def test_processes_sharing_a_claim_file_send_each_text_once(tmp_path):

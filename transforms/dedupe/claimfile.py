@@ -107,25 +107,13 @@ class ClaimFile:
             self._db = db
         return self._db
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        db = self._connection()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-
-    def claim(self, pairs: list[tuple[bytes, bytes]]) -> list[bytes | None]:
-        """For each (KEY, FIRST) of PAIRS (distinct keys): None when this call claimed KEY with
-        FIRST (its row), else the FIRST of the claim that won. One transaction: a commit per
-        claim was most of what the file cost."""
-        with self._lock, self._transaction() as db:
-            return [None if db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?)", pair).rowcount == 1
-                    else db.execute("SELECT first FROM claims WHERE key = ?", pair[:1]).fetchone()[0]
-                    for pair in pairs]
+    def claim(self, key: bytes, first: bytes) -> bytes | None:
+        """None when this call claimed KEY with FIRST (its row); else the FIRST of the claim that won."""
+        with self._lock:
+            db = self._connection()
+            if db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?)", (key, first)).rowcount == 1:
+                return None
+            return db.execute("SELECT first FROM claims WHERE key = ?", (key,)).fetchone()[0]
 
     def take(self, key: bytes) -> bool:
         """Whether this call took KEY (a part of the input: transforms/read/parquet.py's Pull)."""
@@ -137,10 +125,10 @@ class ClaimFile:
         with self._lock:
             return self._connection().execute("SELECT 1 FROM taken WHERE key = ?", (key,)).fetchone() is not None
 
-    def add_late(self, late: list) -> None:
-        """Keep late rows (LateRefs) for the driver."""
-        with self._lock, self._transaction() as db:
-            db.executemany("INSERT INTO late VALUES (?)", [(pickle.dumps(ref),) for ref in late])
+    def add_late(self, late) -> None:
+        """Keep a late row (a LateRef) for the driver."""
+        with self._lock:
+            self._connection().execute("INSERT INTO late VALUES (?)", (pickle.dumps(late),))
 
     def late(self) -> list:
         """Every process's late rows."""

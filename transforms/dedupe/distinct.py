@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.window import GlobalWindows
 
 from transforms.dedupe.claimfile import ClaimFile
 from transforms.records import ChunkRef, Request, TextItem
@@ -64,8 +63,6 @@ class LateRef(NamedTuple):
 
 
 _FIRST = struct.Struct("<qqq")
-_CLAIM_BATCH = 256   # rows claimed at once: the claim file commits once for them (a request at the
-                     # default caps holds ~700 short texts, so the packer hardly waits for them)
 
 
 def _pack_first(ref: ChunkRef) -> bytes:
@@ -94,47 +91,32 @@ class Claims:
     def for_run(cls, run_id: str, shared: ClaimFile | None = None) -> "Claims":
         return runscoped.shared(run_id, "claims", lambda: cls(shared))
 
-    def add(self, entries: Sequence[tuple[str, ChunkRef]]) -> list[bool]:
-        """For each (sha, ref) of ENTRIES, True when REF is the text's first row (the caller
-        sends the text). With SHARED, one call asks the file once for all its new texts."""
-        firsts, late = [False] * len(entries), []
-        asked: dict[bytes, list[int]] = {}   # texts new here -> their entries, for the file
+    def add(self, sha: str, ref: ChunkRef) -> bool:
+        """True when REF is the text's first row (the caller sends the text)."""
+        key = key16(sha)
         with self._mutex:
-            for i, (sha, ref) in enumerate(entries):
-                key = key16(sha)
-                if (rows := self._open.get(key)) is not None:
-                    rows.append(ref)
-                elif (first := self._sent.get(key)) is not None:
-                    late.append(LateRef(ref, sha, _unpack_first(first)))
-                elif self._shared is not None:
-                    asked.setdefault(key, []).append(i)
-                else:
-                    self._open[key] = [ref]
-                    firsts[i] = True
-            if asked:
-                self._claim_shared(entries, asked, firsts, late)
-            if late:
-                self._keep_late(late)
-        return firsts
-
-    def _claim_shared(self, entries, asked: dict[bytes, list[int]], firsts: list[bool], late: list) -> None:
-        """Claims ASKED's texts in the shared file, each for its first entry; a text another
-        process had claimed makes its entries here LATE (its first row is kept: later rows
-        need not ask the file again)."""
-        keys = list(asked)
-        won = self._shared.claim([(key, _pack_first(entries[asked[key][0]][1])) for key in keys])
-        for key, first in zip(keys, won):
-            indices = asked[key]
+            if (rows := self._open.get(key)) is not None:
+                rows.append(ref)
+                return False
+            first = self._sent.get(key)
+            if first is None and self._shared is not None:
+                first = self._claimed_elsewhere(key, ref)
             if first is None:
-                self._open[key] = [entries[i][1] for i in indices]
-                firsts[indices[0]] = True
-                continue
-            self._sent.put(key, first)
-            late.extend(LateRef(entries[i][1], entries[i][0], _unpack_first(first)) for i in indices)
+                self._open[key] = [ref]
+                return True
+            self._keep_late(LateRef(ref, sha, _unpack_first(first)))
+            return False
 
-    def _keep_late(self, late: list[LateRef]) -> None:
+    def _claimed_elsewhere(self, key: bytes, ref: ChunkRef) -> bytes | None:
+        """Claims KEY in the shared file for REF; if another process had, its first row (kept:
+        its other rows here need not ask the file again)."""
+        if (first := self._shared.claim(key, _pack_first(ref))) is not None:
+            self._sent.put(key, first)
+        return first
+
+    def _keep_late(self, late: LateRef) -> None:
         if self._shared is None:
-            self.late.extend(late)
+            self.late.append(late)
         else:   # the driver reads the file: it cannot read a worker process's memory
             self._shared.add_late(late)
 
@@ -159,26 +141,13 @@ class _ClaimTexts(beam.DoFn):
     def setup(self):
         self._claims = Claims.for_run(self._run_id, self._claim_file)
 
-    def start_bundle(self):
-        self._waiting: list = []
-
     def process(self, entry):
-        self._waiting.append(entry)
-        if len(self._waiting) >= _CLAIM_BATCH:
-            yield from self._claim()
-
-    def finish_bundle(self):
-        for item in self._claim():
-            yield GlobalWindows.windowed_value(item)
-
-    def _claim(self):
-        entries, self._waiting = self._waiting, []
-        firsts = self._claims.add([(sha, ref) for sha, (_, _, ref) in entries])
-        self._deduplicated.inc(len(entries) - sum(firsts))
-        self._distinct.inc(sum(firsts))
-        for first, (sha, (text, n_tokens, ref)) in zip(firsts, entries):
-            if first:
-                yield TextItem(sha, text, n_tokens, (ref,))
+        sha, (text, n_tokens, ref) = entry
+        if self._claims.add(sha, ref):
+            self._distinct.inc()
+            yield TextItem(sha, text, n_tokens, (ref,))
+        else:
+            self._deduplicated.inc()
 
 
 class StreamDistinctTexts(beam.PTransform):
