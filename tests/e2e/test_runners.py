@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 import os
+import pstats
 import shutil
 import signal
 import socket
@@ -211,6 +212,19 @@ def test_direct_one_worker_and_two_threads_agree(env, reference):
 def test_direct_two_processes_agree(env, reference):
     assert_same_outputs(reference, run_job(env, "direct-2-processes", "--direct_num_workers", "2",
                                            "--direct_running_mode", "multi_processing"))
+
+
+def test_worker_processes_profile_when_asked(env, tmp_path):
+    """--profile_cpu reaches the local runner's worker processes: each writes the profile of the
+    bundles it ran, which is where the job's own work is (the driver's profile shows it waiting)."""
+    where = tmp_path / "profiles"
+    outcome = run_job(env, "direct-2-processes-profiled", "--direct_num_workers", "2",
+                      "--direct_running_mode", "multi_processing", "--profile_cpu", "--profile_location", str(where))
+    assert outcome.code == 0
+    workers = [p for p in (where / "cpu_profile").iterdir() if not p.name.startswith("direct-")]
+    assert workers, "no profile from a worker process"
+    functions = {path for p in workers for (path, _, _) in pstats.Stats(str(p)).stats}
+    assert any(path.endswith("transforms/read/split.py") for path in functions)
 
 
 # ---------------------------------------------------------------- portable
