@@ -53,6 +53,11 @@ class Measured:
     first_request_s: float = float("nan")   # start to the first billed answer (from the ledger)
     answer_span_s: float = float("nan")     # first to last billed answer
 
+    @property
+    def cpu_floor_s(self) -> float:
+        """(client CPU + sandbox CPU) / nproc: no run on this machine can be faster."""
+        return (self.cpu_s + self.sandbox_cpu_s) / (os.cpu_count() or 1)
+
 
 def run_measured(argv: Sequence[str], *, env: dict | None = None, sandbox_pid: int | None = None,
                  log_path: str | None = None, timeout_s: float = 1800) -> Measured:

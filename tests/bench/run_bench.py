@@ -178,14 +178,13 @@ class Bench:
             # be above: it grows while half of it is in use, and reading can leave it unfilled)
             wanted = {f for f in a.in_flight if f is not None} | {r[6] for r in runs if r[0] is None}
             floors = {f: self.floor(corpus, sb, f, base_m.wall_s) for f in sorted(wanted)}
-        nproc = os.cpu_count() or 1
         rows = [self._row("baseline (sequential, 100/request)", base_m, base["chunks"], base["prompt_tokens"],
-                          base["requests"], nproc, base_m.wall_s) + ["", "", ""]]
+                          base["requests"], base_m.wall_s) + ["", "", ""]]
         for f, w, m, s, settled, mean, peak in runs:
             at = peak if f is None else f
             name = "default settings (ceiling 32)" if f is None else f"max-in-flight {f}"
             rows.append(self._row(f"pipeline {name}, workers {w}", m, s["chunks"], s["prompt_tokens"], s["requests"],
-                                  nproc, base_m.wall_s) + [f"{settled}", f"{mean:.1f} / {peak}",
+                                  base_m.wall_s) + [f"{settled}", f"{mean:.1f} / {peak}",
                                                            f"{m.wall_s / floors[at][1]:.2f} (at {at})"])
             if f is None and w == 1:
                 self.targets.append(
@@ -228,7 +227,7 @@ class Bench:
             shutil.rmtree(out, ignore_errors=True)
         bodies = floor.packed_bodies(corpus, MODEL, self.model.max_inputs_per_request, a.capacity_request_tokens,
                                      fill=0.99)
-        rows, worst, nproc = [], {}, os.cpu_count() or 1
+        rows, worst = [], {}
         for cap in a.capacities:
             with self.sandbox(f"sandbox-capacity-{cap}-floor", LATENCY + ["--capacity", str(cap)]) as sb:
                 self.say(f"  floor at capacity {cap} ...")
@@ -247,7 +246,7 @@ class Bench:
                     shutil.rmtree(out, ignore_errors=True)
                     share = refused / s["requests"]
                     by_fixed = f"{m.wall_s / fixed[w]:.2f}" if w in fixed else ""
-                    rows.append([cap, mode, w, m.wall_s, floor_s, (m.cpu_s + m.sandbox_cpu_s) / nproc,
+                    rows.append([cap, mode, w, m.wall_s, floor_s, m.cpu_floor_s,
                                  f"{m.wall_s / floor_s:.2f}", m.first_request_s,
                                  f"{m.answer_span_s / floor_s:.2f}", fixed.get(w, ""), by_fixed,
                                  f"{s['requests']} ({self.lower_bound(s['prompt_tokens'], s['chunks'], a.capacity_request_tokens)})",
@@ -305,14 +304,14 @@ class Bench:
         tokens = sum(r["prompt_tokens"] for r in charges)
         chunks = sum(len(r["input_sha256"]) for r in charges)
         row = self._row(f"floor: sandbox alone, pre-packed, {in_flight} in flight", m, chunks, tokens,
-                        len(bodies), os.cpu_count() or 1, base_wall_s)
+                        len(bodies), base_wall_s)
         row[6], row[9], row[10], row[11] = "~0", "", "", ""
         return row, wall
 
-    def _row(self, label, m: Measured, chunks, tokens, requests, nproc, base_wall_s):
+    def _row(self, label, m: Measured, chunks, tokens, requests, base_wall_s):
         return [label, m.wall_s, chunks / m.wall_s, tokens / m.wall_s, f"{base_wall_s / m.wall_s:.2f}",
                 f"{requests} ({self.lower_bound(tokens, chunks)})", m.cpu_s, m.sandbox_cpu_s,
-                (m.cpu_s + m.sandbox_cpu_s) / nproc, m.first_request_s, m.answer_span_s, m.peak_rss_mb,
+                m.cpu_floor_s, m.first_request_s, m.answer_span_s, m.peak_rss_mb,
                 f"{m.load_before:.1f}-{m.load_after:.1f}"]
 
     def zero_latency(self, corpus: Path) -> None:
