@@ -27,6 +27,10 @@ class KeySpec:
     value: str = dataclasses.field(repr=False)
     account: str
     budget_micro: int | None
+    models: frozenset[str] | None = None   # the models the key may use; None: every catalogue model
+
+    def allows(self, model: str) -> bool:
+        return self.models is None or model in self.models
 
     @property
     def key_id(self) -> str:
@@ -73,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", help="API key of the default account (a test key: argv is visible to ps)")
     p.add_argument("--balance", type=float, help="initial balance of the default account, RUB")
     p.add_argument("--budget", type=float, help="budget of --key, RUB (none by default)")
+    p.add_argument("--key-models", metavar="MODEL[,MODEL...]",
+                   help="the only models --key may use; others get 403 (default: every catalogue model)")
     p.add_argument("--accounts", help="YAML file with several accounts and keys (configs/sandbox/accounts.example.yaml)")
     p.add_argument("--account-segment", default="service", help="path segment of /v1/<segment>/balance|stats")
     p.add_argument("--models", help="model catalogue (default: the packaged configs/models.yaml)")
@@ -111,7 +117,18 @@ def _money(value: Any, where: str) -> int:
     return to_micro(float(value))
 
 
-def load_accounts(path: str) -> tuple[dict[str, int], list[KeySpec]]:
+def _key_models(value: Any, models: Mapping[str, ModelSpec], where: str) -> frozenset[str]:
+    """A key's allowed models: a non-empty list of catalogue ids (an empty list would leave a
+    key that can embed nothing, more likely a mistake than an intent)."""
+    if not isinstance(value, list) or not value or not all(isinstance(m, str) and m for m in value):
+        raise ConfigError(f"{where} must be a non-empty list of model ids (leave it out for every model)")
+    unknown = sorted(set(value) - set(models))
+    if unknown:
+        raise ConfigError(f"{where}: unknown model {', '.join(map(repr, unknown))}; known: {', '.join(sorted(models))}")
+    return frozenset(value)
+
+
+def load_accounts(path: str, models: Mapping[str, ModelSpec]) -> tuple[dict[str, int], list[KeySpec]]:
     try:
         with open(path, encoding="utf-8") as fh:
             doc = yaml.safe_load(fh)
@@ -131,8 +148,9 @@ def load_accounts(path: str) -> tuple[dict[str, int], list[KeySpec]]:
             if not isinstance(k, Mapping) or not isinstance(k.get("key"), str) or not k["key"].strip():
                 raise ConfigError(f"{where}: keys[{i}] needs a non-empty 'key'")
             budget = k.get("budget")
+            allowed = None if "models" not in k else _key_models(k["models"], models, f"{where}: keys[{i}].models")
             keys.append(KeySpec(k["key"].strip(), str(name),
-                                None if budget is None else _money(budget, f"{where}: keys[{i}].budget")))
+                                None if budget is None else _money(budget, f"{where}: keys[{i}].budget"), allowed))
     return balances, keys
 
 
@@ -152,7 +170,7 @@ def _skews(items: list[str], models: Mapping[str, ModelSpec]) -> dict[str, float
 
 def config_from_args(args: argparse.Namespace) -> SandboxConfig:
     models = load_models(args.models)
-    balances, keys = load_accounts(args.accounts) if args.accounts else ({}, [])
+    balances, keys = load_accounts(args.accounts, models) if args.accounts else ({}, [])
     if args.key is not None:
         if args.balance is None:
             raise ConfigError("--key needs --balance RUB")
@@ -162,9 +180,13 @@ def config_from_args(args: argparse.Namespace) -> SandboxConfig:
             raise ConfigError(f"--accounts already defines the account {DEFAULT_ACCOUNT!r} used by --key")
         balances[DEFAULT_ACCOUNT] = _money(args.balance, "--balance")
         budget = None if args.budget is None else _money(args.budget, "--budget")
-        keys.append(KeySpec(args.key.strip(), DEFAULT_ACCOUNT, budget))
+        allowed = None if args.key_models is None else _key_models(
+            [m.strip() for m in args.key_models.split(",")], models, "--key-models")
+        keys.append(KeySpec(args.key.strip(), DEFAULT_ACCOUNT, budget, allowed))
     elif args.balance is not None or args.budget is not None:
         raise ConfigError("--balance/--budget need --key")
+    elif args.key_models is not None:
+        raise ConfigError("--key-models needs --key")
     if not keys:
         raise ConfigError("no API key: give --key KEY --balance RUB, or --accounts FILE")
     ids = [k.key_id for k in keys]

@@ -4,8 +4,9 @@ Status codes of the embeddings endpoint (what-the-spec-leaves-open.md): 200; 400
 unknown model, malformed input, an over-length input or a request over the model's caps;
 401 for a missing, wrong or revoked key (one body for all, so a caller cannot tell them
 apart); 402 when the cost does not fit the account balance or the key budget (OpenRouter-
-style services answer 402 "insufficient credits" for both); 413 for a body over
---max-body-bytes; 429 with Retry-After when rate limited; 5xx and resets only when injected.
+style services answer 402 "insufficient credits" for both); 403 for a model the key may not
+use (`models:` of the accounts file, `--key-models`); 413 for a body over --max-body-bytes;
+429 with Retry-After when rate limited; 5xx and resets only when injected.
 A refused request is never charged.
 """
 from __future__ import annotations
@@ -59,6 +60,12 @@ def _bad(message: str, code: str = "invalid_request_error") -> ApiError:
 
 def _rate_limited(wait_s: int, message: str) -> ApiError:
     return ApiError(429, message, type_="rate_limit_error", headers=[("Retry-After", str(wait_s))])
+
+
+def _model_not_allowed(model: str) -> ApiError:
+    # Names the model, never the key: the caller knows which key it sent.
+    return ApiError(403, f"The model '{model}' is not allowed for this API key.", code="model_not_allowed",
+                    type_="permission_error")
 
 
 UNAUTHORIZED = ApiError(401, "Invalid or missing API key. Send 'Authorization: Bearer <API_KEY>'.",
@@ -334,6 +341,8 @@ class Handler(BaseHTTPRequestHandler):
             if wait:
                 raise _rate_limited(wait, "Rate limit exceeded for embeddings requests.")
         model, texts, dims, fmt = parse_embedding_request(self._read_json(), sb.config.models)
+        if not key.allows(model.name):
+            raise _model_not_allowed(model.name)   # before the fault draw and the charge
         request_id = self.headers.get("X-Request-Id") or uuid.uuid4().hex
         if len(request_id) > _MAX_REQUEST_ID or not request_id.isprintable():
             raise _bad(f"X-Request-Id must be at most {_MAX_REQUEST_ID} printable characters.")
