@@ -1,5 +1,6 @@
-"""The sandbox's command line: the ledger printer, accounts files, restarts that keep
-balances, the stats' time zone, configuration errors, and a log that never shows a key."""
+"""The sandbox's command line: the ledger printer, accounts files, the models a key may use,
+restarts that keep balances, the stats' time zone, configuration errors, and a log that never
+shows a key."""
 from __future__ import annotations
 
 import datetime as dt
@@ -11,6 +12,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import requests
+import yaml
 
 from service.catalog import ConfigError
 from service.credentials import key_fingerprint
@@ -34,9 +36,9 @@ def _get(sb, key: str, what: str) -> dict:
                         timeout=10).json()
 
 
-def _embed(sb, key: str, text: str) -> requests.Response:
+def _embed(sb, key: str, text: str, model: str = "text-embedding-3-small") -> requests.Response:
     return requests.post(sb.base_url + "/embeddings", headers={"Authorization": f"Bearer {key}"}, timeout=10,
-                         json={"model": "text-embedding-3-small", "input": text})
+                         json={"model": model, "input": text})
 
 
 def test_ledger_command_prints_one_json_object_per_charge(sandbox):
@@ -89,6 +91,55 @@ def test_accounts_file_keys_share_their_account(sandbox_factory):
     assert _get(sb, other, "balance") == {"balance": 0.05} and _get(sb, other, "stats")["daily_usage"] == 0
     assert _get(sb, "sk-flag", "balance") == {"balance": 2.0}   # --key's own "default" account
     assert {r["key_id"] for r in sb.ledger()} == {key_fingerprint(capped)}
+
+
+def test_a_key_limited_to_some_models_gets_403_for_the_others(sandbox_factory):
+    # the example file's key may use text-embedding-3-small only; --key-models limits --key
+    sb = sandbox_factory(key="sk-flag", balance=2.0, args=["--accounts", str(ACCOUNTS),
+                                                           "--key-models", "text-embedding-3-large"])
+    small, large = "text-embedding-3-small", "text-embedding-3-large"
+    for key, allowed, refused in (("sk-sandbox-team-a-small-only", small, large), ("sk-flag", large, small)):
+        ok = _embed(sb, key, "an allowed model", allowed)
+        assert ok.status_code == 200, ok.text
+        before = (_get(sb, key, "balance"), _get(sb, key, "stats"))   # the account endpoints stay open
+        charges = len(sb.ledger())
+        no = _embed(sb, key, "a model this key may not use", refused)
+        assert no.status_code == 403
+        assert no.json() == {"error": {"code": "model_not_allowed", "type": "permission_error",
+                                       "message": f"The model '{refused}' is not allowed for this API key."}}
+        assert key not in no.text
+        assert (_get(sb, key, "balance"), _get(sb, key, "stats")) == before   # nothing charged
+        assert len(sb.ledger()) == charges
+        assert _embed(sb, key, "unknown", "no-such-model").json()["error"]["code"] == "model_not_found"
+    assert [r["model"] for r in sb.ledger()] == [small, large]
+    assert _embed(sb, "sk-sandbox-team-a-main", "every model", large).status_code == 200   # no `models`
+
+
+@pytest.mark.parametrize("models,message", [
+    (["text-embedding-3-small", "text-embedding-9-huge"], "unknown model 'text-embedding-9-huge'"),
+    ("text-embedding-3-small", "must be a non-empty list of model ids"),
+    ([], "must be a non-empty list of model ids"),
+    ([3], "must be a non-empty list of model ids"),
+], ids=["unknown model", "not a list", "empty", "not a string"])
+def test_a_key_s_models_must_be_catalogue_ids(tmp_path, models, message):
+    accounts = tmp_path / "accounts.yaml"
+    accounts.write_text(yaml.safe_dump({"accounts": {"team": {"balance": 1.0, "keys": [
+        {"key": "sk-secret-1"}, {"key": "sk-secret-2", "models": models}]}}}))
+    with pytest.raises(ConfigError) as err:
+        config_from_args(build_parser().parse_args(["--db", "x.db", "--accounts", str(accounts)]))
+    assert "account 'team': keys[1].models" in str(err.value) and message in str(err.value)
+    assert "sk-secret" not in str(err.value)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--key", "sk-secret-1", "--balance", "1", "--key-models", "text-embedding-3-small,nope"],
+     "--key-models: unknown model 'nope'"),
+    (["--key-models", "text-embedding-3-small"], "--key-models needs --key"),
+], ids=["unknown model", "without --key"])
+def test_key_models_flag_errors(args, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        config_from_args(build_parser().parse_args(["--db", "x.db", *args]))
+    assert "sk-secret-1" not in str(err.value)
 
 
 def test_a_restart_keeps_balances_and_budgets(sandbox_factory, tmp_path):
