@@ -2,6 +2,7 @@
 
     out = OutputDir(path)
     out.view                      the current view (pipeline/outdir/view.py), or None
+    out.target()                  the same DIR seen from a switch's target view (switch.py)
     out.history_files(kind)       what every run's job wrote (what was paid, when, by whom)
     out.journal_entries(m, d)     answers killed runs paid for and never wrote
     out.lock(run_id, settings)    one live run per DIR
@@ -47,8 +48,14 @@ def _make_dirs(path: str) -> None:
 
 
 class OutputDir:
-    def __init__(self, path: str):
-        self.path = path
+    """DIR, as the view of SLOT sees it: the current one, or a switch's target. History,
+    journals, records and the lock are DIR's, whatever the slot."""
+
+    def __init__(self, path: str, slot: layout.Slot = layout.CURRENT):
+        self.path, self.slot = path, slot
+
+    def target(self) -> "OutputDir":
+        return OutputDir(self.path, layout.TARGET)
 
     def join(self, relative: str) -> str:
         return layout.join(self.path, relative)
@@ -60,7 +67,7 @@ class OutputDir:
 
     @functools.cached_property
     def view(self) -> View | None:
-        return views.load(self.path)
+        return views.load(self.path, self.slot)
 
     def _match(self, pattern: str) -> list[str]:
         return sorted(m.path for m in FileSystems.match([self.join(pattern)])[0].metadata_list)
@@ -142,17 +149,26 @@ class OutputDir:
         log.info("moved %d files of an earlier layout of %s into its history/", len(found), self.path)
 
     def repair_link(self) -> None:
-        """A run stopped between its commit point and the link: point `current` at the view."""
-        if self.view is not None and views.linked(self.path) != self.view.view:
-            views.link(self.path, self.view)
+        """A run stopped between its commit point and the link: point the slot's link at the view."""
+        if self.view is not None and views.linked(self.path, self.slot) != self.view.view:
+            views.link(self.path, self.view, self.slot)
 
     def commit(self, run: RunFiles, previous: View | None, template: View, codec: Codec, rewrite: Rewrite) -> View:
         """RUN's outcome becomes the current view (after PREVIOUS, the view the run started
         from): its files, the manifest, the link."""
-        new = views.save(self.path, next_view(self.path, previous, run, template, codec, rewrite))
-        views.link(self.path, new)
+        return self.serve(next_view(self.path, previous, run, template, codec, rewrite))
+
+    def serve(self, view: View) -> View:
+        """VIEW becomes the slot's view: the manifest (the commit point), then the link."""
+        new = views.save(self.path, view, self.slot)
+        views.link(self.path, new, self.slot)
         self.__dict__["view"] = new
         return new
+
+    def clear(self) -> None:
+        """The slot serves nothing any more."""
+        views.clear(self.path, self.slot)
+        self.__dict__["view"] = None
 
     def write_summary(self, summary: dict) -> None:
         write_json(self.join(layout.SUMMARY), summary, indent=2)

@@ -2,12 +2,16 @@
 
     current -> _views/<view>/    the current view for glob readers: a symlink, switched
                                  atomically, to a directory of hard links (local disks only)
+    target -> _views/<view>/     while DIR switches to another model: that model's view, being
+                                 built beside the current one (the same kind of link)
     summary.json                 the last run's summary; `files` lists the current view
     history/<run>/               everything a run's job wrote, never changed afterwards:
                                  requests, every row it paid for, its dead letters, the
                                  documents it found changed; its pending rows (texts, not paid
                                  for) until no kept view holds them
     _current.json                the current view's manifest (the commit point)
+    _target.json, _switch.json   while DIR switches to another model: the target view's
+                                 manifest, and the switch (from, to, its runs: pipeline/outdir/switch.py)
     _views/<view>.json           manifests of the views kept for readers still on them
     _segments/                   files a commit derived from others (rows filtered out or moved)
     _runs/<run>.json             each run's start and finish (balance, stats): the
@@ -19,12 +23,23 @@ A view's id is the id of the run that committed it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from apache_beam.io.filesystems import FileSystems
 
-CURRENT_LINK = "current"
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """Where a view is served from: its link for glob readers and its manifest."""
+    link: str
+    pointer: str
+
+
+CURRENT = Slot("current", "_current.json")
+TARGET = Slot("target", "_target.json")   # a switch's view of the other model
+SWITCH = "_switch.json"
 SUMMARY = "summary.json"
 HISTORY = "history"
-POINTER = "_current.json"
 VIEWS = "_views"
 SEGMENTS = "_segments"
 

@@ -69,22 +69,22 @@ def is_local(output_dir: str) -> bool:
     return FileSystems.get_scheme(output_dir) in (None, "file")
 
 
-def load(output_dir: str) -> View | None:
-    doc = read_json(layout.join(output_dir, layout.POINTER))
+def load(output_dir: str, slot: layout.Slot = layout.CURRENT) -> View | None:
+    doc = read_json(layout.join(output_dir, slot.pointer))
     return View.from_json(doc) if doc else None
 
 
-def save(output_dir: str, view: View) -> View:
-    """Make VIEW the current one: its manifest, then the pointer (the commit point)."""
+def save(output_dir: str, view: View, slot: layout.Slot = layout.CURRENT) -> View:
+    """Make VIEW the one SLOT serves: its manifest, then the pointer (the commit point)."""
     view = dataclasses.replace(view, committed_at=dt.datetime.now(dt.timezone.utc).isoformat())
     write_json(layout.join(output_dir, layout.view_manifest(view.view)), view.to_json())
-    write_json(layout.join(output_dir, layout.POINTER), view.to_json())
+    write_json(layout.join(output_dir, slot.pointer), view.to_json())
     return view
 
 
-def link(output_dir: str, view: View) -> None:
-    """Local disks: `current` -> a directory of hard links to VIEW's reader files, switched in
-    one rename. A file system without hard links gets symbolic ones."""
+def link(output_dir: str, view: View, slot: layout.Slot = layout.CURRENT) -> None:
+    """Local disks: SLOT's link (`current`) -> a directory of hard links to VIEW's reader files,
+    switched in one rename. A file system without hard links gets symbolic ones."""
     if not is_local(output_dir):
         return
     root = output_dir.rstrip("/")
@@ -99,7 +99,7 @@ def link(output_dir: str, view: View) -> None:
             except OSError:
                 os.symlink(os.path.relpath(layout.join(root, path), folder), name)
         os.rename(building, folder)
-    current = layout.join(root, layout.CURRENT_LINK)
+    current = layout.join(root, slot.link)
     if os.path.exists(current) and not os.path.islink(current):
         raise FileExistsError(f"{current} is not the link embedpipe keeps: move it away")
     for stale in glob.glob(f"{current}.tmp-*"):   # a switch a kill interrupted
@@ -109,10 +109,21 @@ def link(output_dir: str, view: View) -> None:
     os.replace(temp, current)   # one rename: readers see the old view or the new one
 
 
-def linked(output_dir: str) -> str | None:
-    """The view `current` points at (local disks), or None."""
-    current = layout.join(output_dir, layout.CURRENT_LINK)
+def linked(output_dir: str, slot: layout.Slot = layout.CURRENT) -> str | None:
+    """The view SLOT's link points at (local disks), or None."""
+    current = layout.join(output_dir, slot.link)
     return os.readlink(current).rsplit("/", 1)[-1] if is_local(output_dir) and os.path.islink(current) else None
+
+
+def clear(output_dir: str, slot: layout.Slot) -> None:
+    """SLOT serves nothing any more: its link, then its pointer (the view's files stay while a
+    kept view holds them)."""
+    link_path = layout.join(output_dir, slot.link)
+    if is_local(output_dir) and os.path.islink(link_path):
+        os.unlink(link_path)
+    pointer = layout.join(output_dir, slot.pointer)
+    if FileSystems.exists(pointer):
+        FileSystems.delete([pointer])
 
 
 def _kept_views(output_dir: str, keep: int) -> list[View]:
@@ -125,8 +136,8 @@ def collect_garbage(output_dir: str, keep: int) -> None:
     """Delete the views older than the KEEP newest, and the derived files (segments) and
     history pending rows none of the kept views holds. History's other files stay: they
     are what was paid, when and by whom."""
-    current = load(output_dir)
-    kept = _kept_views(output_dir, keep) + ([current] if current else [])   # whatever the ids' order
+    served = [v for v in (load(output_dir), load(output_dir, layout.TARGET)) if v]
+    kept = _kept_views(output_dir, keep) + served   # whatever the ids' order
     held = set().union(*(v.all_files for v in kept)) if kept else set()
     names = {v.view for v in kept}
     old = [m.path for m in FileSystems.match([layout.join(output_dir, f"{layout.VIEWS}/*.json")])[0].metadata_list
