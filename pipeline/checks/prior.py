@@ -44,13 +44,20 @@ def _check_view(view: View, job: Job, out: OutputDir) -> None:
     flag = "" if job.mode == FRESH else f"--{job.mode}: "
     if (view.model, view.dimensions) != (job.model.name, job.dimensions):
         raise UsageError(f"{flag}--output {out.path} holds {view.model} vectors of length {view.dimensions}; "
-                         f"this run is {job.model.name} with length {job.dimensions}: use another --output "
-                         "directory for it")
+                         f"this run is {job.model.name} with length {job.dimensions}: pass --sync --switch-model "
+                         "to move it to that model (its view is built beside the served one, over as many runs "
+                         "as the budget needs), or use another --output directory for it")
     if job.opts.input and tuple(view.kept) != job.keep_columns:
         raise UsageError(f"{flag}--output {out.path} keeps the columns {list(view.kept) or 'none'} in its rows, "
                          f"this run {list(job.keep_columns) or 'none'}: pass the same --keep-columns, or write to "
                          f"another --output with --known '{out.join('history/*/embeddings-*.parquet')}' (every "
                          "vector reused, nothing paid again)")
+
+
+def check_model(job: Job, out: OutputDir) -> None:
+    """`plan` refuses what `run` would: another model than the view's, without --switch-model."""
+    if out.view is not None and out.holds_results():
+        _check_view(out.view, job, out)
 
 
 def _known_files(globs) -> list[str]:

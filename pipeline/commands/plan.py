@@ -3,30 +3,57 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 
+from pipeline.checks import switching
 from pipeline.checks.inputs import InputInfo, inspect_input
-from pipeline.checks.prior import prior, removed
+from pipeline.checks.prior import check_model, prior, removed
 from pipeline.checks.scan import Scan, scan_input
 from pipeline.commands.run import client_for
 from pipeline.money import account as acct
 from pipeline.money.measure import TOTALS, exact_totals
 from pipeline.outdir import OutputDir
+from pipeline.outdir import switch as switches
 from pipeline.settings.job import RESUME, Job
 from transforms.money import preflight
-from transforms.money.apportion import from_micro
+from transforms.money.apportion import from_micro, to_micro
 from transforms.read.changes import CHANGES, counts
 
 
+SUMMED = ("chunks", "distinct_chunks", "requests", "prompt_tokens", "estimated_cost_rub", "worst_case_rub")
+
+
 def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None = None,
-         scan: Scan | None = None) -> dict:
-    opts, model, s = job.opts, job.model, job.settings
+         scan: Scan | None = None, *, compare: bool = False) -> dict:
+    """What the run would send and cost. A switch (--switch-model) plans both of its shares:
+    the day's changes for the served model, what the target still lacks; COMPARE (`--model
+    all`): each model as if DIR were its own, with no check of DIR's model."""
+    opts = job.opts
     info = info or inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
     if account is None:
         with client_for(job) as client:
             account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
+    scan = scan or scan_input(info, opts.id_column, opts.text_column)
     out = OutputDir(opts.output) if opts.output else None
+    decision = switching.decide(job, out, act=False) if out and not compare else switching.Decision(None)
+    if decision.switching is None:
+        if out is not None and not compare:
+            check_model(job, out)
+        return _plan(job, out, info, account, scan)
+    served = _plan(decision.switching.served, out, info, account, scan)
+    target = _plan(job, out.target(), info, account, scan)
+    both = {**target, **{k: round(served[k] + target[k], 6) for k in SUMMED}, "changes": served["changes"]}
+    both["fits"] = preflight.fits(to_micro(both["worst_case_rub"]), both["spendable_rub"])
+    status = switches.status(out, decision.switching.record, pc.drop_null(scan.ids), target["price_rub_per_1m_tokens"]
+                             / 1e6, False)
+    status["estimated_rub_to_finish"] = target["estimated_cost_rub"]
+    part = ("model", "changes", "documents") + SUMMED
+    return {**both, "served": {k: served[k] for k in part}, "target": {k: target[k] for k in part},
+            "switch": {k: v for k, v in status.items() if k not in ("files", "switched")}}
+
+
+def _plan(job: Job, out: OutputDir | None, info: InputInfo, account: acct.Account, scan: Scan) -> dict:
+    opts, model, s = job.opts, job.model, job.settings
     learned = out.learned_price(model.name) if out else None
     price = learned if learned is not None else model.price_per_token
-    scan = scan or scan_input(info, opts.id_column, opts.text_column)
     before = prior(job, out, checked=False)
     metrics = exact_totals(job, info, before, scan, price, job.initial_margin(learned is not None))
     requests_n, inputs, chunks, tokens = (metrics.get(n, 0) for n in TOTALS)
@@ -71,6 +98,12 @@ def render(p: dict) -> str:
             ("monthly cap RUB (last 31 days)", _cap(p, "monthly_cap_rub", "monthly_usage")),
             ("spendable RUB", f"{p['spendable_rub']:.6f} ({p['binding_limit']} binds)"),
             ("fits", "yes" if p["fits"] else "NO: the worst case exceeds the spendable amount")]
+    if "switch" in p:
+        sw, served, target = p["switch"], p["served"], p["target"]
+        rows[:1] = [("switch", f"{sw['from']['model']} -> {sw['to']['model']}: {sw['documents_done']} of "
+                               f"{sw['documents_total']} documents done, {sw['spent_rub']:.6f} RUB spent so far"),
+                    ("the day's changes RUB", f"{served['estimated_cost_rub']:.6f} ({served['model']}, the served view)"),
+                    ("to finish RUB", f"{target['estimated_cost_rub']:.6f} ({target['model']}, what its view lacks)")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in rows)
 
@@ -83,7 +116,7 @@ def plan_models(jobs: list[Job]) -> list[dict]:
     with client_for(first) as client:
         account = acct.read_account(client, need_stats=bool(first.caps.by_name()))
     scan = scan_input(info, first.opts.id_column, first.opts.text_column)  # the same for every model
-    return [plan(job, info, account, scan) for job in jobs]
+    return [plan(job, info, account, scan, compare=True) for job in jobs]
 
 
 COMPARE = (("model", "model", "{}"), ("tokens", "prompt_tokens", "{}"), ("factor", "safety_factor", "{:g}"),

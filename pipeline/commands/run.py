@@ -16,14 +16,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import graph
-from pipeline.checks.inputs import inspect_input
+from pipeline.checks import switching
+from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.prior import Prior, pending_input, prior, removed
-from pipeline.checks.scan import scan_input, scan_pending
+from pipeline.checks.scan import Scan, scan_input, scan_pending
+from pipeline.checks.switching import Switching
 from pipeline.commands import summary
-from pipeline.exits import JobFailed
+from pipeline.exits import EXIT_OK, EXIT_PARTIAL, JobFailed
 from pipeline.money import account as acct
 from pipeline.money import measure
 from pipeline.outdir import OutputDir, late, layout
+from pipeline.outdir import switch as switches
 from pipeline.outdir.commit import RunFiles
 from pipeline.outdir.view import View
 from pipeline.runner import counters, make_runner
@@ -33,6 +36,7 @@ from service import errors
 from service.client import EmbeddingsClient
 from transforms.money import journal
 from transforms.money.budget import Budget
+from transforms.money.caps import Spendable
 from transforms.worker import progress
 from transforms.write.rewrite import RewriteFiles
 
@@ -108,45 +112,141 @@ def _run_files(out: OutputDir, run_id: str) -> dict[str, list[str]]:
     return {kind: [out.relative(p) for p in out.history_files(kind, run_id)] for kind in kinds}
 
 
-def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]:
-    opts, s = job.opts, job.settings
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """One model's share of a run against one slot of DIR (a switch has two: the served view's
+    model, then the target's)."""
+    job: Job
+    out: OutputDir
+    before: Prior
+    info: InputInfo
+    scan: Scan
+    missing: pa.Array           # the view's documents the input does not have
+    gone: pa.Array              # those that leave it (--resume keeps them)
+    price: float
+    margin: float
+
+    @property
+    def measure(self) -> measure.Part:
+        return measure.Part(self.job, self.info, self.before, self.scan, self.price, self.margin)
+
+
+def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | None = None) -> _Part:
+    opts = job.opts
     before = prior(job, out)
-    info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
-            else pending_input(before))
-    scan = scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files)
+    if info is None:
+        info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
+                else pending_input(before))
+        scan = scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files)
     missing = removed(before, scan.ids) if opts.input else pa.array([], pa.string())
-    gone = pa.array([], pa.string()) if job.mode == RESUME else missing   # --resume keeps them
-    with client_for(job) as client:
-        account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
-    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict())
-    spendable = acct.spendable(account, s.budget.reserve_rub, opts.max_spend_rub, job.caps)
+    gone = pa.array([], pa.string()) if job.mode == RESUME else missing
     learned = out.learned_price(job.model.name)
     price = learned if learned is not None else job.model.price_per_token
-    margin = job.initial_margin(learned is not None)
-    log.info("run %s (%s, %s): %d rows; spendable %.6f RUB of balance %.6f (%s binds)", job.run_id, job.mode,
-             job.model.name, info.rows, spendable.rub, account.balance or 0, spendable.binding)
-    fits, decided_by = ((True, "allow_partial") if opts.allow_partial
-                        else measure.fits(job, info, before, scan, spendable.rub, price, margin))
-    budget = Budget(account.balance, spendable, price, margin, 1 / job.model.safety_factor,
+    return _Part(job, out, before, info, scan, missing, gone, price, job.initial_margin(learned is not None))
+
+
+def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bool) -> dict[str, int]:
+    """PART's job, then its slot's next view."""
+    job, out, s = part.job, part.out, part.job.settings
+    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict())
+    budget = Budget(account.balance, spendable, part.price, part.margin, 1 / job.model.safety_factor,
                     s.budget.balance_poll_s, fits)
-    metrics = _run_job(job, out, info, before, scan, budget)
+    metrics = _run_job(job, out, part.info, part.before, part.scan, budget)
     requests = tuple(out.relative(p) for p in out.history_files("requests"))   # a killed run's too
-    view = out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(opts.input), gone, requests),
-                      before.view, _template(job, before, info), job.codec, _rewriter(job))
+    out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(job.opts.input), part.gone, requests),
+               part.before.view, _template(job, part.before, part.info), job.codec, _rewriter(job))
+    return metrics
+
+
+def _read_account(job: Job) -> acct.Account:
+    with client_for(job) as client:
+        return acct.read_account(client, need_stats=bool(job.caps.by_name()))
+
+
+def _spendable(job: Job, account: acct.Account, spent_rub: float = 0.0) -> Spendable:
+    """What may be spent now; SPENT_RUB, what this command spent already (--max-spend-rub is per command)."""
+    cap = job.opts.max_spend_rub
+    return acct.spendable(account, job.settings.budget.reserve_rub, None if cap is None else max(0.0, cap - spent_rub),
+                          job.caps)
+
+
+def _advance(switching: Switching, served: _Part, out: OutputDir) -> tuple[_Part, bool]:
+    """The switch's share of the run, with what the served view's share left: the target's
+    view, and the switch when it holds the whole corpus of the day."""
+    target = _part(switching.target.next_run(), out.target(), served.info, served.scan)
+    spent = summary.run_figures(out, served.job.run_id)["cost_rub"]
+    account = _read_account(target.job)
+    switches.add_run(out, switching.record, target.job.run_id)
+    log.info("switch to %s: building its view beside the served one with what is left", target.job.model.name)
+    _run_part(target, account, _spendable(target.job, account, spent), True)
+    complete = switches.covers(out, pc.drop_null(served.scan.ids))
+    if complete:
+        switches.promote(out)
+        log.info("switched %s to %s: current/ serves it now", out.path, target.job.model.name)
+    return target, complete
+
+
+def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]:
+    opts, s = job.opts, job.settings
+    decision = switching.decide(job, out, act=True)
+    served = _part(decision.switching.served if decision.switching else job, out)
+    account = _read_account(job)
+    spendable = _spendable(job, account)
+    log.info("run %s (%s, %s): %d rows; spendable %.6f RUB of balance %.6f (%s binds)", job.run_id, job.mode,
+             served.job.model.name, served.info.rows, spendable.rub, account.balance or 0, spendable.binding)
+    # a switch's target only fits with --allow-partial, or when the whole of it fits beside the day's changes
+    parts = [served.measure]
+    if decision.switching and not opts.allow_partial:
+        parts.append(_part(decision.switching.target, out.target(), served.info, served.scan).measure)
+    fits, decided_by = (True, "allow_partial") if opts.allow_partial else measure.fits(parts, spendable.rub)
+    metrics = _run_part(served, account, spendable, fits)
+    target, switched = None, False
+    if decision.switching and summary.run_figures(out, job.run_id)["exit_code"] == EXIT_OK:
+        target, switched = _advance(decision.switching, served, out)
     after = _account_after(job)
+    others = (target.job.run_id,) if target else ()
     report = summary.build_summary(
-        out, view, run_id=job.run_id, model=job.model.name, metrics=metrics, removed=len(gone),
-        input_ids=len(pc.drop_null(scan.ids)) if opts.input else None,
+        out, out.view, run_id=job.run_id, model=served.job.model.name, metrics=metrics, removed=len(served.gone),
+        input_ids=len(pc.drop_null(served.scan.ids)) if opts.input else None,
         account_before=account.as_dict(), account_after=after.as_dict(),
-        estimate={"price_rub_per_1m_tokens": price * 1e6, "spendable_rub": spendable.rub, "preflight": decided_by},
-        catalogue_price=job.model.price_per_token,
-        caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started)
+        estimate={"price_rub_per_1m_tokens": served.price * 1e6, "spendable_rub": spendable.rub,
+                  "preflight": decided_by},
+        catalogue_price=served.job.model.price_per_token,
+        caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started,
+        other_runs=others)
+    report.update(_switch_report(decision, out, served, target, switched))
     out.write_summary(report)
-    out.record_finish(job.run_id, after.as_dict(), report["reconciliation"]["unanswered"])
-    journal.discard(opts.output, job.run_id)
-    progress.discard(opts.output, job.run_id)
+    for run_id in (job.run_id, *others):
+        out.record_finish(run_id, after.as_dict(),
+                          [u for u in report["reconciliation"]["unanswered"] if u["run_id"] == run_id])
+        journal.discard(opts.output, run_id)
+        progress.discard(opts.output, run_id)
     out.collect_garbage(s.views.keep)
-    if len(missing) and not len(gone):
+    if len(served.missing) and not len(served.gone):
         log.info("%d documents of %s are not in this input and stay current (--resume); pass --sync when the "
-                 "input is the whole corpus", len(missing), opts.output)
+                 "input is the whole corpus", len(served.missing), opts.output)
     return report["exit_code"], report
+
+
+def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, target: _Part | None,
+                   switched: bool) -> dict:
+    """summary.json's `switch` (while one is under way, or ended by this run) and the exit code:
+    a switch that is not complete is a partial run (4); its target's own failure is the run's."""
+    record = decision.switching.record if decision.switching else switches.load(out)
+    if record is None:
+        return {"switch": {"abandoned": decision.abandoned}} if decision.abandoned else {}
+    if target is not None:
+        record = dataclasses.replace(record, runs=record.runs + (target.job.run_id,))
+    ids = pc.drop_null(served.scan.ids) if served.job.opts.input else None
+    price = target.price if target else out.learned_price(record.to_model) or served.price
+    status = switches.status(out, record, ids, price, switched)
+    status["abandoned"] = decision.abandoned
+    report = {"switch": status}
+    if target is not None:
+        figures = summary.run_figures(out, target.job.run_id)
+        figures.pop("_own_requests")
+        status["run"] = figures
+        report["exit_code"] = figures["exit_code"] or (EXIT_OK if switched else EXIT_PARTIAL)
+    elif decision.switching and served.job.opts.input:
+        report["exit_code"] = summary.run_figures(out, served.job.run_id)["exit_code"] or EXIT_PARTIAL
+    return report

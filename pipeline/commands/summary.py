@@ -116,42 +116,52 @@ def _timing(requests: list, started: dt.datetime) -> dict:
             round((first - process).total_seconds(), 3)}
 
 
-def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metrics: dict, input_ids: int | None,
-                  removed: int,
-                  account_before: dict, account_after: dict, estimate: dict, catalogue_price: float,
-                  caps: dict, started: dt.datetime) -> dict:
+def run_figures(out: OutputDir, run_id: str) -> dict:
+    """What RUN_ID's job did, from the files it wrote: rows, requests, money, its exit code."""
     def mine(kind: str, columns: list[str]):
         return read_tables(out.history_files(kind, run_id), columns)
 
     emb = mine("embeddings", ["cost_rub", "request_id"])
     req = mine("requests", ["request_id", "prompt_tokens", "cost_rub", "attempts", "status", "run_id", "started_at"])
     failed, pending = mine("failed", ["reason"]), mine("pending", ["reason"])
-    req_micro = _sum_micro(req, "cost_rub")
     # requests journaled by a killed earlier run, paid before this run's balance was read
     carried = [t.filter(pc.not_equal(t.column("run_id"), run_id)) for t in req]
     carried_micro = _sum_micro(carried, "cost_rub")
-    answered = sum(pc.sum(pc.equal(t.column("status"), 200)).as_py() or 0 for t in req)
-    retried = sum(pc.sum(pc.greater(t.column("attempts"), 1)).as_py() or 0 for t in req)
-    rows_by_request = _micro_by_request(read_tables(out.history_files("embeddings"), ["cost_rub", "request_id"]))
-    recon = reconcile(out.path, run_id=run_id, requests=_all_requests(out),
-                              rows_by_request=rows_by_request, account_after=account_after,
-                              catalogue_price=catalogue_price)
-    recon["carried_over_from_journal_rub"] = from_micro(carried_micro)
     pending_reasons = _reasons(pending)
-    own = [t.filter(pc.equal(t.column("run_id"), run_id)) for t in req]
+    embedded, n_failed, n_pending = (sum(t.num_rows for t in ts) for ts in (emb, failed, pending))
     return {
-        "run_id": run_id, "model": model, "documents": metrics.get("documents", 0),
-        "chunks": sum(t.num_rows for t in emb) + sum(t.num_rows for t in failed) + sum(t.num_rows for t in pending),
-        "embedded": sum(t.num_rows for t in emb), "failed": sum(t.num_rows for t in failed),
-        "pending": sum(t.num_rows for t in pending), "failed_reasons": _reasons(failed),
-        "pending_reasons": pending_reasons, "requests": sum(t.num_rows for t in req),
-        "requests_answered": answered, "requests_retried": retried,
+        "run_id": run_id, "chunks": embedded + n_failed + n_pending, "embedded": embedded, "failed": n_failed,
+        "pending": n_pending, "failed_reasons": _reasons(failed), "pending_reasons": pending_reasons,
+        "requests": sum(t.num_rows for t in req),
+        "requests_answered": sum(pc.sum(pc.equal(t.column("status"), 200)).as_py() or 0 for t in req),
+        "requests_retried": sum(pc.sum(pc.greater(t.column("attempts"), 1)).as_py() or 0 for t in req),
         "prompt_tokens": sum(pc.sum(t.column("prompt_tokens")).as_py() or 0 for t in req),
-        "cost_rub": from_micro(req_micro - carried_micro), "estimate": estimate,
+        "cost_rub": from_micro(_sum_micro(req, "cost_rub") - carried_micro),
+        "carried_over_from_journal_rub": from_micro(carried_micro),
+        "exit_code": exit_code(pending_reasons),
+        "_own_requests": [t.filter(pc.equal(t.column("run_id"), run_id)) for t in req],
+    }
+
+
+def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metrics: dict, input_ids: int | None,
+                  removed: int,
+                  account_before: dict, account_after: dict, estimate: dict, catalogue_price: float,
+                  caps: dict, started: dt.datetime, other_runs: tuple[str, ...] = ()) -> dict:
+    """OTHER_RUNS: runs of the same command (a switch's target) whose unanswered requests the
+    reconciliation lists too."""
+    figures = run_figures(out, run_id)
+    own, carried = figures.pop("_own_requests"), figures.pop("carried_over_from_journal_rub")
+    rows_by_request = _micro_by_request(read_tables(out.history_files("embeddings"), ["cost_rub", "request_id"]))
+    recon = reconcile(out.path, run_ids=(run_id, *other_runs), requests=_all_requests(out),
+                      rows_by_request=rows_by_request, account_after=account_after,
+                      catalogue_price=catalogue_price)
+    recon["carried_over_from_journal_rub"] = carried
+    return {
+        **figures, "model": model, "documents": metrics.get("documents", 0), "estimate": estimate,
         "changes": _changes(out, run_id, input_ids, removed), "current": _current(out, view),
         "balance_before": account_before.get("balance"), "balance_after": account_after.get("balance"),
         "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),
         "caps": caps,   # the caps set, and the limit that bound at the start
-        "reconciliation": recon, "metrics": metrics, "exit_code": exit_code(pending_reasons),
+        "reconciliation": recon, "metrics": metrics,
         "timing": _timing(own, started), "files": view.reader_files,
     }

@@ -4,6 +4,7 @@ nothing sent)."""
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -63,12 +64,22 @@ def bound_micro(job: Job, scan: Scan, price: float, margin: float) -> int:
                                             s.overlap_tokens, price, margin)
 
 
-def fits(job: Job, info: InputInfo, prior: Prior, scan: Scan, spendable_rub: float | None,
-         price: float, margin: float) -> tuple[bool, str]:
-    """(does the run fit the spendable amount, how that was decided)."""
-    if preflight.fits(bound_micro(job, scan, price, margin), spendable_rub):
+class Part(NamedTuple):
+    """One model's share of a run (a switch has two): what it reads against and its price."""
+    job: Job
+    info: InputInfo
+    prior: Prior
+    scan: Scan
+    price: float
+    margin: float
+
+
+def fits(parts: Sequence[Part], spendable_rub: float | None) -> tuple[bool, str]:
+    """(do the PARTS together fit the spendable amount, how that was decided)."""
+    if preflight.fits(sum(bound_micro(p.job, p.scan, p.price, p.margin) for p in parts), spendable_rub):
         return True, "bound"
     log.info("preflight: an upper bound of the cost does not fit the spendable amount; counting the "
              "tokens exactly first (nothing is sent)")
-    worst = exact_totals(job, info, prior, scan, price, margin).get("plan_worst_case_micro", 0)
+    worst = sum(exact_totals(p.job, p.info, p.prior, p.scan, p.price, p.margin).get("plan_worst_case_micro", 0)
+                for p in parts)
     return preflight.fits(worst, spendable_rub), "exact"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import Collection
 
 from pipeline.outdir.records import read_records
 from transforms.money import journal
@@ -174,16 +175,17 @@ def _gap_notes(split: dict, torn: int, unexplained: int) -> list[str]:
     return notes
 
 
-def reconcile(output_dir: str, *, run_id: str, requests: list[dict], rows_by_request: dict[str, int],
+def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict], rows_by_request: dict[str, int],
               account_after: dict, catalogue_price: float) -> dict:
     """The reconciliation over DIR's whole history, from every request row in DIR (REQUESTS)
-    and the rows' cost per request id; `unanswered` lists this run's requests sent without
-    an answer, which record_finish keeps once the journal is gone."""
+    and the rows' cost per request id; `unanswered` lists the requests of this command's runs
+    (RUN_IDS: a switch has two) sent without an answer, which record_finish keeps once the
+    journal is gone."""
     records = read_records(output_dir)
     by_id = {r["request_id"]: r for r in requests}
     intents = journal.read_intents(output_dir, skip={r["request_id"] for r in requests if r["status"] == 200})
-    unanswered = _unanswered(by_id, intents, [r for r in records if r["run_id"] != run_id])
-    mine = [u for u in unanswered if u["run_id"] == run_id]
+    unanswered = _unanswered(by_id, intents, [r for r in records if r["run_id"] not in run_ids])
+    mine = [u for u in unanswered if u["run_id"] in run_ids]
     rows_micro = sum(rows_by_request.values())
     req_micro = sum(to_micro(r["cost_rub"] or 0) for r in requests)
     without_rows = [r for r in requests if to_micro(r["cost_rub"] or 0) > rows_by_request.get(r["request_id"], 0)]

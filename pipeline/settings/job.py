@@ -33,10 +33,24 @@ class Job:
     settings: RunSettings
     run_id: str
     keep_columns: tuple[str, ...]
+    asked_dimensions: int | None = None   # --dimensions: sent to the service; None: the model's own
 
     @property
     def dimensions(self) -> int:
-        return self.opts.dimensions or self.model.dimensions
+        return self.asked_dimensions or self.model.dimensions
+
+    @property
+    def switching(self) -> bool:
+        return bool(self.opts.switch_model)
+
+    def for_model(self, model: ModelSpec, dimensions: int) -> "Job":
+        """The same run for another model and length (a switch's served view)."""
+        return dataclasses.replace(self, model=model,
+                                   asked_dimensions=None if dimensions == model.dimensions else dimensions)
+
+    def next_run(self) -> "Job":
+        """The same job as a run of its own, after this one (a switch's target)."""
+        return dataclasses.replace(self, run_id=new_run_id())
 
     @property
     def mode(self) -> str:
@@ -85,7 +99,7 @@ class Job:
         """How the Embed step reaches the service and how hard it presses it."""
         c, e, r = self.settings.client, self.settings.embed, self.settings.rate_limits
         return ServiceConfig(self.opts.base_url, self.opts.account_segment, self.key_source, self.model.name,
-                             self.opts.dimensions, self.dimensions, self.retry, c.pool_size, c.encoding_format,
+                             self.asked_dimensions, self.dimensions, self.retry, c.pool_size, c.encoding_format,
                              c.max_decoding, e.max_in_flight, e.initial_in_flight, e.admitted_after_s,
                              e.max_refused_s,
                              r.requests_per_minute,
@@ -165,4 +179,4 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
         raise UsageError(f"--keep-columns {sorted(clash)} would clash with output columns of the same name")
     if len(set(keep)) != len(keep):
         raise UsageError("--keep-columns names a column twice")
-    return Job(opts, model, settings, new_run_id(), keep)
+    return Job(opts, model, settings, new_run_id(), keep, opts.dimensions)

@@ -111,6 +111,8 @@ class EmbedPipeOptions(PipelineOptions):
         add("--resume", action="store_true",
             help="bring the input's documents up to date in --output, keep the others; "
                  "without --input: send --output's pending rows")
+        add("--switch_model", "--switch-model", dest="switch_model", action="store_true",
+            help="with --sync: move --output to --model, built beside the served view")
         add("--known", action="append", default=[],
             help="earlier runs' embeddings files whose vectors are reused (repeatable)")
         add("--dimensions", type=int, default=None, help="ask the service for shorter vectors")

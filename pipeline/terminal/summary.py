@@ -18,8 +18,18 @@ STATUS = {EXIT_OK: "done", EXIT_FAILED: "stopped early", EXIT_DOES_NOT_FIT: "not
           EXIT_PARTIAL: "stopped, the budget ran out"}
 
 
+SWITCH_PARTIAL = ("the switch to {to} is not complete ({done:,} of {total:,} documents): {output}/current/ keeps "
+                  "serving {from_} and {output}/target/ holds {to} as far as it goes; run {again} when there is "
+                  "more budget (under --daily-cap-rub: on the service's next day).")
+
+
 def advice(report: dict, output: str, again: str) -> str | None:
     """What to do next, for an exit code other than 0; None for 0."""
+    switch = report.get("switch") or {}
+    if report["exit_code"] == EXIT_PARTIAL and switch.get("to") and not switch.get("switched"):
+        return SWITCH_PARTIAL.format(to=switch["to"]["model"], from_=switch["from"]["model"], again=again,
+                                     done=switch["documents_done"], total=switch["documents_total"],
+                                     output=output.rstrip("/"))
     message = ADVICE.get(report["exit_code"])
     return message and message.format(why=", ".join(report["pending_reasons"]) or "see summary.json",
                                       binding=report["caps"].get("binding_limit"), output=output, again=again)
@@ -45,7 +55,26 @@ def lines(report: dict, output: str, next_step: str | None = None) -> list[str]:
             _row("money", f"{rub(report['cost_rub'])} RUB for {count(report['requests'], 'request')} "
                           f"({report['prompt_tokens']:,} tokens) · {_reconciliation(report['reconciliation'])}"),
             _row("files", _files(output))]
+    if report.get("switch"):
+        rows.insert(4, _row("switch", _switch(report["switch"])))
     return rows + ([_row("next", next_step)] if next_step else [])
+
+
+def _switch(switch: dict) -> str:
+    """Where a switch of DIR to another model stands, in one line."""
+    gone = switch.get("abandoned")
+    left = (f"the switch to {gone['to']['model']} was abandoned ({rub(gone['spent_rub'])} RUB spent on it; its "
+            "vectors stay in history/) · ") if gone else ""
+    if not switch.get("to"):
+        return left.rstrip(" ·")
+    move = f"{switch['from']['model']} -> {switch['to']['model']}"
+    this = switch.get("run")
+    paid = f"{rub(switch['spent_rub'])} RUB in {count(len(switch['runs']), 'run')}"
+    if switch["switched"]:
+        return f"{left}{move}: switched, current/ serves {switch['to']['model']} ({paid})"
+    now = f", {rub(this['cost_rub'])} this run" if this else ""
+    return (f"{left}{move}: {switch['documents_done']:,} of {switch['documents_total']:,} documents, {paid}{now}, "
+            f"~{rub(switch['estimated_rub_to_finish'])} RUB to finish · its view: target/")
 
 
 def _row(label: str, text: str) -> str:

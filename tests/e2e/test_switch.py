@@ -1,0 +1,138 @@
+"""Switching a living corpus to another model (README, "Switching models"): the served view stays
+exactly the corpus of each day in one model while the other model's view is built beside it
+under the budget, the run that completes it switches `current/` in one step, and no
+(model, text) is paid twice, switching back included."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline.cli import main
+from service.catalog import load_models
+from tests.conftest import SANDBOX_KEY
+from tests.e2e.money_helpers import MODEL, corpus_rows, current, ledger, start_sandbox, summary, write_corpus
+from tests.e2e.test_sync import assert_current, chunk_hashes, next_day
+
+OTHER = "text-embedding-3-large"
+THIRD = "text-embedding-ada-002"
+
+
+@pytest.fixture
+def env_key(monkeypatch):
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+
+
+def write_models(path: Path) -> Path:
+    """Small requests and short vectors for three models, with other chunk limits and prices, so
+    that a switch splits the corpus anew and costs what its own model costs."""
+    doc = {"models": {name: {k: v for k, v in dataclasses.asdict(m).items() if k != "name"}
+                      for name, m in load_models().items()}}
+    for name, limit, dims, price in ((MODEL, 512, 32, 100.0), (OTHER, 384, 48, 300.0), (THIRD, 512, 24, 50.0)):
+        doc["models"][name].update(max_input_tokens=limit, max_inputs_per_request=4, max_tokens_per_request=1024,
+                                   dimensions=dims, price_rub_per_1m_tokens=price)
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def run(corpus: Path, out: Path, sb, models: Path, model: str, *extra: str) -> int:
+    return main(["run", "--input", str(corpus), "--output", str(out), "--model", model, "--base-url", sb.base_url,
+                 "--models-config", str(models), *extra])
+
+
+def plan(corpus: Path, out: Path, sb, models: Path, model: str, *extra: str, capsys) -> tuple[int, dict | None]:
+    capsys.readouterr()
+    code = main(["plan", "--input", str(corpus), "--output", str(out), "--model", model, "--base-url", sb.base_url,
+                 "--models-config", str(models), "--json", *extra])
+    text = capsys.readouterr().out
+    return code, json.loads(text) if text.strip() else None
+
+
+def billed_twice_per_model(charges: list[dict]) -> dict:
+    counts = collections.Counter((c["model"], h) for c in charges for h in c["input_sha256"])
+    return {k: n for k, n in counts.items() if n > 1}
+
+
+def view_models(out: Path, folder: str) -> set[str]:
+    return {m for f in (out / folder).glob("embeddings-*.parquet")
+            for m in pq.read_table(f, columns=["model"]).column("model").to_pylist()}
+
+
+def hashes_for(models: Path, rows: list[dict], model: str) -> dict[str, set]:
+    text = models.read_text()
+    swapped = yaml.safe_load(text)
+    swapped["models"][MODEL] = swapped["models"][model]
+    other = models.parent / f"as-{model}.yaml"
+    other.write_text(yaml.safe_dump(swapped))
+    return chunk_hashes(other, rows)
+
+
+def test_a_switch_over_several_runs_serves_one_model_exactly_and_pays_each_text_once(
+        tmp_path, sandbox_factory, env_key, capsys):
+    models = write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models)
+    day = corpus_rows(n_short=60, n_long=3)
+    corpus, out = write_corpus(tmp_path / "corpus.parquet", day), tmp_path / "out"
+    assert run(corpus, out, sb, models, MODEL) == 0
+
+    # another model without the flag: refused by run and plan alike, naming the flag
+    assert run(corpus, out, sb, models, OTHER, "--sync") == 2
+    assert plan(corpus, out, sb, models, OTHER, "--sync", capsys=capsys)[0] == 2
+
+    code, planned = plan(corpus, out, sb, models, OTHER, "--sync", "--switch-model", capsys=capsys)
+    assert code == 0 and planned["switch"]["to"]["model"] == OTHER
+    per_run = planned["target"]["estimated_cost_rub"] / 2.5   # at least three runs
+    runs = 0
+    while True:
+        runs += 1
+        assert runs < 8
+        day, _ = next_day(day, seed=runs, edit_short=2, edit_long=1, remove=1, add=2)
+        write_corpus(corpus, day)
+        code = run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", "--allow-partial",
+                   "--max-spend-rub", f"{per_run:.6f}")
+        s = summary(out)
+        assert billed_twice_per_model(ledger(sb)) == {}
+        if code == 0:
+            break
+        assert code == 4 and not s["switch"]["switched"]
+        # the served view is exactly the day's corpus, in the served model only
+        assert_current(out, models, day)
+        assert view_models(out, "current") == {MODEL}
+        assert view_models(out, "target") <= {OTHER}
+        assert 0 <= s["switch"]["documents_done"] < s["switch"]["documents_total"] == len({r["id"] for r in day})
+        assert s["switch"]["spent_rub"] > 0 and s["switch"]["estimated_rub_to_finish"] > 0
+    assert runs >= 3
+    assert s["switch"]["switched"] and s["model"] == MODEL and s["switch"]["to"]["model"] == OTHER
+    assert view_models(out, "current") == {OTHER} and not (out / "target").exists()
+    served = collections.defaultdict(set)
+    for r in current(out, "embeddings").to_pylist():
+        served[r["doc_id"]].add(r["text_sha256"])
+    assert served == hashes_for(models, day, OTHER)
+
+    # what the target cost is what its distinct texts cost, to the micro-rouble per request
+    spent = sum(c["cost_rub"] for c in ledger(sb) if c["model"] == OTHER)
+    assert s["switch"]["spent_rub"] == pytest.approx(spent, abs=1e-6 * len(ledger(sb)))
+
+    # the next day without the flag is a plain sync of the new model
+    day, _ = next_day(day, seed=99, edit_short=1, edit_long=0, remove=1, add=1)
+    write_corpus(corpus, day)
+    assert run(corpus, out, sb, models, OTHER, "--sync") == 0
+    # switching back to the model DIR served before pays only for texts it never had
+    before = len(ledger(sb))
+    code, back = plan(corpus, out, sb, models, MODEL, "--sync", "--switch-model", capsys=capsys)
+    assert code == 0
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--switch-model") == 0
+    new = ledger(sb)[before:]
+    assert {c["model"] for c in new} <= {MODEL}
+    assert billed_twice_per_model(ledger(sb)) == {}
+    assert summary(out)["switch"]["switched"] and view_models(out, "current") == {MODEL}
+    assert_current(out, models, day)
+    # and back again at once: nothing changed, nothing sent
+    before = len(ledger(sb))
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 0
+    assert len(ledger(sb)) == before and view_models(out, "current") == {OTHER}
