@@ -1,7 +1,8 @@
-"""embedpipe command line: run, plan, demo, report.
+"""embedpipe command line: run, plan, demo, report, compare.
 
     python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [--json] [options]
     python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
+    python -m pipeline compare DIR           during a switch: the two models' nearest neighbours
     python -m pipeline run --help            embedpipe's options, grouped
     python -m pipeline beam-options          every Beam pipeline option (they all pass through)
 
@@ -97,8 +98,13 @@ def cmd_report(argv: list[str]) -> int:
     return report_main(argv)
 
 
+def cmd_compare(argv: list[str]) -> int:
+    from pipeline.commands.compare import main as compare_main
+    return compare_main(argv)
+
+
 COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report,
-            "beam-options": cmd_beam_options}
+            "compare": cmd_compare, "beam-options": cmd_beam_options}
 
 
 def main(argv: list[str] | None = None) -> int:

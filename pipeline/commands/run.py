@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import time
 
 import apache_beam as beam
 import pyarrow as pa
@@ -145,17 +146,18 @@ def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | 
     return _Part(job, out, before, info, scan, missing, gone, price, job.initial_margin(learned is not None))
 
 
-def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bool) -> dict[str, int]:
-    """PART's job, then its slot's next view."""
+def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bool) -> tuple[dict[str, int], float]:
+    """PART's job, then its slot's next view: (the job's counters, seconds the commit took)."""
     job, out, s = part.job, part.out, part.job.settings
     out.record_start(job.run_id, job.model.name, job.mode, account.as_dict())
     budget = Budget(account.balance, spendable, part.price, part.margin, 1 / job.model.safety_factor,
                     s.budget.balance_poll_s, fits)
     metrics = _run_job(job, out, part.info, part.before, part.scan, budget)
+    committing = time.monotonic()
     requests = tuple(out.relative(p) for p in out.history_files("requests"))   # a killed run's too
     out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(job.opts.input), part.gone, requests),
                part.before.view, _template(job, part.before, part.info), job.codec, _rewriter(job))
-    return metrics
+    return metrics, round(time.monotonic() - committing, 3)
 
 
 def _read_account(job: Job) -> acct.Account:
@@ -170,20 +172,22 @@ def _spendable(job: Job, account: acct.Account, spent_rub: float = 0.0) -> Spend
                           job.caps)
 
 
-def _advance(switching: Switching, served: _Part, out: OutputDir) -> tuple[_Part, bool]:
+def _advance(switching: Switching, served: _Part, out: OutputDir) -> tuple[_Part, bool, float]:
     """The switch's share of the run, with what the served view's share left: the target's
-    view, and the switch when it holds the whole corpus of the day."""
+    view, and the switch when it holds the whole corpus of the day. (the target's part,
+    switched, seconds of its commit and the switch)."""
     target = _part(switching.target.next_run(), out.target(), served.info, served.scan)
     spent = summary.run_figures(out, served.job.run_id)["cost_rub"]
     account = _read_account(target.job)
     switches.add_run(out, switching.record, target.job.run_id)
     log.info("switch to %s: building its view beside the served one with what is left", target.job.model.name)
-    _run_part(target, account, _spendable(target.job, account, spent), True)
+    _, commit_s = _run_part(target, account, _spendable(target.job, account, spent), True)
+    switching_at = time.monotonic()
     complete = switches.covers(out, pc.drop_null(served.scan.ids))
     if complete:
         switches.promote(out)
         log.info("switched %s to %s: current/ serves it now", out.path, target.job.model.name)
-    return target, complete
+    return target, complete, round(commit_s + time.monotonic() - switching_at, 3)
 
 
 def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]:
@@ -199,10 +203,10 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
     if decision.switching and not opts.allow_partial:
         parts.append(_part(decision.switching.target, out.target(), served.info, served.scan).measure)
     fits, decided_by = (True, "allow_partial") if opts.allow_partial else measure.fits(parts, spendable.rub)
-    metrics = _run_part(served, account, spendable, fits)
-    target, switched = None, False
+    metrics, commit_s = _run_part(served, account, spendable, fits)
+    target, switched, target_commit_s = None, False, None
     if decision.switching and summary.run_figures(out, job.run_id)["exit_code"] == EXIT_OK:
-        target, switched = _advance(decision.switching, served, out)
+        target, switched, target_commit_s = _advance(decision.switching, served, out)
     after = _account_after(job)
     others = (target.job.run_id,) if target else ()
     report = summary.build_summary(
@@ -214,7 +218,10 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
         catalogue_price=served.job.model.price_per_token,
         caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started,
         other_runs=others)
+    report["timing"]["commit_s"] = commit_s
     report.update(_switch_report(decision, out, served, target, switched))
+    if target is not None:
+        report["switch"]["run"]["commit_s"] = target_commit_s   # its view's commit, and the switch
     out.write_summary(report)
     for run_id in (job.run_id, *others):
         out.record_finish(run_id, after.as_dict(),

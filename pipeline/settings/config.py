@@ -75,6 +75,14 @@ class ViewSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class CompareSettings:
+    sample: int = 200
+    k: int = 10
+    pool: int = 5000
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class LockSettings:
     heartbeat_s: float = 10.0
     lease_s: float = 60.0
@@ -91,6 +99,7 @@ class RunSettings:
     write: WriteSettings = WriteSettings()
     views: ViewSettings = ViewSettings()
     lock: LockSettings = LockSettings()
+    compare: CompareSettings = CompareSettings()
 
     def replace(self, section: str, **changes: Any) -> "RunSettings":
         return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
@@ -150,7 +159,9 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "pack.max_open_requests": settings.pack.max_open_requests,
                 "client.connect_timeout_s": settings.client.connect_timeout_s,
                 "client.read_timeout_s": settings.client.read_timeout_s,
-                "client.max_total_s": settings.client.max_total_s, "views.keep": settings.views.keep}
+                "client.max_total_s": settings.client.max_total_s, "views.keep": settings.views.keep,
+                "compare.sample": settings.compare.sample, "compare.k": settings.compare.k,
+                "compare.pool": settings.compare.pool}
     if bad := [name for name, value in positive.items() if value <= 0]:
         raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
     if settings.budget.price_margin < 1:

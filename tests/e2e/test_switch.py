@@ -16,7 +16,8 @@ import yaml
 from pipeline.cli import main
 from service.catalog import load_models
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import MODEL, corpus_rows, current, ledger, start_sandbox, summary, write_corpus
+from tests.e2e.money_helpers import (MODEL, corpus_rows, current, kill_once_journaled, ledger, start_sandbox, summary,
+                                     write_corpus)
 from tests.e2e.test_sync import assert_current, chunk_hashes, next_day
 
 OTHER = "text-embedding-3-large"
@@ -136,3 +137,104 @@ def test_a_switch_over_several_runs_serves_one_model_exactly_and_pays_each_text_
     before = len(ledger(sb))
     assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 0
     assert len(ledger(sb)) == before and view_models(out, "current") == {OTHER}
+
+
+def switch_day_one(tmp_path: Path, sandbox_factory, *sandbox_args: str):
+    models = write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models, args=list(sandbox_args))
+    day = corpus_rows(n_short=40, n_long=2)
+    corpus, out = write_corpus(tmp_path / "corpus.parquet", day), tmp_path / "out"
+    assert run(corpus, out, sb, models, MODEL) == 0
+    return models, sb, corpus, out, day
+
+
+def test_a_key_that_may_not_use_the_target_keeps_the_served_view_and_loses_nothing(tmp_path, sandbox_factory,
+                                                                                   env_key, caplog):
+    models, sb, corpus, out, day = switch_day_one(tmp_path, sandbox_factory, "--key-models", MODEL)
+    day, _ = next_day(day, seed=5, edit_short=2, edit_long=0, remove=1, add=2)
+    write_corpus(corpus, day)
+    paid = len(ledger(sb))
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 1
+    s = summary(out)
+    assert_current(out, models, day)            # the day's changes reached the served view
+    assert view_models(out, "current") == {MODEL} and {c["model"] for c in ledger(sb)[paid:]} == {MODEL}
+    run_of_target = s["switch"]["run"]
+    assert set(run_of_target["pending_reasons"]) == {"forbidden"} and run_of_target["embedded"] == 0
+    # every chunk of the target is pending in its view, for the next run with a key that may
+    assert run_of_target["pending"] == sum(len(v) for v in hashes_for(models, day, OTHER).values())
+    assert "forbidden" in caplog.text and "model_not_allowed" in caplog.text
+    assert not s["switch"]["switched"] and s["exit_code"] == 1
+
+
+def test_a_third_model_abandons_the_switch_under_way_and_names_its_cost(tmp_path, sandbox_factory, env_key,
+                                                                        caplog, capsys):
+    models, sb, corpus, out, day = switch_day_one(tmp_path, sandbox_factory)
+    _, planned = plan(corpus, out, sb, models, OTHER, "--sync", "--switch-model", capsys=capsys)
+    half = planned["target"]["estimated_cost_rub"] / 2
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", "--allow-partial",
+               "--max-spend-rub", f"{half:.6f}") == 4
+    spent = summary(out)["switch"]["spent_rub"]
+    assert spent > 0 and (out / "target").is_symlink()
+    code, compared = plan(corpus, out, sb, models, THIRD, "--sync", "--switch-model", capsys=capsys)
+    assert code == 0 and compared["switch"]["to"]["model"] == THIRD   # plan only looks: nothing abandoned
+    assert summary(out)["switch"]["to"]["model"] == OTHER
+
+    assert run(corpus, out, sb, models, THIRD, "--sync", "--switch-model") == 0
+    s = summary(out)
+    assert s["switch"]["abandoned"] == {"to": {"model": OTHER, "dimensions": 48}, "runs": s["switch"]["abandoned"]["runs"],
+                                        "spent_rub": spent}
+    assert f"{spent:.6f} RUB" in caplog.text and "abandoned" in caplog.text
+    assert s["switch"]["switched"] and view_models(out, "current") == {THIRD}
+    # the abandoned model's vectors stay: switching to it now pays only what it lacked
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 0
+    assert billed_twice_per_model(ledger(sb)) == {} and view_models(out, "current") == {OTHER}
+    assert_current_as(out, models, day, OTHER)
+
+
+def assert_current_as(out: Path, models: Path, rows: list[dict], model: str) -> None:
+    served = collections.defaultdict(set)
+    for r in current(out, "embeddings").to_pylist():
+        served[r["doc_id"]].add(r["text_sha256"])
+    assert served == hashes_for(models, rows, model)
+
+
+def test_a_switch_killed_half_way_resumes_with_the_same_command(tmp_path, sandbox_factory, env_key):
+    models, sb, corpus, out, day = switch_day_one(tmp_path, sandbox_factory)
+    sb.stop()
+    slow = start_sandbox(sandbox_factory, models, db=sb.db, args=["--latency-ms", "300"])
+    served = sorted(f.name for f in (out / "current").iterdir())
+    kill_once_journaled(corpus, out, slow, models, tmp_path / "job.log", 2, "--model", OTHER, "--sync",
+                        "--switch-model")
+    assert sorted(f.name for f in (out / "current").iterdir()) == served   # still the complete served view
+    fast = start_sandbox(sandbox_factory, models, db=sb.db)
+    assert run(corpus, out, fast, models, OTHER, "--sync", "--switch-model") == 0
+    assert billed_twice_per_model(ledger(fast)) == {}
+    assert summary(out)["switch"]["switched"] and len(summary(out)["switch"]["runs"]) == 2
+    assert_current_as(out, models, day, OTHER)
+
+
+def test_switch_model_goes_with_sync(tmp_path, sandbox_factory, env_key, caplog):
+    models, sb, corpus, out, _ = switch_day_one(tmp_path, sandbox_factory)
+    assert run(corpus, out, sb, models, OTHER, "--resume", "--switch-model") == 2
+    assert "--switch-model goes with --sync" in caplog.text
+    # the served model with the flag and no switch under way is a plain sync
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--switch-model") == 0
+    assert "switch" not in summary(out)
+
+
+def test_compare_shows_the_neighbours_the_two_models_share(tmp_path, sandbox_factory, env_key, capsys):
+    models, sb, corpus, out, _ = switch_day_one(tmp_path, sandbox_factory)
+    assert main(["compare", str(out)]) == 2                         # no switch under way
+    _, planned = plan(corpus, out, sb, models, OTHER, "--sync", "--switch-model", capsys=capsys)
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", "--allow-partial",
+               "--max-spend-rub", f"{planned['target']['estimated_cost_rub'] * 0.7:.6f}") == 4
+    paid = len(ledger(sb))
+    capsys.readouterr()
+    assert main(["compare", str(out), "--json", "--k", "5", "--sample", "20"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert len(ledger(sb)) == paid                                   # nothing paid
+    assert r["from"] == MODEL and r["to"] == OTHER and r["sample"] == 20 and r["k"] == 5
+    assert r["chunks_in_both"] > 5 and sum(r["histogram"].values()) == 20
+    assert 0 <= r["overlap"]["p10"] <= r["overlap"]["p50"] <= r["overlap"]["p90"] <= 1
+    assert r["spent_rub"] == summary(out)["switch"]["spent_rub"]
+    assert main(["compare", str(out)]) == 0 and "nearest neighbours" in capsys.readouterr().out
