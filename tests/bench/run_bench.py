@@ -496,7 +496,7 @@ class Bench:
                                 f"{min(self.cpu_per_m[largest] / v for v in irr):.2f}-"
                                 f"{max(self.cpu_per_m[largest] / v for v in irr):.2f}x; target <= 1.5x)")
         if self.targets:
-            self.emit("The issue's figures, from this run:\n\n" + "\n".join(f"- {t}" for t in self.targets))
+            self.emit("Against the targets, from this run:\n\n" + "\n".join(f"- {t}" for t in self.targets))
         self.emit(f"Whole bench: {time.time() - started:.0f} s; load average {load_average():.1f} at the end.")
         if self.args.write:
             write_section(REPO / "docs" / "BENCH.md", "\n\n".join(self.sections))
