@@ -8,6 +8,7 @@ project's interpreter, `EMBEDDINGS_API_KEY` set and `BASE_URL` a sandbox's
 """
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from pathlib import Path
@@ -26,9 +27,14 @@ def user_docs() -> list[Path]:
 
 
 def all_markdown() -> list[Path]:
-    """Every Markdown file of the project (for links), virtualenvs and caches left out."""
-    skip = {".venv", ".venv-airflow", ".venv-interop", ".git", "node_modules", ".pytest_cache", "build"}
-    return sorted(p for p in REPO.rglob("*.md") if not skip.intersection(p.relative_to(REPO).parts))
+    """Every Markdown file of the project (for links): hidden directories (virtualenvs, .git),
+    build output and `make run`'s demo/ are not walked."""
+    found = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in {"build", "demo", "node_modules", "__pycache__"}
+                   and not d.endswith(".egg-info")]
+        found += [Path(root) / f for f in files if f.endswith(".md")]
+    return sorted(found)
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:
