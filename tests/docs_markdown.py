@@ -31,8 +31,8 @@ def all_markdown() -> list[Path]:
     build output and `make run`'s demo/ are not walked."""
     found = []
     for root, dirs, files in os.walk(REPO):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in {"build", "demo", "node_modules", "__pycache__"}
-                   and not d.endswith(".egg-info")]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not d.endswith(".egg-info")
+                   and d not in {"build", "demo", "node_modules", "__pycache__"}]
         found += [Path(root) / f for f in files if f.endswith(".md")]
     return sorted(found)
 
