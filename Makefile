@@ -49,7 +49,7 @@ airflow-test: setup
 	$(PYTEST) -q -m airflow -s
 
 # A real run's outputs queried in DuckDB, Polars, ClickHouse (chdb) and pyarrow/numpy, with the
-# README's "Using the vectors" recipes; the engines live in .venv-interop (~1 GB, built on first use).
+# recipes of docs/outputs.md ("Reading the vectors"); the engines live in .venv-interop (~1 GB, built on first use).
 interop: setup
 	$(PYTEST) -q -m interop -s
 

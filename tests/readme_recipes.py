@@ -1,6 +1,6 @@
-"""The README's "Using the vectors" recipes, run exactly as written.
+"""The recipes of docs/outputs.md ("Reading the vectors"), run exactly as written.
 
-A recipe is a fenced python block in README.md whose first line is `# recipe: NAME`. It runs
+A recipe is a fenced python block in docs/outputs.md whose first line is `# recipe: NAME`. It runs
 in a given interpreter, with the working directory holding `corpus/` (the input) and `out/`
 (a real run's output), and leaves two results behind: `neighbours` (doc_id, chunk_index,
 similarity, text) and `cost_per_row` (id, chunks, cost_rub), as a DuckDB relation, a Polars
@@ -26,14 +26,14 @@ from service.sandbox.launcher import SandboxProcess
 from tests.conftest import SANDBOX_KEY
 from tests.side_venv import REPO
 
-MODEL = "text-embedding-3-small"   # the README's recipes cast to its 1536 dimensions
+MODEL = "text-embedding-3-small"   # the recipes cast to its 1536 dimensions
 QUERY = ("lambda", 0)              # the chunk whose neighbours the recipes find
 RECIPE = re.compile(r"^```python\n# recipe: (\w+)\n(.*?)^```", re.S | re.M)
 
 DRIVER = r"""
 import json, sys
 namespace = {"__name__": "__main__"}
-exec(compile(sys.stdin.read(), "README.md recipe", "exec"), namespace)
+exec(compile(sys.stdin.read(), "docs/outputs.md recipe", "exec"), namespace)
 
 def rows(result):
     for convert in ("fetchall", "rows"):          # DuckDB relation, Polars DataFrame
@@ -47,8 +47,11 @@ print(json.dumps({name: rows(namespace[name]) for name in ("neighbours", "cost_p
 """
 
 
+RECIPES = REPO / "docs" / "outputs.md"
+
+
 def recipes() -> dict[str, str]:
-    return dict(RECIPE.findall((REPO / "README.md").read_text(encoding="utf-8")))
+    return dict(RECIPE.findall(RECIPES.read_text(encoding="utf-8")))
 
 
 def topics() -> list[dict]:

@@ -1,8 +1,8 @@
 """The driver's cheap pass over the input, before the Beam job: repeated ids, and an upper
 bound of the text bytes from Parquet metadata alone.
 
-Both used to be barriers inside the job (a side input of id counts, a side input of the whole
-run's worst case), which made every document wait in memory until the last was split. Here the
+Inside the job both would be barriers (a side input of id counts, a side input of the whole
+run's worst case), making every document wait in memory until the last was split. Here the
 ids column alone is read (a few bytes a row) and the texts are not read at all.
 """
 from __future__ import annotations

@@ -5,40 +5,26 @@
                                     [--only-scale] [--only-capacity] [--no-capacity] [--profile]
                                     [--no-aimd] [--no-write]
 
-0. Start-up: the first request from the process start on the demo corpus, 5 runs, beside the
-   time to import the driver's package alone.
-   Scale: the same job on growing corpora (zero-latency sandbox): wall, seconds to the first
-   request, peak RSS, client CPU per 1M tokens. Memory should not grow with the corpus.
-   Sync: the next day's `run --sync` on --sync-docs documents of which 1% were edited, 0.5%
-   removed, 1% added, against the fresh run (tests/bench/sync.py).
-
-1. A corpus of --docs documents (tests/bench/corpus.py: mostly short, 1% multi-chunk).
-2. A sandbox answering after 50 ms + 5 us per token (waits, not CPU): the baseline script
-   (tests/bench/baseline.py: tiktoken slices of 8191 tokens, 100 texts per request, one
-   request at a time), then `python -m pipeline run` for each --in-flight x --workers
-   ("default": no --max-in-flight, the adaptive limit up to configs/pipeline.yaml's ceiling;
-   a number is the ceiling), then the floor: the same chunks pre-packed and sent with no
-   client work (tests/bench/floor.py), at each ceiling and at the limit the default run
-   settled at.
-   Each one is a child process: wall time, its CPU and peak RSS (os.wait4), the sandbox's
-   CPU over the same span (it shares the machine), and from the sandbox ledger the time to
-   the first request and the span over which requests were answered.
-3. A sandbox without latency: the pipeline's client CPU per 1M tokens against the
-   irreducible work on the same data (tests/bench/irreducible.py), and Beam's own cost
-   per element (tests/bench/beam_overhead.py). It runs just before the scale section, and the
-   irreducible is timed again after it: the scale section's largest corpus is set against
-   the irreducible on either side of it, not against one reading minutes away.
-4. A sandbox with an embeddings rate limit: 429s and throughput with a fixed concurrency,
-   with ConcurrencyLimiter and with TokenBucketLimiter (tests/bench/aimd.py).
-5. A sandbox with a capacity (--capacities, 4 and 8 by default; queue and 429 mode), the job at
-   its defaults with 1 and 2 worker processes, requests capped at --capacity-request-tokens (so that 30
-   requests are not the whole sample): the limit it settled at, the 429s, wall against the
-   floor at that capacity and against the same job with its limit fixed at the capacity, texts
-   paid twice, and its rows against a run without a capacity.
+Sections, in order (docs/BENCH.md says what each measures and what bounds it):
+0. Start-up: the first request from the process start on the demo corpus, 5 runs, beside
+   importing the driver's package alone.
+1. Throughput on a corpus of --docs documents (tests/bench/corpus.py) against a sandbox
+   answering after 50 ms + 5 us per token: the baseline script (tests/bench/baseline.py), then
+   `pipeline run` for each --in-flight x --workers ("default": the adaptive limit up to
+   configs/pipeline.yaml's ceiling), then the floor: the same chunks pre-packed and sent with
+   no client work (tests/bench/floor.py).
+2. Zero latency: client CPU per 1M tokens against the irreducible work
+   (tests/bench/irreducible.py) and Beam's cost per element (tests/bench/beam_overhead.py); run
+   just before the scale section and the irreducible timed again after it, so the largest
+   corpus is set against readings on either side of it.
+3. Scale: the same job on growing corpora; Sync: the next day's `run --sync` (tests/bench/sync.py).
+4. Rate limit: fixed concurrency, ConcurrencyLimiter, TokenBucketLimiter (tests/bench/aimd.py).
+5. Capacity (--capacities, queue and 429 mode): the job at its defaults with 1 and 2 worker
+   processes against the floor and against the job with its limit fixed at the capacity.
 6. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
-
-Figures go to the terminal and to the generated section of docs/BENCH.md. Nothing here
-asserts speed: the machine is shared and noisy; the load average is printed beside the runs.
+Each run is a child process: wall, its CPU and peak RSS (os.wait4), the sandbox's CPU over the
+same span, and from the ledger the first request and the answers' span. Figures go to the
+terminal and to the generated section of docs/BENCH.md. Nothing here asserts speed.
 """
 from __future__ import annotations
 
@@ -496,7 +482,7 @@ class Bench:
                                 f"{min(self.cpu_per_m[largest] / v for v in irr):.2f}-"
                                 f"{max(self.cpu_per_m[largest] / v for v in irr):.2f}x; target <= 1.5x)")
         if self.targets:
-            self.emit("The issue's figures, from this run:\n\n" + "\n".join(f"- {t}" for t in self.targets))
+            self.emit("Against the targets, from this run:\n\n" + "\n".join(f"- {t}" for t in self.targets))
         self.emit(f"Whole bench: {time.time() - started:.0f} s; load average {load_average():.1f} at the end.")
         if self.args.write:
             write_section(REPO / "docs" / "BENCH.md", "\n\n".join(self.sections))

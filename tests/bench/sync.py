@@ -1,4 +1,4 @@
-"""The next day's run on a changed corpus (README, "Scheduled runs on a changing corpus").
+"""The next day's run on a changed corpus (docs/scheduled-runs.md).
 
 Day 1: a fresh run on the bench corpus. Day 2: 1% of the documents edited (a sentence added
 in the middle), 0.5% removed, 1% added; `run --sync` on the same output. Both on a

@@ -1,4 +1,4 @@
-"""The README's pyarrow/numpy recipe ("Using the vectors"), run as written on a real run's
+"""The pyarrow/numpy recipe of docs/outputs.md ("Reading the vectors"), run as written on a real run's
 outputs, gives the answer computed row by row; the other engines' recipes run in `make interop`."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def workdir(tmp_path_factory):
         yield workdir
 
 
-def test_the_readme_has_a_recipe_per_engine():
+def test_the_docs_have_a_recipe_per_engine():
     assert set(recipes()) == {"duckdb", "polars", "clickhouse", "pyarrow"}
 
 

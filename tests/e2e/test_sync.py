@@ -1,4 +1,4 @@
-"""A scheduled run on a corpus that changes (README, "Scheduled runs on a changing corpus"):
+"""A scheduled run on a corpus that changes (docs/scheduled-runs.md):
 one output directory whose current view is exact after each run, never mixes two versions of
 a document, and pays for no text twice; the rest of the history stays."""
 from __future__ import annotations
@@ -77,7 +77,7 @@ def assert_current(out: Path, models: Path, rows: list[dict]) -> None:
 
 
 def glob_rows(out: Path) -> pa.Table:
-    """What a glob reader of the README gets: every embeddings file under DIR/current/."""
+    """What a glob reader gets (docs/outputs.md): every embeddings file under DIR/current/."""
     files = sorted((out / "current").glob("embeddings-*.parquet"))
     return pa.concat_tables([pq.read_table(f, columns=["doc_id", "chunk_index", "chunk_count", "token_start",
                                                          "text_sha256"]) for f in files])

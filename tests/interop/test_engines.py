@@ -1,5 +1,5 @@
 """A real run's outputs queried in DuckDB, Polars, ClickHouse (chdb) and pyarrow/numpy with the
-README's "Using the vectors" recipes, each in .venv-interop (built on first use, see
+recipes of docs/outputs.md ("Reading the vectors"), each in .venv-interop (built on first use, see
 interop_venv.py): nearest neighbours of one chunk joined back to the input, and the cost per
 source row, the same answer from every engine. `make interop` runs these; `make test` does not."""
 from __future__ import annotations

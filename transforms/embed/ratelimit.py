@@ -1,73 +1,33 @@
-"""How many of the Embed step's requests may be in flight, found from the answers (no Beam
-here; a known quota is transforms/embed/quota.py's).
+"""How many of the Embed step's requests may be in flight, found from the answers alone (no Beam
+here; a known quota is transforms/embed/quota.py's). docs/scale.md explains it for users, with
+a picture of the limit against a service's capacity.
 
-ConcurrencyLimiter starts low and reads two signals, as TCP does with its congestion window (and
-checks, once, what it reads the second against):
-- a 429 (as it happens, through the client's on_retry hook, or as the final error): the limit
-  is halved, at most once per window (requests already in flight when it dropped were sent at
-  the old concurrency, so their 429s are not news). The request that drew it gives its place
-  back while it waits and retries only once the in-flight count is under the new limit, so
-  its retry does not meet the same overload. The level that drew the 429 becomes a plateau:
-  the limit climbs back to just under it, and probes it again only after a wait in answers,
-  twice as long once a probe drew another 429 (a service with a hard concurrency cap then sees
-  at most one 429 per 64 x its level answers, however long the run). Twice, not doubling on:
-  where processes share an account, the one left with the work when the others finish would
-  wait out a wait that grew while they still ran (simulated: 1.4x the ideal time, 1.1x now).
-  A refused request's retry goes at the lowered limit, so its own 429 is news too.
-- latency above what the request's size explains: each answer that took one attempt is
-  compared with the fastest of the recent answers of at least about its size (latency only
-  grows with size, so what is left is a queue upstream or a saturated service), as a ratio.
-  In slow start, an answer `_QUEUED` x slower brings the limit down to what it says fits
-  (Gradient2's gradient: the concurrency it was sent with / the ratio); one `_SLOWER` x slower
-  ends slow start where it was sent. After that, one decision per round trip of requests sent
-  at the current limit: a mean ratio of `_SLOWER` or more brings the limit down the same way
-  (a mean over a round trip is steadier than one answer, and with several processes each one
-  sees the queue of all: at `_QUEUED` two processes held 1.5x a capacity between them);
-  else the step up from the nearest concurrency seen below is kept only if the answers per
-  second (concurrency / ratio, as TCP Vegas compares expected and actual rates) grew by at
-  least `_WORTH` of the concurrency it added, and undone if not; else the limit grows by one.
-  A service that gets slower but answers more a second (a shared CPU) is still climbed; one
-  that queues past a capacity is held near it.
-- the reference itself, once per process: one that starts while another's slow start queues
-  the service takes its first answers, queue included, as what its requests cost, then climbs
-  into a queue that it cannot see and the others can (they back off, to 1: two processes a
-  second apart held 12-18 between them on a capacity of 8, simulated; 12-16 in the bench). So
-  the first round trip after slow start that brings no decrease halves the limit instead, until
-  one request goes, and then gives it back: the requests sent as the in-flight count climbs back
-  meet the service without the queue this process kept, and their latency joins the reference
-  (BBR's ProbeRTT, once: half the places for about half a round trip; repeated, it cost a
-  shared CPU more than it found). Not while a 429's plateau holds: a refusing service queues
-  nothing.
-Below one place (more processes than the service has places: a wide Dataflow job on a small
-account): at one place, a process whose places the others keep taking draws a 429 on a large
-share of its requests (39% simulated, with each process's fair share half a place). So one place
-drawing `_STRIKES` 429s, each within a probe's wait of the last, halves on, down to
-`_PACED_FLOOR`: a limit L < 1 is one request, then (1 / L - 1) round trips of nothing. There,
-each 429 halves, and growth is counted in time, not in answers (they come 1 / L round trips
-apart): `_PACED_STEP` per round trip, so that the process with the smallest share does not climb
-slowest (AIMD on the rate), at most doubling per answer. A single 429 at one place after a quiet
-spell keeps one place.
-When the others stop: a plateau or a pause learnt while other processes spent on the account is
-their doing, and the last one left would keep it (a refusing service says nothing when places
-free). The balance each answer carries says when nobody else spends any more
-(transforms/embed/sharing.py); then the plateau, its wait and the strikes go, and a paced limit
-is one place again: the limit grows as it would have, and the service's own capacity draws the
-next 429.
-Before the first answer there is no round trip to read, and a large request's first answer may
-take seconds (1.5 s for 300k tokens in the bench, far more upstream): doubling per round trip
-would leave a fast service idle for several of them. A refusal comes back at once, though, so a
-request out for `admitted_after_s` without a 429 holds a place: until the first answer (or
-429), the limit grows by one each time that passes with every place in use, up to
-`_RAMP_FACTOR` x where it started. A service past its capacity refuses the first request over
-it before the next step; a queueing one shows its queue in the first answers' latency.
-The concurrency a round trip measured is the mean in-flight count its requests were sent with,
-not the limit (reading may leave the limit unfilled). Decreases at most halve the limit at
-once. From one place up, growth needs the limit full when an answer comes (a caller that never
-fills it proves nothing about a larger one, and a limit that grows unused only overstates what
-was found): +1 per answer until the first sign of a queue or a 429 (slow start: doubling per
-round trip), then +1 per round trip. Each worker process
-adapts on its own; processes sharing an account settle together, as TCP flows share a link,
-with no coordinator.
+ConcurrencyLimiter is a congestion window, per worker process, with no coordinator:
+- Start: low (`initial`), +1 per answer while full (slow start: doubling per round trip) until
+  the first sign of a queue or a 429, then +1 per round trip. Before the first answer a request
+  out for `admitted_after_s` without a 429 counts as let in (a refusal comes back at once), so
+  the limit may ramp up to `_RAMP_FACTOR` x its start.
+- 429 (through the client's on_retry hook, or the final error): halve, at most once per window
+  (requests already out were sent at the old level); the request gives its place back until
+  the rest fit. The level that drew it is a plateau (climbed back to just under), probed after
+  `_PROBE_ANSWERS` x the level answers, `_PROBE_LATER` x that once a probe was refused: a
+  refusing service says nothing when places free, and each probe costs a 429.
+- Latency: an answer against the fastest recent one of at least its size (size alone only
+  makes it longer), as a ratio. In slow start one answer `_QUEUED` x slower brings the limit to
+  what it says fits (Gradient2); after it, one decision per round trip: a mean of `_SLOWER`
+  brings it down the same way, else a step up is kept only if answers per second grew by
+  `_WORTH` of the concurrency it added (a Vegas-like rate test), else +1. A service that only
+  gets slower while answering more is still climbed; one that queues is held near its capacity.
+- Once after slow start, the limit is halved until one request goes (BBR's ProbeRTT): a process
+  that started into another's queue measures its latency without its own.
+- Below one place (more processes than places): `_STRIKES` 429s at one place, each soon after
+  the last, halve on, down to `_PACED_FLOOR`; a limit L < 1 is one request, then (1 / L - 1)
+  round trips of nothing, and it grows by `_PACED_STEP` per round trip of time, so the smallest
+  share does not climb slowest.
+- When the account's balance shows nobody else spends any more (transforms/embed/sharing.py),
+  the plateau, its wait and the strikes go: the last process left climbs to the capacity.
+The concurrency a round trip measured is the mean in-flight count its requests were sent with.
+Growth needs the limit full when an answer comes: an unused limit proves nothing.
 """
 from __future__ import annotations
 
@@ -86,10 +46,14 @@ _OUTCOMES = (OK, RATE_LIMITED, IGNORED)
 _WINDOW = 500
 _SIZE_SLACK = 0.9
 _SLOWER = 1.5    # latency / expected that ends slow start, and over a round trip brings the limit down
+                 # (a mean over a round trip, not one answer at _QUEUED: each process sees the
+                 # queue of all, and at _QUEUED two processes held 1.5x a capacity between them)
 _QUEUED = 2.0    # latency / expected of one answer in slow start at which half of it is a queue
 _WORTH = 0.5     # a step up must raise the throughput by at least this share of the concurrency added
 _PROBE_ANSWERS = 32   # x the 429's level: answers under it before the first probe of that level
-_PROBE_LATER = 2      # x that: the wait once a probe drew another 429
+_PROBE_LATER = 2      # x that: the wait once a probe drew another 429. Twice, not doubling on: the
+                      # process left with the work when others finish would wait out a wait that
+                      # grew while they ran (simulated: 1.4x the ideal time against 1.1x)
 _RAMP_FACTOR = 4      # x the initial limit: how far it may grow before the first answer
 _PACED_FLOOR = 1 / 32  # the lowest limit: one request per 32 round trips
 _PACED_STEP = 1 / 8    # below one place: growth per round trip of time

@@ -41,7 +41,7 @@ def write_entry(output_dir: str, run_id: str, request_row: dict, shas: list[str]
     rows = np.ascontiguousarray(vectors, dtype="<f4")
     row = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in request_row.items()}
     # A vector is one fixed-size binary value, its float32 bytes: Parquet writes a float list
-    # with nesting levels per float, 3x the CPU on the hot path (docs/BENCH.md). Short-lived,
+    # with nesting levels per float, 3x the CPU on the hot path (measured). Short-lived,
     # so no compression, dictionary attempt or statistics either.
     vector_type = pa.binary(4 * rows.shape[1])
     schema = pa.schema([*_SCHEMA_FIELDS, required("embedding", vector_type)],

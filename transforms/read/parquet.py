@@ -64,7 +64,7 @@ def parquet_file(source) -> pq.ParquetFile:
     """pq.ParquetFile over an open file object (Beam's FileSystems handles, io.BytesIO), read in
     the caller's thread alone: an Arrow thread that touched a Python file may drop the last
     reference to it after the read returned, and at interpreter exit that aborts the process
-    ("terminate called without an active exception", exit 134; docs/BENCH.md). Pre-buffering
+    ("terminate called without an active exception", exit 134). Pre-buffering
     (pyarrow's default) reads on the IO threads."""
     return _InCallersThread(source, pre_buffer=False)
 

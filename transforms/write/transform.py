@@ -5,8 +5,8 @@ One composite writes all of a job's outputs: each output's writer is a DoFn fuse
 stage that produces its rows (one file per bundle, under a temporary name), and one finalising
 step, after everything else, names the files. Beam's Write gives each output stages of its own
 (initialise before the job, pre-finalise and finalise after it): for five outputs that was
-~0.25 s of building the graph and ~0.3 s before the first request on the local runner
-(docs/BENCH.md). The guarantees are those of Beam's file sinks: only the files of bundles the
+~0.25 s of building the graph and ~0.3 s before the first request on the local runner.
+The guarantees are those of Beam's file sinks: only the files of bundles the
 runner committed reach the finalising step (a side input), so a retried bundle's file is never
 named; a retried finalisation skips what it renamed already; the temporary files go at the end;
 an output without rows still gets one empty file, so a glob reader finds its schema. Any
