@@ -22,7 +22,7 @@ from transforms.read import changes
 from transforms.read.split import SplitConfig
 from transforms.write.transform import Codec
 
-# What a run may do to an output directory that holds results (README, "Scheduled runs").
+# What a run may do to an output directory that holds results (docs/scheduled-runs.md).
 FRESH, RESUME, SYNC = "fresh", "resume", "sync"
 
 

@@ -1,4 +1,4 @@
-"""Switching a living corpus to another model (README, "Switching models"): the served view stays
+"""Switching a living corpus to another model (docs/switching-models.md): the served view stays
 exactly the corpus of each day in one model while the other model's view is built beside it
 under the budget, the run that completes it switches `current/` in one step, and no
 (model, text) is paid twice, switching back included."""
