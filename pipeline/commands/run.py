@@ -23,7 +23,7 @@ from pipeline.checks.prior import Prior, pending_input, prior, removed
 from pipeline.checks.scan import Scan, scan_input, scan_pending
 from pipeline.checks.switching import Switching
 from pipeline.commands import summary
-from pipeline.exits import EXIT_OK, EXIT_PARTIAL, JobFailed
+from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed
 from pipeline.money import account as acct
 from pipeline.money import measure
 from pipeline.outdir import OutputDir, late, layout
@@ -204,9 +204,13 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
         parts.append(_part(decision.switching.target, out.target(), served.info, served.scan).measure)
     fits, decided_by = (True, "allow_partial") if opts.allow_partial else measure.fits(parts, spendable.rub)
     metrics, commit_s = _run_part(served, account, spendable, fits)
-    target, switched, target_commit_s = None, False, None
+    target, switched, target_commit_s, stopped = None, False, None, False
     if decision.switching and summary.run_figures(out, job.run_id)["exit_code"] == EXIT_OK:
-        target, switched, target_commit_s = _advance(decision.switching, served, out)
+        try:
+            target, switched, target_commit_s = _advance(decision.switching, served, out)
+        except (JobFailed, errors.EmbeddingsError) as exc:   # the served view is committed: report it
+            log.error("the switch to %s did not advance: %s", job.model.name, getattr(exc, "message", exc))
+            stopped = True
     after = _account_after(job)
     others = (target.job.run_id,) if target else ()
     report = summary.build_summary(
@@ -219,7 +223,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
         caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started,
         other_runs=others)
     report["timing"]["commit_s"] = commit_s
-    report.update(_switch_report(decision, out, served, target, switched))
+    report.update(_switch_report(decision, out, served, target, switched, stopped))
     if target is not None:
         report["switch"]["run"]["commit_s"] = target_commit_s   # its view's commit, and the switch
     out.write_summary(report)
@@ -236,9 +240,10 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
 
 
 def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, target: _Part | None,
-                   switched: bool) -> dict:
+                   switched: bool, stopped: bool) -> dict:
     """summary.json's `switch` (while one is under way, or ended by this run) and the exit code:
-    a switch that is not complete is a partial run (4); its target's own failure is the run's."""
+    a switch that is not complete is a partial run (4); its target's own failure (or STOPPED:
+    its job failed) is the run's (1)."""
     record = decision.switching.record if decision.switching else switches.load(out)
     if record is None:
         return {"switch": {"abandoned": decision.abandoned}} if decision.abandoned else {}
@@ -254,6 +259,7 @@ def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, 
         figures.pop("_own_requests")
         status["run"] = figures
         report["exit_code"] = figures["exit_code"] or (EXIT_OK if switched else EXIT_PARTIAL)
-    elif decision.switching and served.job.opts.input:
-        report["exit_code"] = summary.run_figures(out, served.job.run_id)["exit_code"] or EXIT_PARTIAL
+    elif decision.switching:
+        report["exit_code"] = EXIT_FAILED if stopped else (summary.run_figures(out, served.job.run_id)["exit_code"]
+                                                            or EXIT_PARTIAL)
     return report

@@ -238,3 +238,31 @@ def test_compare_shows_the_neighbours_the_two_models_share(tmp_path, sandbox_fac
     assert 0 <= r["overlap"]["p10"] <= r["overlap"]["p50"] <= r["overlap"]["p90"] <= 1
     assert r["spent_rub"] == summary(out)["switch"]["spent_rub"]
     assert main(["compare", str(out)]) == 0 and "nearest neighbours" in capsys.readouterr().out
+
+
+def test_a_switch_on_an_object_store_serves_its_views_by_their_manifests(tmp_path, sandbox_factory, env_key,
+                                                                         monkeypatch):
+    """No links on S3: the current view is `_current.json`, the target's `_target.json`; the switch
+    replaces the first with the second and removes the target's."""
+    from tests.e2e.test_object_stores import BUCKET, S3, mirror
+    store = S3(monkeypatch)
+    try:
+        models = write_models(tmp_path / "models.yaml")
+        sb = start_sandbox(sandbox_factory, models)
+        day = corpus_rows(n_short=20, n_long=1)
+        corpus = store.put(write_corpus(tmp_path / "corpus.parquet", day), "in/corpus.parquet")
+        out = f"s3://{BUCKET}/out"
+        assert run(corpus, out, sb, models, MODEL, *store.flags) == 0
+        assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", "--allow-partial",
+                   "--max-spend-rub", "0.05", *store.flags) == 4
+        local = mirror(store, "out/", tmp_path / "partial")
+        target = json.loads((local / "_target.json").read_text())
+        assert target["model"] == OTHER and json.loads((local / "_current.json").read_text())["model"] == MODEL
+        assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", *store.flags) == 0
+        local = mirror(store, "out/", tmp_path / "done")
+        assert not (local / "_target.json").exists() and not (local / "_switch.json").exists()
+        assert json.loads((local / "_current.json").read_text())["model"] == OTHER
+        assert billed_twice_per_model(ledger(sb)) == {}
+        assert_current_as(local, models, day, OTHER)
+    finally:
+        store.stop()
