@@ -25,6 +25,7 @@ from pipeline.outdir.jsonfiles import read_json
 from pipeline.outdir.view import View
 from pipeline.settings.config import default_settings_text, parse_settings
 from pipeline.settings.options import unknown_flags, use_filesystems
+from pipeline.terminal.figures import count
 from transforms.read.parquet import open_parquet, read_tables
 
 
@@ -79,7 +80,8 @@ def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict:
               "spent_rub": switches.spent_rub(out, record),
               "estimated_rub_to_finish": (last.get("switch") or {}).get("estimated_rub_to_finish")}
     if len(chosen) <= k:
-        report["note"] = f"{len(chosen)} chunks are in both views: more than k={k} are needed to compare neighbours"
+        report["note"] = (f"{count(len(chosen), 'chunk')} in both views: more than k={k} are needed to compare "
+                          "neighbours")
         return report
     a, b = _vectors(out, served, chosen), _vectors(out, target, chosen)
     queries = rng.choice(len(chosen), size=min(sample, len(chosen)), replace=False)
@@ -91,7 +93,7 @@ def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict:
 
 
 def render(r: dict) -> str:
-    lines = [f"{r['from']} -> {r['to']}: {r['chunks_in_both']:,} chunks in both views; switch spent "
+    lines = [f"{r['from']} -> {r['to']}: {count(r['chunks_in_both'], 'chunk')} in both views; switch spent "
              f"{r['spent_rub']:.6f} RUB so far, ~{r['estimated_rub_to_finish'] or 0:.6f} RUB to finish (last run)"]
     if r["overlap"] is None:
         return "\n".join(lines + [r["note"]])
