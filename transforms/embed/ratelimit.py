@@ -1,6 +1,5 @@
-"""How many of the Embed step's requests may be in flight, found from the answers alone (no Beam
-here; a known quota is transforms/embed/quota.py's). docs/scale.md explains it for users, with
-a picture of the limit against a service's capacity.
+"""How many of the Embed step's requests may be in flight, found from the answers alone (no Beam;
+a known quota: quota.py). docs/scale.md explains it for users, with a picture against a capacity.
 
 ConcurrencyLimiter is a congestion window, per worker process, with no coordinator:
 - Start: low (`initial`), +1 per answer while full (slow start: doubling per round trip) until
