@@ -26,7 +26,7 @@ log = logging.getLogger("embedpipe")
 @dataclasses.dataclass(frozen=True)
 class Switching:
     served: Job                 # the served view's model: the day's changes
-    target: Job                 # the model DIR moves to
+    target: Job                 # the model DIR moves to, a run of its own
     record: Switch
 
 
@@ -69,4 +69,4 @@ def decide(job: Job, out: OutputDir, *, act: bool) -> Decision:
         record = Switch.start(view, *wanted)
         if act:
             switches.save(out, record)
-    return Decision(Switching(job.for_model(served_model, view.dimensions), job, record), abandoned)
+    return Decision(Switching(job.for_model(served_model, view.dimensions), job.next_run(), record), abandoned)

@@ -21,7 +21,6 @@ from pipeline.checks import switching
 from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.prior import Prior, pending_input, prior, removed
 from pipeline.checks.scan import Scan, scan_input, scan_pending
-from pipeline.checks.switching import Switching
 from pipeline.commands import summary
 from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed
 from pipeline.money import account as acct
@@ -172,22 +171,21 @@ def _spendable(job: Job, account: acct.Account, spent_rub: float = 0.0) -> Spend
                           job.caps)
 
 
-def _advance(switching: Switching, served: _Part, out: OutputDir) -> tuple[_Part, bool, float]:
-    """The switch's share of the run, with what the served view's share left: the target's
-    view, and the switch when it holds the whole corpus of the day. (the target's part,
-    switched, seconds of its commit and the switch)."""
-    target = _part(switching.target.next_run(), out.target(), served.info, served.scan)
-    spent = summary.run_figures(out, served.job.run_id)["cost_rub"]
+def _advance(out: OutputDir, target: _Part, record: switches.Switch, spent: float,
+             ids: pa.Array) -> tuple[bool, float]:
+    """The switch's share of the run, with what the served view's share left (SPENT: what it
+    spent): the target's view, and the switch of OUT's current view when it holds the whole
+    corpus of the day (IDS). (switched, seconds of the target's commit and the switch)."""
     account = _read_account(target.job)
-    switches.add_run(out, switching.record, target.job.run_id)
+    switches.add_run(out, record, target.job.run_id)
     log.info("switch to %s: building its view beside the served one with what is left", target.job.model.name)
     _, commit_s = _run_part(target, account, _spendable(target.job, account, spent), True)
     switching_at = time.monotonic()
-    complete = switches.covers(out, pc.drop_null(served.scan.ids))
+    complete = switches.covers(out, ids)
     if complete:
         switches.promote(out)
         log.info("switched %s to %s: current/ serves it now", out.path, target.job.model.name)
-    return target, complete, round(commit_s + time.monotonic() - switching_at, 3)
+    return complete, round(commit_s + time.monotonic() - switching_at, 3)
 
 
 def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]:
@@ -198,19 +196,23 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
     spendable = _spendable(job, account)
     log.info("run %s (%s, %s): %d rows; spendable %.6f RUB of balance %.6f (%s binds)", job.run_id, job.mode,
              served.job.model.name, served.info.rows, spendable.rub, account.balance or 0, spendable.binding)
-    # a switch's target only fits with --allow-partial, or when the whole of it fits beside the day's changes
-    parts = [served.measure]
-    if decision.switching and not opts.allow_partial:
-        parts.append(_part(decision.switching.target, out.target(), served.info, served.scan).measure)
+    target = (_part(decision.switching.target, out.target(), served.info, served.scan) if decision.switching
+              else None)
+    # a switch's target fits with --allow-partial, or when the whole of it fits beside the day's changes
+    parts = [p.measure for p in (served, target) if p]
     fits, decided_by = (True, "allow_partial") if opts.allow_partial else measure.fits(parts, spendable.rub)
     metrics, commit_s = _run_part(served, account, spendable, fits)
-    target, switched, target_commit_s, stopped = None, False, None, False
-    if decision.switching and summary.run_figures(out, job.run_id)["exit_code"] == EXIT_OK:
+    served_figures = summary.run_figures(out, job.run_id)
+    switched, target_commit_s, stopped = False, None, False
+    if target and served_figures["exit_code"] != EXIT_OK:
+        target = None   # the served view's share stopped: nothing is left for the target
+    if target:
         try:
-            target, switched, target_commit_s = _advance(decision.switching, served, out)
+            switched, target_commit_s = _advance(out, target, decision.switching.record, served_figures["cost_rub"],
+                                                 pc.drop_null(served.scan.ids))
         except (JobFailed, errors.EmbeddingsError) as exc:   # the served view is committed: report it
             log.error("the switch to %s did not advance: %s", job.model.name, getattr(exc, "message", exc))
-            stopped = True
+            target, stopped = None, True
     after = _account_after(job)
     others = (target.job.run_id,) if target else ()
     report = summary.build_summary(
@@ -244,11 +246,13 @@ def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, 
     """summary.json's `switch` (while one is under way, or ended by this run) and the exit code:
     a switch that is not complete is a partial run (4); its target's own failure (or STOPPED:
     its job failed) is the run's (1)."""
-    record = decision.switching.record if decision.switching else switches.load(out)
+    if switched:   # its record is gone with the switch
+        record = dataclasses.replace(decision.switching.record,
+                                     runs=decision.switching.record.runs + (target.job.run_id,))
+    else:
+        record = switches.load(out)
     if record is None:
         return {"switch": {"abandoned": decision.abandoned}} if decision.abandoned else {}
-    if target is not None:
-        record = dataclasses.replace(record, runs=record.runs + (target.job.run_id,))
     ids = pc.drop_null(served.scan.ids) if served.job.opts.input else None
     price = target.price if target else out.learned_price(record.to_model) or served.price
     status = switches.status(out, record, ids, price, switched)
