@@ -31,7 +31,9 @@ from transforms.read.parquet import open_parquet, read_tables
 
 def _hashes(out: OutputDir, view: View) -> pa.Array:
     tables = read_tables([out.join(p) for p in view.paths("embeddings")], ["text_sha256"])
-    return pc.unique(pa.chunked_array([t.column(0) for t in tables], pa.string())) if tables else pa.array([], pa.string())
+    if not tables:
+        return pa.array([], pa.string())
+    return pc.unique(pa.chunked_array([t.column(0) for t in tables], pa.string()))
 
 
 def _vectors(out: OutputDir, view: View, wanted: pa.Array) -> np.ndarray:
@@ -86,7 +88,8 @@ def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict:
     a, b = _vectors(out, served, chosen), _vectors(out, target, chosen)
     queries = rng.choice(len(chosen), size=min(sample, len(chosen)), replace=False)
     found = overlaps(a, b, queries, k)
-    report.update(sample=len(queries), histogram={f"{i}/{k}": int(np.sum(np.isclose(found, i / k))) for i in range(k + 1)},
+    report.update(sample=len(queries),
+                  histogram={f"{i}/{k}": int(np.sum(np.isclose(found, i / k))) for i in range(k + 1)},
                   overlap={"mean": round(float(found.mean()), 4),
                            **{f"p{q}": round(float(np.percentile(found, q)), 4) for q in (10, 50, 90)}})
     return report
@@ -110,7 +113,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline compare",
                                      description="a switch's two models on DIR's corpus: shared nearest neighbours")
     parser.add_argument("dir", help="the --output directory of a switch under way (local, gs://, s3://)")
-    parser.add_argument("--sample", type=int, default=defaults.sample, help=f"chunks compared (default {defaults.sample})")
+    parser.add_argument("--sample", type=int, default=defaults.sample,
+                        help=f"chunks compared (default {defaults.sample})")
     parser.add_argument("--k", type=int, default=defaults.k, help=f"neighbours per chunk (default {defaults.k})")
     parser.add_argument("--pool", type=int, default=defaults.pool,
                         help=f"chunks searched for neighbours (default {defaults.pool})")

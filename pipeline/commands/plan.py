@@ -102,7 +102,8 @@ def render(p: dict) -> str:
         sw, served, target = p["switch"], p["served"], p["target"]
         rows[:1] = [("switch", f"{sw['from']['model']} -> {sw['to']['model']}: {sw['documents_done']} of "
                                f"{sw['documents_total']} documents done, {sw['spent_rub']:.6f} RUB spent so far"),
-                    ("the day's changes RUB", f"{served['estimated_cost_rub']:.6f} ({served['model']}, the served view)"),
+                    ("the day's changes RUB",
+                     f"{served['estimated_cost_rub']:.6f} ({served['model']}, the served view)"),
                     ("to finish RUB", f"{target['estimated_cost_rub']:.6f} ({target['model']}, what its view lacks)")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in rows)

@@ -181,8 +181,9 @@ def test_a_third_model_abandons_the_switch_under_way_and_names_its_cost(tmp_path
 
     assert run(corpus, out, sb, models, THIRD, "--sync", "--switch-model") == 0
     s = summary(out)
-    assert s["switch"]["abandoned"] == {"to": {"model": OTHER, "dimensions": 48}, "runs": s["switch"]["abandoned"]["runs"],
-                                        "spent_rub": spent}
+    gone = s["switch"]["abandoned"]
+    assert gone == {"to": {"model": OTHER, "dimensions": 48}, "runs": gone["runs"], "spent_rub": spent}
+    assert len(gone["runs"]) == 1
     assert f"{spent:.6f} RUB" in caplog.text and "abandoned" in caplog.text
     assert s["switch"]["switched"] and view_models(out, "current") == {THIRD}
     # the abandoned model's vectors stay: switching to it now pays only what it lacked
