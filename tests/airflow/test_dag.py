@@ -260,6 +260,9 @@ def test_a_switch_over_two_days_on_a_changing_corpus(airflow_env, sandbox_factor
 
     day, _ = next_day(day, seed=1, edit_short=2, edit_long=1, remove=1, add=2)
     write_corpus(corpus, day)
+    # another model without switch_model: refused, and the job's own flag is named as the param
+    state, output = run_task(airflow_env, "plan_gate", {**params, "model": OTHER})
+    assert state == "failed" and "set the param switch_model to true" in output, output[-4000:]
     switching = {**params, "model": OTHER, "switch_model": True, "allow_partial": True}
     state, output = run_task(airflow_env, "plan_gate", switching)
     assert state == "success", output[-4000:]
