@@ -174,12 +174,15 @@ def _figures(stdout: str) -> dict:
 
 
 def _switching(figures: dict) -> dict | None:
-    """The switch this run worked on, if any: a summary with only `abandoned` has none."""
+    """The switch under way in OUTPUT or ended by this run, if any: a summary with only
+    `abandoned` (a switch given up, which the job logs itself) has none."""
     switch = figures.get("switch")
     return switch if switch and switch.get("to") else None
 
 
 def _log_switch(switch: dict, output: str) -> None:
+    """How far the switch got, in one line of the task log."""
+    output = output.rstrip("/")
     moves = f"{switch['from']['model']} to {switch['to']['model']}"
     if switch["switched"]:
         log.info("switched %s/current/ from %s: it serves %s only now", output, moves,
