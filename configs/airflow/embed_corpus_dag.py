@@ -28,6 +28,21 @@ what the view holds now (`current`: documents, chunks, embedded, failed, pending
 query `OUTPUT/current/` on a local or shared disk, or on gs:// and s3:// the files that
 `OUTPUT/summary.json` lists (README, "Using the vectors").
 
+**switch_model** moves OUTPUT to the `model` param when OUTPUT serves another model; both
+tasks pass `--switch-model`, and plan_gate's estimate is the day's changes plus what the new
+model's view still lacks. Readers must never see two models mixed, so each run first keeps
+`current/` exactly the day's corpus in the old model, then spends what is left on the new
+model's view, built beside it in `OUTPUT/target/`; the run that completes that view switches
+`current/` to it in one step. Until then a run is partial (exit 4, which `allow_partial`
+allows: a switch takes as many days as the budget needs): the XCom's `switch` has `from` and
+`to` (model, dimensions), `documents_done` of `documents_total`, `spent_rub`,
+`estimated_rub_to_finish`, `switched: false` and the new model's share of the run (`run`),
+and the log says "switching OUTPUT from A to B: N of M documents in OUTPUT/target/, ..." and
+"partial: the switch to B is not complete". The run that completes it is `done` with
+`switched: true` and logs "switched OUTPUT/current/ from A to B". Afterwards the same params
+(or switch_model off) are a plain sync and `switch` is null. Without switch_model, a model
+other than OUTPUT's fails plan_gate (exit 2).
+
 **Why a subprocess task and not BeamRunPythonPipelineOperator** (apache-beam provider 6.3):
 on DataflowRunner that operator stops reading the launcher as soon as the Dataflow job id
 appears in its log and then waits on the Dataflow API, so the launcher's exit code (3, 4)
@@ -100,6 +115,8 @@ def _shared_args(p) -> list[str]:
             args += ["--" + name.replace("_", "-"), str(p[name])]
     if p["profile"]:
         args += ["--profile", p["profile"]]
+    if p["switch_model"]:
+        args.append("--switch-model")
     return args
 
 
@@ -145,13 +162,36 @@ def _stream(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
 
 
 def _figures(stdout: str) -> dict:
-    """The day's changes and the view's figures, from the summary `run --json` printed."""
+    """The day's changes, the view's figures and the switch under way (None: none), from the
+    summary `run --json` printed."""
     try:
         summary = json.loads(stdout)
     except json.JSONDecodeError:
         log.warning("pipeline run --json did not print its summary; the XCom has no figures")
         return {}
-    return {"changes": summary.get("changes"), "current": summary.get("current"), "run_id": summary.get("run_id")}
+    return {"changes": summary.get("changes"), "current": summary.get("current"), "run_id": summary.get("run_id"),
+            "switch": summary.get("switch")}
+
+
+def _switching(figures: dict) -> dict | None:
+    """The switch under way in OUTPUT or ended by this run, if any: a summary with only
+    `abandoned` (a switch given up, which the job logs itself) has none."""
+    switch = figures.get("switch")
+    return switch if switch and switch.get("to") else None
+
+
+def _log_switch(switch: dict, output: str) -> None:
+    """How far the switch got, in one line of the task log."""
+    output = output.rstrip("/")
+    moves = f"{switch['from']['model']} to {switch['to']['model']}"
+    if switch["switched"]:
+        log.info("switched %s/current/ from %s: it serves %s only now", output, moves,
+                 switch["to"]["model"])
+        return
+    log.info("switching %s from %s: %d of %d documents in %s/%s, %s RUB spent on it, about %s RUB to "
+             "finish; current/ serves %s until then", output, moves,
+             switch["documents_done"], switch["documents_total"], output, switch["view"],
+             _rub(switch["spent_rub"]), _rub(switch["estimated_rub_to_finish"]), switch["from"]["model"])
 
 
 @task(task_id="plan_gate", execution_timeout=timedelta(seconds=PLAN_TIMEOUT_S + 60))
@@ -167,7 +207,10 @@ def plan_gate() -> dict:
     for line in done.stderr.splitlines():
         log.info("%s", line)
     if done.returncode == EXIT_USAGE:
-        raise AirflowFailException("pipeline plan: usage or input error (exit 2), see the log")
+        # the job names its own flag; here that flag is a param
+        hint = ("; to move the output to this model, set the param switch_model to true"
+                if "--switch-model" in done.stderr and not p["switch_model"] else "")
+        raise AirflowFailException(f"pipeline plan: usage or input error (exit 2), see the log{hint}")
     if done.returncode not in (EXIT_OK, EXIT_DOES_NOT_FIT):
         raise AirflowException(f"pipeline plan failed with exit code {done.returncode}")
     try:
@@ -179,8 +222,9 @@ def plan_gate() -> dict:
         why = (f"estimate {_rub(plan.get('estimated_cost_rub'))} RUB exceeds spendable "
                f"{_rub(plan.get('spendable_rub'))} RUB ({plan.get('binding_limit')} binds)")
         if not p["allow_partial"]:
+            over_days = " (a switch then takes as many days as the budget needs)" if "switch" in plan else ""
             raise AirflowFailException(f"{why}: nothing was sent. Raise that limit or the "
-                                       "balance, or set allow_partial.")
+                                       f"balance, or set allow_partial{over_days}.")
         log.warning("%s: allow_partial is set, embed spends what fits and leaves the rest pending",
                     why)
     return plan
@@ -194,12 +238,22 @@ def embed() -> dict:
     if p["allow_partial"]:
         cmd.append("--allow-partial")
     code, stdout = _stream(cmd, _child_env())
+    if code in (EXIT_OK, EXIT_PARTIAL):
+        figures = _figures(stdout)
+        switch = _switching(figures)
+        if switch:
+            _log_switch(switch, p["output"])
     if code == EXIT_OK:
-        return {"outcome": "done", "exit_code": code, **_figures(stdout)}
+        return {"outcome": "done", "exit_code": code, **figures}
     if code == EXIT_PARTIAL:
-        log.warning("partial: the budget ran out; the unsent chunks are pending in %s and the next "
-                    "scheduled run sends them", p["output"])
-        return {"outcome": "partial", "exit_code": code, **_figures(stdout)}
+        continues = switch is not None and not switch["switched"] and p["switch_model"]
+        if not continues or (figures.get("current") or {}).get("pending"):
+            log.warning("partial: the budget ran out; the unsent chunks are pending in %s and the next "
+                        "scheduled run sends them", p["output"])
+        if continues:
+            log.warning("partial: the switch to %s is not complete; the next scheduled run continues it",
+                        switch["to"]["model"])
+        return {"outcome": "partial", "exit_code": code, **figures}
     if code in (EXIT_USAGE, EXIT_DOES_NOT_FIT):
         raise AirflowFailException(f"pipeline run exited {code} before spending: see the log")
     raise AirflowException(f"pipeline run failed with exit code {code}; the unsent chunks are "
@@ -236,6 +290,10 @@ with DAG(
         "allow_partial": Param(False, type="boolean",
                                description="when the estimate exceeds the budget, embed what fits "
                                            "and leave the rest pending for the next run"),
+        "switch_model": Param(False, type="boolean",
+                              description="when output serves another model: keep its current/ "
+                                          "view in step in that model and build this model's view "
+                                          "beside it, switching to it once complete"),
         "runner": Param("DirectRunner", enum=["DirectRunner", "DataflowRunner"]),
         "profile": Param(None, type=["null", "string"],
                          description="configs/profiles/NAME.yaml of run settings"),

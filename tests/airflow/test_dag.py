@@ -22,6 +22,9 @@ import pytest
 import yaml
 
 from tests.airflow.airflow_venv import REPO, ensure_venv, venv_python
+from tests.e2e.money_helpers import MODEL, corpus_rows, write_corpus
+from tests.e2e.test_switch import OTHER, billed_twice_per_model, hashes_for, view_models, write_models
+from tests.e2e.test_sync import assert_current, next_day
 
 pytestmark = pytest.mark.airflow
 
@@ -96,9 +99,10 @@ def test_dag_loads_with_schedule_tasks_and_params(airflow_env, tmp_path):
     for t in dag["tasks"].values():
         assert 0 < t["retries"] <= 3 and t["has_timeout"]
     assert set(dag["params"]) >= {
-        "input", "output", "model", "base_url", "max_spend_rub", "runner", "allow_partial",
+        "input", "output", "model", "base_url", "max_spend_rub", "runner", "allow_partial", "switch_model",
         "dataflow_project", "dataflow_region", "dataflow_temp_location"}
     assert dag["params"]["runner"] == "DirectRunner"
+    assert dag["params"]["switch_model"] is False  # a model change is never implied
     # The key is read at run time inside the task: no templated field may carry it.
     for t in dag["tasks"].values():
         for value in t["template_fields"].values():
@@ -235,3 +239,65 @@ def test_two_days_on_a_changing_corpus_keep_one_output_current(airflow_env, plan
     sent = [h for charge in sb.ledger() for h in charge["input_sha256"]]
     assert len(sent) == len(set(sent))   # nothing paid twice
     assert len(sb.ledger()) > len(paid)
+
+
+def test_a_switch_over_two_days_on_a_changing_corpus(airflow_env, sandbox_factory, tmp_path):
+    """Day 0 serves MODEL. Day 1, switch_model to OTHER under a cap that covers the day's
+    changes and about half of OTHER's view: partial, current/ still exactly the day's corpus in
+    MODEL. Day 2, the corpus changed again and the budget suffices: the switch completes and
+    current/ is exactly day 2's corpus in OTHER. No (model, text) is paid twice."""
+    models = write_models(tmp_path / "models.yaml")   # small requests: a cap stops between them
+    sb = sandbox_factory(key=KEY, balance=1000.0, args=["--models", str(models)])
+    profile = tmp_path / "switch.yaml"
+    profile.write_text(yaml.safe_dump({"models_config": str(models)}))
+    day = corpus_rows(n_short=16, n_long=2)
+    corpus, out = write_corpus(tmp_path / "corpus.parquet", day), tmp_path / "out"
+    params = {"input": str(corpus), "output": str(out), "base_url": sb.base_url, "profile": str(profile),
+              "max_spend_rub": 10.0}
+    state, output = run_task(airflow_env, "embed", params)
+    assert state == "success", output[-4000:]
+    assert returned(output)["outcome"] == "done" and returned(output)["switch"] is None
+
+    day, _ = next_day(day, seed=1, edit_short=2, edit_long=1, remove=1, add=2)
+    write_corpus(corpus, day)
+    # another model without switch_model: refused, and the job's own flag is named as the param
+    state, output = run_task(airflow_env, "plan_gate", {**params, "model": OTHER})
+    assert state == "failed" and "set the param switch_model to true" in output, output[-4000:]
+    switching = {**params, "model": OTHER, "switch_model": True, "allow_partial": True}
+    state, output = run_task(airflow_env, "plan_gate", switching)
+    assert state == "success", output[-4000:]
+    plan = returned(output)
+    assert plan["switch"]["to"]["model"] == OTHER and plan["served"]["model"] == MODEL
+    cap = plan["served"]["estimated_cost_rub"] + plan["target"]["estimated_cost_rub"] / 2
+    state, output = run_task(airflow_env, "embed", {**switching, "max_spend_rub": round(cap, 6)})
+    assert state == "success", output[-4000:]   # exit 4 is partial, not a failure
+    xcom = returned(output)
+    assert xcom["outcome"] == "partial" and xcom["exit_code"] == 4, xcom
+    switch = xcom["switch"]
+    assert not switch["switched"] and switch["from"]["model"] == MODEL and switch["to"]["model"] == OTHER
+    assert 0 < switch["documents_done"] < switch["documents_total"] == len({r["id"] for r in day}), switch
+    assert switch["spent_rub"] > 0 and switch["estimated_rub_to_finish"] > 0 and switch["run"]["embedded"] > 0
+    assert f"switching {out} from {MODEL} to {OTHER}" in output, output[-4000:]
+    assert f"partial: the switch to {OTHER} is not complete" in output
+    assert view_models(out, "current") == {MODEL} and view_models(out, "target") == {OTHER}
+    assert_current(out, models, day)            # the served view kept exactly the day's corpus
+    assert billed_twice_per_model(sb.ledger()) == {}
+
+    day, _ = next_day(day, seed=2, edit_short=2, edit_long=1, remove=1, add=2)
+    write_corpus(corpus, day)
+    state, output = run_task(airflow_env, "plan_gate", switching)
+    assert state == "success" and returned(output)["fits"], output[-4000:]
+    state, output = run_task(airflow_env, "embed", switching)
+    assert state == "success", output[-4000:]
+    xcom = returned(output)
+    assert xcom["outcome"] == "done" and xcom["switch"]["switched"], xcom
+    assert xcom["switch"]["documents_done"] == xcom["switch"]["documents_total"] == len({r["id"] for r in day})
+    assert f"switched {out}/current/ from {MODEL} to {OTHER}" in output, output[-4000:]
+    assert view_models(out, "current") == {OTHER} and not (out / "target").exists()
+    served = {}
+    for f in sorted((out / "current").glob("embeddings-*.parquet")):
+        for r in pq.read_table(f, columns=["doc_id", "text_sha256"]).to_pylist():
+            served.setdefault(r["doc_id"], set()).add(r["text_sha256"])
+    assert served == hashes_for(models, day, OTHER)
+    assert {c["model"] for c in sb.ledger()} == {MODEL, OTHER}
+    assert billed_twice_per_model(sb.ledger()) == {}
