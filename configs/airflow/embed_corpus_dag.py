@@ -1,68 +1,29 @@
-"""embed_corpus: embed a Parquet corpus once a day, gated by the cost plan.
+"""embed_corpus: embed a Parquet corpus once a day, gated by the cost plan (configs/airflow/README.md).
 
     plan_gate >> embed
 
-**plan_gate** runs `python -m pipeline plan --output OUTPUT --sync --json`: what the day's
-run would pay for, the documents added, edited and removed since the last run only. Exit 0:
-go on. Exit 3: the run fails at once, without retries, with "estimate X RUB exceeds
-spendable Y RUB"; with `allow_partial` it only warns, and `embed` spends what fits. Any
-other exit fails (2, a usage or input error, without retries).
+**plan_gate** runs `python -m pipeline plan --output OUTPUT --sync --json`: what the day's run
+would pay for. Exit 0 goes on; 3 fails at once ("estimate X RUB exceeds spendable Y RUB"), or
+only warns with `allow_partial`; 2 fails without retries.
 
-**embed** runs `python -m pipeline run ... --sync --json` and maps its exit code:
+**embed** runs `python -m pipeline run ... --sync --json`: 0 is `done` and 4 `partial` (both
+succeed; the XCom has `outcome`, `changes`, `current` and, during a model switch, `switch`);
+2 and 3 fail without retries; 1 and others are retried (`--sync` pays nothing twice). The same
+command serves a first run, a retry, a resume and the next day's run.
 
-| exit | outcome | task |
-| --- | --- | --- |
-| 0 | done | success, XCom `{"outcome": "done", "changes": ..., "current": ...}` |
-| 4 | partial: pending chunks | success, XCom `{"outcome": "partial", ...}`, a warning in the log |
-| 2, 3 | input error / does not fit | failed, not retried: retrying cannot help |
-| 1, other | breaker, service unreachable | failed, retried |
+**switch_model** moves OUTPUT to the `model` param: both tasks pass `--switch-model`; each run
+keeps `current/` exactly the day's corpus in the old model, then spends what is left on the new
+one's view in `OUTPUT/target/`, and the run that completes it switches `current/` in one step.
 
-`--sync` makes OUTPUT's current view exactly the input, every day: added documents are
-embedded, edited ones embedded again, removed ones leave it; only texts that no earlier run
-paid for are paid. A first run, a retry, a resume after a kill or a budget stop and the next
-day's run are the same command. A document half embedded again when a run stops keeps its
-old vectors in the view until the new version is complete. Exit 4 is not an alarm: the
-budget ran out as `allow_partial` allowed, and the next scheduled run picks up the rest.
-The XCom has the day's `changes` (added, edited, removed, unchanged, resumed documents) and
-what the view holds now (`current`: documents, chunks, embedded, failed, pending); readers
-query `OUTPUT/current/` on a local or shared disk, or on gs:// and s3:// the files that
-`OUTPUT/summary.json` lists (README, "Using the vectors").
+**A subprocess task, not BeamRunPythonPipelineOperator**: on Dataflow that operator stops
+reading the launcher once the job id appears and never sees its exit code (3, 4) or summary;
+elsewhere every failure becomes one "return code N" error; and its command line has no place
+for the `run` subcommand. Killing the task interrupts the launcher (SIGINT, then SIGKILL).
 
-**switch_model** moves OUTPUT to the `model` param when OUTPUT serves another model; both
-tasks pass `--switch-model`, and plan_gate's estimate is the day's changes plus what the new
-model's view still lacks. Readers must never see two models mixed, so each run first keeps
-`current/` exactly the day's corpus in the old model, then spends what is left on the new
-model's view, built beside it in `OUTPUT/target/`; the run that completes that view switches
-`current/` to it in one step. Until then a run is partial (exit 4, which `allow_partial`
-allows: a switch takes as many days as the budget needs): the XCom's `switch` has `from` and
-`to` (model, dimensions), `documents_done` of `documents_total`, `spent_rub`,
-`estimated_rub_to_finish`, `switched: false` and the new model's share of the run (`run`),
-and the log says "switching OUTPUT from A to B: N of M documents in OUTPUT/target/, ..." and
-"partial: the switch to B is not complete". The run that completes it is `done` with
-`switched: true` and logs "switched OUTPUT/current/ from A to B". Afterwards the same params
-(or switch_model off) are a plain sync and `switch` is null. Without switch_model, a model
-other than OUTPUT's fails plan_gate (exit 2).
-
-**Why a subprocess task and not BeamRunPythonPipelineOperator** (apache-beam provider 6.3):
-on DataflowRunner that operator stops reading the launcher as soon as the Dataflow job id
-appears in its log and then waits on the Dataflow API, so the launcher's exit code (3, 4)
-and the summary.json it writes after the job are never seen; on other runners every
-non-zero exit becomes the same "Apache Beam process failed with return code N" error; and
-its command line (`python [py_options] py_file --runner=... --k=v`) has no place for the
-`run` subcommand. One subprocess task gives every runner the CLI's exact exit codes; the
-Dataflow settings travel as ordinary Beam flags. Killing the task interrupts the launcher
-(SIGINT, then SIGKILL after a grace period); a Dataflow job it already submitted keeps
-running until cancelled in the console.
-
-**The API key** is the password of the Airflow Connection `embeddings_api`, read at run
-time inside the task and handed to the child process only as `EMBEDDINGS_API_KEY`: never
-on the command line (which is logged), never in Beam options, never in a templated field
-(a @task's are op_args, op_kwargs and templates_dict; all are empty here). Airflow masks
-connection passwords in task logs. Dataflow workers read the key themselves from the
-secret manager (`api_key_secret` param: a name, not the key).
-
-**The interpreter** is the Airflow Variable `embedpipe_python`: a python that has the
-embedpipe package installed (default: the worker's own python).
+**The API key** is the password of the Connection `embeddings_api`, read inside the task and
+handed to the child only as `EMBEDDINGS_API_KEY`: never on the command line, in Beam options or
+in a templated field. Dataflow workers read it from the secret manager (`api_key_secret`).
+**The interpreter** is the Variable `embedpipe_python` (default: the worker's own python).
 """
 from __future__ import annotations
 
