@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 from service.tokenizer import get_encoding
 from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, changes_table, classify, fingerprint
 from transforms.read.parquet import Partition, Pull, ReadParquetTables
+from transforms.read.rows import check_row
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, Rejected
 from transforms.worker import collector, runscoped
@@ -60,6 +61,13 @@ def _row_rejection(doc_id, text) -> Rejected | None:
     if not text.strip():
         return Rejected(doc_id, None, "empty_text", "the text is empty or whitespace only")
     return None
+
+
+def chunk_entries(doc_id: str, chunks, extra: tuple = ()):
+    """What Dedupe takes, per chunk of one document: (text_sha256, (text, n_tokens, ChunkRef))."""
+    for c in chunks:
+        ref = ChunkRef(doc_id, c.chunk_index, c.chunk_count, c.token_start, c.token_end, c.n_tokens, extra)
+        yield c.text_sha256, (c.text, c.n_tokens, ref)
 
 
 class _SplitTable(beam.DoFn):
@@ -129,10 +137,7 @@ class _SplitTable(beam.DoFn):
             if todo is not None:   # resumed: only the chunks still pending
                 chunks = [c for c in chunks if c.chunk_index in todo]
             self._chunks.inc(len(chunks))
-            extra = tuple(extra)
-            for c in chunks:
-                ref = ChunkRef(doc_id, c.chunk_index, c.chunk_count, c.token_start, c.token_end, c.n_tokens, extra)
-                yield c.text_sha256, (c.text, c.n_tokens, ref)
+            yield from chunk_entries(doc_id, chunks, tuple(extra))
         if self._progress:
             self._progress.add(documents=len(ids))
 
@@ -192,3 +197,61 @@ class ReadPending(beam.PTransform):
             REJECTED, main=ENTRIES)
         return {ENTRIES: entries[ENTRIES], REJECTED: entries[REJECTED],
                 CHANGED: tables | "Resumed" >> beam.Map(_resumed)}
+
+
+class _CheckRows(beam.DoFn):
+    def __init__(self, id_field: str, text_field: str):
+        self._fields = (id_field, text_field)
+        self._rows = Metrics.counter("embedpipe", "documents")
+
+    def process(self, element):
+        self._rows.inc()
+        checked = check_row(element, *self._fields)
+        yield beam.pvalue.TaggedOutput(REJECTED, checked) if isinstance(checked, Rejected) else checked
+
+
+class _SplitRows(beam.DoFn):
+    """A batch of (doc_id, text) -> entries, as _SplitTable's; every row of an id that occurs more
+    than once (REPEATED: id -> count) is rejected, as the CLI's scan does."""
+
+    def __init__(self, split: SplitConfig):
+        self._split = split
+        self._chunks = Metrics.counter("embedpipe", "chunks")
+
+    def setup(self):
+        self._splitter = Splitter(get_encoding(), self._split)
+
+    def process(self, batch, repeated):
+        valid = []
+        for doc_id, text in batch:
+            if doc_id in repeated:
+                yield beam.pvalue.TaggedOutput(REJECTED, Rejected(
+                    doc_id, None, "duplicate_id", f"id occurs {repeated[doc_id]} times in the input"))
+            else:
+                valid.append((doc_id, text))
+        for (doc_id, _), chunks in zip(valid, self._splitter.split_many(valid)):
+            self._chunks.inc(len(chunks))
+            yield from chunk_entries(doc_id, chunks)
+
+
+class ReadRows(beam.PTransform):
+    """A PCollection of dicts (the library's input) -> ReadDocuments' `entries` and `rejected`.
+    The ids are counted first (a small record each) to find repeated ones, so the rows wait for
+    that count: on the local runner they are held in memory meanwhile."""
+
+    def __init__(self, id_field: str, text_field: str, split: SplitConfig, batch_size: int = 256):
+        super().__init__()
+        self._fields, self._split, self._batch_size = (id_field, text_field), split, batch_size
+
+    def expand(self, rows):
+        checked = rows | "CheckRows" >> beam.ParDo(_CheckRows(*self._fields)).with_outputs(REJECTED, main="valid")
+        repeated = (checked.valid
+                    | "Ids" >> beam.Map(lambda row: row[0])
+                    | "CountIds" >> beam.combiners.Count.PerElement()
+                    | "Repeated" >> beam.Filter(lambda kv: kv[1] > 1))
+        split = (checked.valid
+                 | "Batch" >> beam.BatchElements(min_batch_size=self._batch_size, max_batch_size=self._batch_size)
+                 | "Split" >> beam.ParDo(_SplitRows(self._split), beam.pvalue.AsDict(repeated)).with_outputs(
+                     REJECTED, main=ENTRIES))
+        rejected = (checked[REJECTED], split[REJECTED]) | "AllRejected" >> beam.Flatten()
+        return {ENTRIES: split[ENTRIES], REJECTED: rejected}
