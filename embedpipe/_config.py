@@ -32,7 +32,7 @@ class LibraryConfig:
         return self.settings.budget.price_margin / self.model.safety_factor
 
 
-def resolve(model: str, base_url: str, keys: KeySource, *, dimensions: int | None = None,
+def resolve(model: str, base_url: str, keys: KeySource, dimensions: int | None = None,
             account_segment: str = "service", models_config: str | None = None,
             run_config: str | None = None) -> LibraryConfig:
     """The model and settings, checked in the driver (a ConfigError or ValueError names the problem)."""
