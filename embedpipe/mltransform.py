@@ -1,8 +1,9 @@
 """ServiceTextEmbeddings: an EmbeddingsManager for Beam's MLTransform (and ml.rag items) that
 sends through the job's client and request runner (transforms/embed/send.py).
 
-- batches by tokens: BatchElements weighs each element by its cl100k tokens up to the model's
-  request cap, and the job's Packer cuts a batch into requests within both caps;
+- batches by tokens: BatchElements weighs each element by its cl100k tokens, up to as many full
+  requests as may be in flight; the job's Packer cuts a batch into requests within the model's
+  caps, sent together under the job's adaptive in-flight limit (configs/pipeline.yaml, embed);
 - a 400 is never retried: the runner bisects the request until the bad text stands alone and
   dead-letters it; the client's one retry loop handles 429s and 5xx, Retry-After included;
 - each text's tokens and cost share come back with it (apportioned as the job does, so a
@@ -13,6 +14,7 @@ sends through the job's client and request runner (transforms/embed/send.py).
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import functools
 import hashlib
 import secrets
@@ -26,6 +28,7 @@ from embedpipe._config import resolve
 from embedpipe.rag import Embedded, dict_adapter, element_texts, rag_adapter
 from service.credentials import ENV_VAR, KeySource
 from service.tokenizer import get_encoding
+from transforms.embed.ratelimit import ConcurrencyLimiter
 from transforms.embed.send import Breaker, RequestRunner
 from transforms.money.apportion import apportion_micro, from_micro
 from transforms.money.budget import BudgetGuard
@@ -47,10 +50,14 @@ class _Service:
         self.client = cfg.service.client()
         guard = BudgetGuard(balance_before=None, spendable_rub=None, price_per_token_rub=cfg.model.price_per_token,
                             margin=cfg.margin)
-        self.runner = RequestRunner(self.client, model=cfg.model.name, dimensions=cfg.service.dimensions,
-                                    expected_dims=cfg.service.expected_dims, guard=guard, breaker=Breaker(),
+        svc = cfg.service   # the job's adaptive in-flight limit, over the requests of a batch
+        limiter = ConcurrencyLimiter(min(svc.initial_in_flight, svc.max_in_flight), maximum=svc.max_in_flight,
+                                     admitted_after_s=svc.admitted_after_s)
+        self.pool = cf.ThreadPoolExecutor(svc.max_in_flight, thread_name_prefix="embedpipe")
+        self.runner = RequestRunner(self.client, model=cfg.model.name, dimensions=svc.dimensions,
+                                    expected_dims=svc.expected_dims, guard=guard, breaker=Breaker(),
                                     run_id=f"mlt-{secrets.token_hex(6)}", resplit=lambda item: [item],
-                                    max_refused_s=cfg.service.max_refused_s)
+                                    concurrency=limiter, max_refused_s=svc.max_refused_s)
         self.m = {name: Metrics.counter("embedpipe", name) for name in COUNTERS}
 
     def embed(self, texts: Sequence[str]) -> list[Embedded]:
@@ -70,8 +77,8 @@ class _Service:
         for sha, (text, n, rows) in distinct.items():
             refs = tuple(ChunkRef(str(i), 0, 1, 0, n, n, ()) for i in rows)
             requests += packer.add(TextItem(sha, text, n, refs), n)
-        for request in requests + packer.flush():
-            self._deliver(self.runner.run(request), results)
+        for outcome in self.pool.map(self.runner.run, requests + packer.flush()):
+            self._deliver(outcome, results)
         self.m["failed_texts"].inc(sum(r.vector is None for r in results))
         return results
 
@@ -95,10 +102,10 @@ class ServiceModelHandler(ModelHandler):
     """RunInference's handler: texts -> Embedded results. Holds only plain settings and where
     the key is (jsonpickled into MLTransform's artifacts as it is)."""
 
-    def __init__(self, where: dict, columns: Sequence[str] | None, request_tokens: int):
+    def __init__(self, where: dict, columns: Sequence[str] | None, batch_tokens: int):
         super().__init__()
-        self._where, self._columns, self._request_tokens = where, None if columns is None else list(columns), \
-            request_tokens
+        self._where, self._columns = where, None if columns is None else list(columns)
+        self._batch_tokens = batch_tokens
 
     def load_model(self) -> _Service:
         return _Service(self._where)
@@ -107,8 +114,9 @@ class ServiceModelHandler(ModelHandler):
         return model.embed(batch)
 
     def batch_elements_kwargs(self):
-        # weights are tokens: a batch is one request's worth, cut by the Packer within the caps
-        return {"min_batch_size": self._request_tokens, "max_batch_size": self._request_tokens,
+        # weights are tokens: a batch is as many full requests as may be in flight, cut by the
+        # Packer within the model's caps and sent under the adaptive limit
+        return {"min_batch_size": self._batch_tokens, "max_batch_size": self._batch_tokens,
                 "element_size_fn": functools.partial(_element_tokens, self._columns)}
 
     def get_metrics_namespace(self) -> str:
@@ -123,10 +131,12 @@ class ServiceTextEmbeddings(EmbeddingsManager):
     without them, Beam ml.rag items (EmbeddableItem / Chunk) through `embedpipe.rag_adapter()`,
     or TYPE_ADAPTER's. The key: API_KEY_ENV or API_KEY_FILE, read where the texts are sent."""
 
-    def __init__(self, columns: Sequence[str] | None = None, model: str = "text-embedding-3-small",
-                 base_url: str = "", *, api_key_env: str = ENV_VAR, api_key_file: str | None = None,
+    def __init__(self, columns: Sequence[str] | None = None, model: str | None = None,
+                 base_url: str | None = None, *, api_key_env: str = ENV_VAR, api_key_file: str | None = None,
                  dimensions: int | None = None, account_segment: str = "service", models_config: str | None = None,
                  run_config: str | None = None, type_adapter: EmbeddingTypeAdapter | None = None, **kwargs):
+        if not model or not base_url:
+            raise TypeError("ServiceTextEmbeddings needs model= and base_url=")
         adapter = type_adapter or (dict_adapter(columns) if columns is not None else rag_adapter())
         super().__init__(type_adapter=adapter, **kwargs)
         self.columns = None if columns is None else list(columns)
@@ -140,7 +150,8 @@ class ServiceTextEmbeddings(EmbeddingsManager):
 
     def get_model_handler(self) -> ServiceModelHandler:
         cfg = resolve(keys=self._keys(), **self.where)
-        return ServiceModelHandler({**self.where, "keys": self._keys()}, self.columns, cfg.model.request_tokens)
+        return ServiceModelHandler({**self.where, "keys": self._keys()}, self.columns,
+                                   cfg.model.request_tokens * cfg.service.max_in_flight)
 
     def get_ptransform_for_processing(self, **kwargs) -> RunInference:
         self._keys().load()   # no key: a clear error now, before any bundle runs (the value is not kept)

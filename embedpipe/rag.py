@@ -12,6 +12,7 @@ import functools
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
+from apache_beam.ml.rag.types import Embedding
 from apache_beam.ml.transforms.base import EmbeddingTypeAdapter
 
 TOKENS, COST, REQUEST, ERROR = "embedpipe_tokens", "embedpipe_cost_rub", "embedpipe_request_id", "embedpipe_error"
@@ -36,7 +37,6 @@ def item_texts(items: Sequence[Any]) -> list[str]:
 
 
 def items_embedded(items: Sequence[Any], results: Sequence[Embedded]) -> list[Any]:
-    from apache_beam.ml.rag.types import Embedding
     for item, r in zip(items, results):
         if r.vector is not None:
             item.embedding = Embedding(dense_embedding=r.vector.tolist())
