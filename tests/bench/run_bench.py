@@ -4,6 +4,7 @@
                                     [--scale 2000,20000,200000[,1000000]] [--sync-docs 200000]
                                     [--only-scale] [--only-capacity] [--no-capacity] [--profile]
                                     [--no-aimd] [--no-write] [--only-library] [--library-texts 5000]
+                                    [--library-repeats 2]
 
 0. Start-up: the first request from the process start on the demo corpus, 5 runs, beside the
    time to import the driver's package alone.
@@ -544,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", dest="write", action="store_false", help="do not update docs/BENCH.md")
     ap.add_argument("--only-library", action="store_true", help="run the library section alone")
     ap.add_argument("--library-texts", type=int, default=5000, help="texts of the library's MLTransform runs")
+    ap.add_argument("--library-repeats", type=int, default=2, help="CLI / EmbedTexts pairs of the library section")
     Bench(ap.parse_args(argv)).run()
     return 0
 
