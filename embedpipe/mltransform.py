@@ -71,7 +71,8 @@ class _Service:
                 results[i] = Embedded(None, n, 0.0, None, "too_long",
                                       f"{n} tokens; {model.name} takes at most {model.chunk_tokens}: split it first")
             else:
-                distinct.setdefault(hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), (text, n, []))[2].append(i)
+                sha = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+                distinct.setdefault(sha, (text, n, []))[2].append(i)
         packer = Packer(model.max_inputs_per_request, model.request_tokens, self.cfg.settings.pack.fill_target)
         requests = []
         for sha, (text, n, rows) in distinct.items():

@@ -20,7 +20,8 @@ def _dump(values, path: str) -> None:
 def collect(pcolls: dict, where: Path) -> None:
     """Each named PCollection into WHERE/<name>.pkl, whole (workers are local processes or threads)."""
     for name, pcoll in pcolls.items():
-        pcoll | f"Collect{name}" >> beam.combiners.ToList() | f"Dump{name}" >> beam.Map(_dump, str(where / f"{name}.pkl"))
+        (pcoll | f"Collect{name}" >> beam.combiners.ToList()
+         | f"Dump{name}" >> beam.Map(_dump, str(where / f"{name}.pkl")))
 
 
 def collected(where: Path, *names: str) -> dict:

@@ -9,14 +9,18 @@ import collections
 import apache_beam as beam
 import numpy as np
 import pytest
+import yaml
 
 import embedpipe
+from service.catalog import load_models
 from service.credentials import MissingApiKeyError
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows
 from tests.library.helpers import MODEL, collected, micro, run_pipeline
 
 KINDS = ("embeddings", "failed", "pending", "requests")
+MODEL_FIELDS = ("max_input_tokens", "tokenizer", "safety_factor", "max_inputs_per_request", "max_tokens_per_request",
+                "dimensions", "supports_dimensions", "price_rub_per_1m_tokens")
 BAD = ["not a dict", 42, {"text": "a row without an id field"}, {"id": "no-text"}, {"id": "int-text", "text": 7},
        {"id": 3.5, "text": "a float id"}]
 
@@ -112,13 +116,45 @@ def job_endpoint(tmp_path_factory):
 def test_the_portable_runner_gives_the_same_rows(sandbox, key_env, tmp_path, job_endpoint):
     """The path Flink and Dataflow take: a job service, the pipeline as a portable proto."""
     rows = corpus_rows() + BAD
-    local = _run(tmp_path / "local", rows, sandbox) if (tmp_path / "local").mkdir() is None else None
+    (tmp_path / "local").mkdir()
+    local = _run(tmp_path / "local", rows, sandbox)
     before = len(sandbox.ledger())
     portable = _run(tmp_path, rows, sandbox, "--runner", "PortableRunner", "--job_endpoint", job_endpoint,
                     "--environment_type", "LOOPBACK")
+
     def rows_of(out):
-        return sorted((r["doc_id"], r["chunk_index"], r["text_sha256"], r["embedding"].tobytes()) for r in out["embeddings"])
+        return sorted((r["doc_id"], r["chunk_index"], r["text_sha256"], r["embedding"].tobytes())
+                      for r in out["embeddings"])
     assert rows_of(portable) == rows_of(local)
     assert sorted(map(repr, portable["failed"])) == sorted(map(repr, local["failed"]))
     charges = sandbox.ledger()[before:]
     assert sum(micro(r["cost_rub"]) for r in portable["embeddings"]) == sum(micro(c["cost_rub"]) for c in charges)
+
+
+def test_transient_faults_are_retried_and_nothing_is_paid_twice(sandbox_factory, key_env, tmp_path):
+    """The job's client retries 5xx (its one retry loop, uncharged attempts): every row is
+    embedded, one charge a request, and the rows' costs sum to the ledger."""
+    faults = tmp_path / "faults.yaml"
+    faults.write_text(yaml.safe_dump({"seed": 7, "rate_500": 0.15, "rate_503": 0.1}))
+    sb = sandbox_factory(key=SANDBOX_KEY, balance=1000.0, args=["--faults", str(faults)])
+    spec = load_models()[MODEL]
+    models = tmp_path / "models.yaml"   # 4 inputs a request: 40 rows are 10 requests
+    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
+                                                         "max_inputs_per_request": 4}}}))
+    settings = tmp_path / "pipeline.yaml"
+    settings.write_text(yaml.safe_dump({"client": {"initial_backoff_s": 0.01, "max_backoff_s": 0.05}}))
+    rows = [{"id": f"d{i}", "text": f"document {i}"} for i in range(40)]
+
+    def build(p):
+        result = p | beam.Create(rows) | embedpipe.EmbedTexts(MODEL, sb.base_url, models_config=str(models),
+                                                              run_config=str(settings))
+        return {kind: getattr(result, kind) for kind in KINDS}
+    result = run_pipeline(build, tmp_path)
+    out = collected(tmp_path, *KINDS)
+    found = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("embedpipe"))["counters"]
+    counters = {c.key.metric.name: c.committed for c in found}
+    assert sorted(r["doc_id"] for r in out["embeddings"]) == sorted(r["id"] for r in rows)
+    assert counters["retries"] > 0 and len(out["requests"]) == 10
+    ledger = sb.ledger()
+    assert len(ledger) == 10 and sum(micro(c["cost_rub"]) for c in ledger) == \
+        sum(micro(r["cost_rub"]) for r in out["embeddings"])
