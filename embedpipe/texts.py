@@ -1,7 +1,8 @@
 """EmbedTexts: the CLI job's steps on a PCollection of dicts, for a user's own pipeline.
 
 Read (the rows checked, split token-exact to the model's limit) -> Dedupe -> Pack -> Embed are
-the job's transforms (transforms/read, transforms/requests.py, transforms/embed): the same
+the job's transforms (transforms/read, transforms/dedupe, transforms/requests.py,
+transforms/embed), with repeated ids rejected between Dedupe and Pack: the same
 splitter, packer, request runner (bisection of 400s, re-split of over-length inputs, the
 client's one retry loop), adaptive in-flight limit, budget guard and cost lineage. What the
 job writes as Parquet comes out as dicts. Distinct texts are found by grouping on their digest
@@ -25,13 +26,13 @@ from pipeline.money import account as acct
 from service.credentials import ENV_VAR, KeySource
 from transforms import schemas
 from transforms.dedupe.known import KnownStores
-from transforms.dedupe.transform import Dedupe
+from transforms.dedupe.transform import ITEMS, Dedupe
 from transforms.embed.config import EmbedConfig, OutputConfig
 from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
 from transforms.money.budget import Budget
-from transforms.read.transform import ENTRIES, REJECTED, ReadRows
+from transforms.read.transform import ENTRIES, IDS, REJECTED, DropRepeatedIds, ReadRows
 from transforms.records import Rejected
-from transforms.requests import packed
+from transforms.requests import pack
 
 
 class EmbedResult(NamedTuple):
@@ -99,10 +100,13 @@ class EmbedTexts(beam.PTransform):
         embed = EmbedConfig(cfg.service, self._budget(), output, s.split.boundary_window)
         read = rows | "Read" >> ReadRows(*self._fields, cfg.split)
         dedupe = Dedupe(KnownStores(run_id, cfg.model.name, dims, (), ()), run_id, streaming=False)
-        _, requests = packed(read[ENTRIES], dedupe, cfg.model, s.pack.fill_target, s.pack.max_open_requests)
+        deduped = read[ENTRIES] | "Dedupe" >> dedupe
+        kept = deduped[ITEMS] | "RepeatedIds" >> DropRepeatedIds(read[IDS])
+        requests = pack(kept.items, dedupe, cfg.model, s.pack.fill_target, s.pack.max_open_requests)
         out = requests | "Embed" >> EmbedRequests(embed)
+        failed = (read[REJECTED], kept[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten()
         return EmbedResult(
             embeddings=out.embeddings | "EmbeddingRows" >> beam.FlatMap(embedding_rows),
-            failed=(read[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten() | "FailedRows" >> beam.Map(failed_row),
+            failed=failed | "FailedRows" >> beam.Map(failed_row),
             pending=out[PENDING] | "PendingRows" >> beam.FlatMap(lambda t: t.to_pylist()),
             requests=out[REQUESTS])

@@ -158,3 +158,13 @@ def test_transient_faults_are_retried_and_nothing_is_paid_twice(sandbox_factory,
     ledger = sb.ledger()
     assert len(ledger) == 10 and sum(micro(c["cost_rub"]) for c in ledger) == \
         sum(micro(r["cost_rub"]) for r in out["embeddings"])
+
+
+def test_every_row_of_a_repeated_id_fails_whatever_its_text(sandbox, key_env, tmp_path):
+    rows = [{"id": "x", "text": "the first row of x"}, {"id": "x", "text": ""}, {"id": "y", "text": "shared"},
+            {"id": "z", "text": "shared"}, {"id": "z", "text": "another text of z"}]
+    out = _run(tmp_path, rows, sandbox)
+    assert sorted((f["doc_id"], f["reason"]) for f in out["failed"]) == [
+        ("x", "duplicate_id"), ("x", "empty_text"), ("z", "duplicate_id"), ("z", "duplicate_id")]
+    assert [r["doc_id"] for r in out["embeddings"]] == ["y"]
+    assert [c["input_sha256"] for c in sandbox.ledger()] == [[out["embeddings"][0]["text_sha256"]]]
