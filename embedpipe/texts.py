@@ -30,7 +30,8 @@ from transforms.dedupe.transform import ITEMS, Dedupe
 from transforms.embed.config import EmbedConfig, OutputConfig
 from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
 from transforms.money.budget import Budget
-from transforms.read.transform import ENTRIES, IDS, REJECTED, DropRepeatedIds, ReadRows
+from transforms.read.dicts import IDS, DropRepeatedIds, ReadRows
+from transforms.read.transform import ENTRIES, REJECTED
 from transforms.records import Rejected
 from transforms.requests import pack
 

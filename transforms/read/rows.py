@@ -1,5 +1,6 @@
-"""Rows that are dicts (the library's input, not Parquet): each one checked into (id, text) or
-a Rejected with the same reason codes the Parquet reader gives, so nothing is dropped."""
+"""Rows checked before they are split: a text that cannot be (the Parquet reader's rule), and
+rows that are dicts (the library's input) checked into (id, text) or a Rejected with the same
+reason codes, so nothing is dropped."""
 from __future__ import annotations
 
 from typing import Any
@@ -14,6 +15,15 @@ def _id_string(value: Any) -> str | None:
     if isinstance(value, (bool, float, bytes)) or not isinstance(value, int):
         return None
     return str(value)
+
+
+def text_rejection(doc_id: str | None, text: str | None) -> Rejected | None:
+    """Why a row's text cannot be split (null, or nothing but whitespace), or None."""
+    if text is None:
+        return Rejected(doc_id, None, "null_text", "the text column is null")
+    if not text.strip():
+        return Rejected(doc_id, None, "empty_text", "the text is empty or whitespace only")
+    return None
 
 
 def check_row(element: Any, id_field: str, text_field: str) -> tuple[str, str] | Rejected:
@@ -32,10 +42,6 @@ def check_row(element: Any, id_field: str, text_field: str) -> tuple[str, str] |
     if text_field not in element:
         return Rejected(doc_id, None, "missing_text", f"the row has no {text_field!r} field")
     text = element[text_field]
-    if text is None:
-        return Rejected(doc_id, None, "null_text", "the text column is null")
-    if not isinstance(text, str):
+    if text is not None and not isinstance(text, str):
         return Rejected(doc_id, None, "not_text", f"the {text_field!r} field is a {type(text).__name__}, not a str")
-    if not text.strip():
-        return Rejected(doc_id, None, "empty_text", "the text is empty or whitespace only")
-    return doc_id, text
+    return text_rejection(doc_id, text) or (doc_id, text)
