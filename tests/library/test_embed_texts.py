@@ -168,3 +168,30 @@ def test_every_row_of_a_repeated_id_fails_whatever_its_text(sandbox, key_env, tm
         ("x", "duplicate_id"), ("x", "empty_text"), ("z", "duplicate_id"), ("z", "duplicate_id")]
     assert [r["doc_id"] for r in out["embeddings"]] == ["y"]
     assert [c["input_sha256"] for c in sandbox.ledger()] == [[out["embeddings"][0]["text_sha256"]]]
+
+
+def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_path):
+    """The client believes the model takes 20000 tokens, the sandbox 8191: the 9000-token chunk
+    draws an over-length 400 and is re-split; its pieces keep its chunk_index, in token order."""
+    spec = load_models()[MODEL]
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
+                                                         "max_input_tokens": 20000}}}))
+    rows = [{"id": "long", "text": "word " * 9000}, {"id": "short", "text": "a short one"}]
+    out = _run(tmp_path, rows, sandbox, models_config=str(models))
+    pieces = sorted((r["token_start"], r["token_end"], r["chunk_index"]) for r in out["embeddings"]
+                    if r["doc_id"] == "long")
+    assert len(pieces) >= 2 and {p[2] for p in pieces} == {0} and pieces[0][0] == 0
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:])) and all(e - s <= 8191 for s, e, _ in pieces)
+    assert out["failed"] == [] and {r["doc_id"] for r in out["embeddings"]} == {"long", "short"}
+    assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
+
+
+def test_two_local_worker_processes_pay_each_text_once(sandbox, key_env, tmp_path):
+    rows = corpus_rows() + [{"id": f"copy-{i}", "text": "one text many rows"} for i in range(30)]
+    out = _run(tmp_path, rows, sandbox, "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+    paid = [sha for c in sandbox.ledger() for sha in c["input_sha256"]]
+    assert len(paid) == len(set(paid)) == len({r["text_sha256"] for r in out["embeddings"]})
+    copies = [r for r in out["embeddings"] if r["doc_id"].startswith("copy-")]
+    assert len(copies) == 30 and len({r["request_id"] for r in copies}) == 1
+    assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
