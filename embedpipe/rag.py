@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple, Sequence
 
+import apache_beam as beam
 import numpy as np
 from apache_beam.ml.rag.types import Embedding
 from apache_beam.ml.transforms.base import EmbeddingTypeAdapter
@@ -46,20 +47,27 @@ def items_embedded(items: Sequence[Any], results: Sequence[Embedded]) -> list[An
     return list(items)
 
 
-def dict_texts(columns: Sequence[str], rows: Sequence[dict]) -> list[str]:
-    return [_text(row.get(col)) if isinstance(row, dict) else "" for row in rows for col in columns]
+def _as_dict(row: Any) -> dict | None:
+    """A dict, or a beam.Row as one (MLTransform takes both); None for anything else."""
+    if isinstance(row, dict):
+        return row
+    return row._asdict() if hasattr(row, "_asdict") else None
 
 
-def dicts_embedded(columns: Sequence[str], rows: Sequence[dict], results: Sequence[Embedded]) -> list[dict]:
+def dict_texts(columns: Sequence[str], rows: Sequence[Any]) -> list[str]:
+    return [_text((_as_dict(row) or {}).get(col)) for row in rows for col in columns]
+
+
+def dicts_embedded(columns: Sequence[str], rows: Sequence[Any], results: Sequence[Embedded]) -> list[Any]:
     out = []
-    for i, row in enumerate(rows):
-        row = dict(row) if isinstance(row, dict) else {"element": row}
+    for i, element in enumerate(rows):
+        row = dict(_as_dict(element) or {"element": element})
         for j, col in enumerate(columns):
             r = results[i * len(columns) + j]
             row[col] = r.vector
             if r.vector is None:
                 row[f"{col}_error"] = r.error
-        out.append(row)
+        out.append(beam.Row(**row) if hasattr(element, "_asdict") and not isinstance(element, dict) else row)
     return out
 
 

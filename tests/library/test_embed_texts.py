@@ -195,3 +195,8 @@ def test_two_local_worker_processes_pay_each_text_once(sandbox, key_env, tmp_pat
     copies = [r for r in out["embeddings"] if r["doc_id"].startswith("copy-")]
     assert len(copies) == 30 and len({r["request_id"] for r in copies}) == 1
     assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
+
+
+def test_an_empty_input_spends_nothing(sandbox, key_env, tmp_path):
+    assert _run(tmp_path, [], sandbox) == {kind: [] for kind in KINDS}
+    assert sandbox.ledger() == []

@@ -106,3 +106,14 @@ def test_no_key_is_an_error_before_any_bundle_runs(sandbox, monkeypatch, tmp_pat
         p | beam.Create([{"text": "x"}]) | MLTransform(write_artifact_location=str(tmp_path / "a")).with_transform(
             embedder)
     assert sandbox.ledger() == []
+
+
+def test_beam_rows_come_back_as_rows(sandbox, key_env, tmp_path):
+    def build(p):
+        rows = [beam.Row(id=1, text="a row"), beam.Row(id=2, text=None)]
+        return {"out": p | beam.Create(rows) | MLTransform(write_artifact_location=str(tmp_path / "a")).with_transform(
+            embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url))}
+    run_pipeline(build, tmp_path)
+    out = sorted(collected(tmp_path, "out")["out"], key=lambda r: r.id)
+    assert [type(r) for r in out] == [beam.Row, beam.Row]
+    assert out[0].text.shape == (1536,) and out[1].text is None and out[1].text_error == "empty_text"
