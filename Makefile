@@ -17,7 +17,7 @@ $(STAMP): setup.py
 # install's sources, and where PYTHONDONTWRITEBYTECODE is set (as on our CI machines) every process
 # compiled them again, ~0.1 s of each start. Python ignores a file that is stale.
 setup: $(STAMP)
-	$(BIN)/python -m compileall -q -j 0 pipeline transforms service
+	$(BIN)/python -m compileall -q -j 0 pipeline transforms service embedpipe
 
 # Sandbox + sample corpus + pipeline + summary + a nearest-neighbour query, all offline.
 run: setup

@@ -13,7 +13,7 @@ setup(
     # configs/profiles and configs/sandbox hold only YAML: data packages, named so that
     # setuptools does not warn that they "would be ignored"
     packages=find_packages(include=["service", "service.*", "transforms", "transforms.*",
-                                    "pipeline", "pipeline.*", "configs"]) + ["configs.profiles", "configs.sandbox"],
+                                    "pipeline", "pipeline.*", "embedpipe", "configs"]) + ["configs.profiles", "configs.sandbox"],
     package_data={"configs": ["*.yaml"], "configs.profiles": ["*.yaml"], "configs.sandbox": ["*.yaml"]},
     # the project root on sys.path through a .pth (a simple layout): setuptools then has no
     # "Editable installation" notice to print at `pip install -e`
@@ -33,8 +33,13 @@ setup(
         # moto's S3 server on loopback proves s3:// end to end (tests/e2e/test_object_stores.py);
         # flask is all its server mode needs for S3 (moto[server] would add ~200 MB for other services)
         # pytest-xdist: `make test` runs on 2 processes (10 min serially on 2 cores, 6 in two)
+        # qdrant-client: docs/library.md's ml.rag example runs in make test (as the rag extra below)
         "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "hypothesis>=6.100,<7", "apache-beam[aws]>=2.60,<3",
-                 "moto[s3]>=5,<6", "flask>=2.2.2,<4", "flask-cors>=4,<7"],
+                 "moto[s3]>=5,<6", "flask>=2.2.2,<4", "flask-cors>=4,<7", "qdrant-client>=1.15,<2"],
+        # the library with Beam's ml.rag: QdrantWriteConfig needs qdrant-client (local mode: no server)
+        "rag": ["qdrant-client>=1.15,<2"],
+        # make bench's library section compares with Beam's OpenAITextEmbeddings, which imports openai
+        "bench": ["openai>=1.40,<3"],
         # gs:// end to end against gcp-storage-emulator on loopback; Beam's GCP extra adds ~440 MB,
         # so it stays out of `test` (tests/e2e/test_object_stores.py skips gs:// without it)
         "gcs-test": ["apache-beam[gcp]>=2.60,<3", "gcp-storage-emulator>=2024.8"],

@@ -26,15 +26,15 @@ from transforms import schemas
 from transforms.dedupe.claimfile import ClaimFile, claim_dir
 from transforms.dedupe.distinct import LateRef
 from transforms.dedupe.known import REUSED, FetchReused, KnownStores
-from transforms.dedupe.transform import ITEMS, Dedupe
+from transforms.dedupe.transform import Dedupe
 from transforms.embed.config import EmbedConfig, OutputConfig
 from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
 from transforms.money.budget import Budget
-from transforms.pack import PackRequests
 from transforms.read.changes import CHANGES_SCHEMA
 from transforms.read.parquet import Pull
 from transforms.read.split import SplitConfig
 from transforms.read.transform import CHANGED, ENTRIES, REJECTED, ReadDocuments, ReadPending, ViewRef
+from transforms.requests import packed
 from transforms.worker import runscoped
 from transforms.write.docvectors import DocumentVectors, documents_schema
 from transforms.write.transform import Output, WriteOutputs
@@ -124,11 +124,7 @@ def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = 
     read = p | "Read" >> _read(job, info, prior, duplicate_ids, claiming, progress)
     entries = read[ENTRIES] | "WithoutText" >> beam.Map(_without_text) if count_only else read[ENTRIES]
     dedupe = Dedupe(_known_stores(job, prior, scope), scope, claiming.streaming, claiming.shared)
-    deduped = entries | "Dedupe" >> dedupe
-    requests = (deduped[ITEMS]
-                | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
-                                                 s.pack.fill_target, s.pack.max_open_requests)
-                | "SealClaims" >> dedupe.seal())
+    deduped, requests = packed(entries, dedupe, model, s.pack.fill_target, s.pack.max_open_requests)
     return read[REJECTED], read[CHANGED], deduped.get(REUSED), requests
 
 

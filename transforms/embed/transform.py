@@ -96,17 +96,19 @@ class _EmbedDoFn(beam.DoFn):
         cfg, service, out = self._cfg, self._cfg.service, self._cfg.output
         self._client = service.client()
         self._shared = shared = _Shared.for_run(cfg)
-        self._progress = Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s)
+        # no output directory (the library's EmbedTexts): no journal, no progress files
+        durable = out.output_dir is not None
+        self._progress = Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s) if durable else None
         encoding = get_encoding()
         self._runner = RequestRunner(
             self._client, model=service.model, dimensions=service.dimensions, expected_dims=service.expected_dims,
             guard=shared.guard, breaker=shared.breaker, run_id=out.run_id,
             resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
                 max_tokens=n, boundary_window=cfg.boundary_window))),
-            journal=self._journal,
-            recall=lambda request_id: journal.read_entry(out.output_dir, out.run_id, request_id),
-            intend=lambda request_id, tokens, worst: journal.write_intent(out.output_dir, out.run_id, request_id,
-                                                                          tokens, worst),
+            journal=self._journal if durable else None,
+            recall=(lambda request_id: journal.read_entry(out.output_dir, out.run_id, request_id)) if durable else None,
+            intend=(lambda request_id, tokens, worst: journal.write_intent(out.output_dir, out.run_id, request_id,
+                                                                           tokens, worst)) if durable else None,
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
             known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None,
             max_refused_s=service.max_refused_s)
@@ -142,7 +144,8 @@ class _EmbedDoFn(beam.DoFn):
                 wv = WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
                 yield beam.pvalue.TaggedOutput(tag, wv) if tag else wv
         self._futures = set()
-        self._progress.flush()
+        if self._progress:
+            self._progress.flush()
         for name, change in self._shared.limit_changes():
             self._m[name].inc(change)
 
@@ -182,7 +185,9 @@ class _EmbedDoFn(beam.DoFn):
         m["retries"].inc(outcome.retries)
         m["failed_chunks"].inc(len(outcome.failed))
         m["pending_chunks"].inc(sum(len(i.refs) for i, _ in outcome.pending))
-        self._progress.add(chunks=rows, tokens=tokens, requests=len(outcome.requests), cost_micro=round(cost * 1e6))
+        if self._progress:
+            self._progress.add(chunks=rows, tokens=tokens, requests=len(outcome.requests),
+                               cost_micro=round(cost * 1e6))
         shared = self._shared
         if shared.breaker.reason and not shared.breaker_logged:
             shared.breaker_logged = True

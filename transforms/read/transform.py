@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 from service.tokenizer import get_encoding
 from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, changes_table, classify, fingerprint
 from transforms.read.parquet import Partition, Pull, ReadParquetTables
+from transforms.read.rows import text_rejection
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, Rejected
 from transforms.worker import collector, runscoped
@@ -54,12 +55,11 @@ class ViewRef(NamedTuple):
     scope: str
 
 
-def _row_rejection(doc_id, text) -> Rejected | None:
-    if text is None:
-        return Rejected(doc_id, None, "null_text", "the text column is null")
-    if not text.strip():
-        return Rejected(doc_id, None, "empty_text", "the text is empty or whitespace only")
-    return None
+def chunk_entries(doc_id: str, chunks, extra: tuple = ()):
+    """What Dedupe takes, per chunk of one document: (text_sha256, (text, n_tokens, ChunkRef))."""
+    for c in chunks:
+        ref = ChunkRef(doc_id, c.chunk_index, c.chunk_count, c.token_start, c.token_end, c.n_tokens, extra)
+        yield c.text_sha256, (c.text, c.n_tokens, ref)
 
 
 class _SplitTable(beam.DoFn):
@@ -116,7 +116,7 @@ class _SplitTable(beam.DoFn):
             elif row in invalid:
                 rejection = Rejected(doc_id, None, "invalid_utf8", invalid[row])
             else:
-                rejection = _row_rejection(doc_id, text)
+                rejection = text_rejection(doc_id, text)
             if rejection is None:
                 valid.append((doc_id, text, extra))
                 todos.append(todo)
@@ -129,10 +129,7 @@ class _SplitTable(beam.DoFn):
             if todo is not None:   # resumed: only the chunks still pending
                 chunks = [c for c in chunks if c.chunk_index in todo]
             self._chunks.inc(len(chunks))
-            extra = tuple(extra)
-            for c in chunks:
-                ref = ChunkRef(doc_id, c.chunk_index, c.chunk_count, c.token_start, c.token_end, c.n_tokens, extra)
-                yield c.text_sha256, (c.text, c.n_tokens, ref)
+            yield from chunk_entries(doc_id, chunks, tuple(extra))
         if self._progress:
             self._progress.add(documents=len(ids))
 

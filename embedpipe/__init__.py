@@ -1,0 +1,29 @@
+"""embedpipe as a library: the CLI job's steps inside your own Beam pipeline.
+
+Public names:
+- `EmbedTexts(model, base_url, *, api_key_env, api_key_file, max_spend_rub, id_field,
+  text_field)`: dicts -> `EmbedResult` (`.embeddings`, `.failed`, `.pending`, `.requests`),
+  with the job's token-exact splitting, packing, adaptive in-flight limit, retries, budget
+  guard, per-row cost lineage and each distinct text paid once.
+- `ServiceTextEmbeddings(columns, model, base_url, ...)`: an EmbeddingsManager for
+  MLTransform; with `columns=None`, for Beam's ml.rag items (`rag_adapter()`).
+- `Embedded`: what each ml.rag item or dict column gets back; `rag_adapter`, `dict_adapter`.
+- Re-exported from the job: `EmbeddingsClient`, `RetryPolicy`, `EmbeddingsError`,
+  `MissingApiKeyError`, `KeySource`, `ModelSpec`, `load_models`, `Splitter`, `SplitConfig`,
+  `Packer`.
+
+The user guide is docs/library.md.
+"""
+from embedpipe.mltransform import ServiceModelHandler, ServiceTextEmbeddings
+from embedpipe.rag import Embedded, dict_adapter, rag_adapter
+from embedpipe.texts import EmbedResult, EmbedTexts
+from service.catalog import ModelSpec, load_models
+from service.client import EmbeddingsClient, RetryPolicy
+from service.credentials import KeySource, MissingApiKeyError
+from service.errors import EmbeddingsError
+from transforms.pack import Packer
+from transforms.read.split import SplitConfig, Splitter
+
+__all__ = ["EmbedTexts", "EmbedResult", "ServiceTextEmbeddings", "ServiceModelHandler", "Embedded", "rag_adapter",
+           "dict_adapter", "EmbeddingsClient", "RetryPolicy", "EmbeddingsError", "MissingApiKeyError", "KeySource",
+           "ModelSpec", "load_models", "Splitter", "SplitConfig", "Packer"]

@@ -1,0 +1,119 @@
+"""embedpipe.ServiceTextEmbeddings in MLTransform, against the sandbox over HTTP: requests cut
+by tokens within the model's caps, a 400 bisected and dead-lettered (never retried), each ml.rag
+item's tokens and cost in its metadata summing to the ledger, Beam counters, and the key never
+in MLTransform's artifacts."""
+from __future__ import annotations
+
+import math
+
+import apache_beam as beam
+import pytest
+import yaml
+from apache_beam.ml.rag.types import Chunk, Content
+from apache_beam.ml.transforms.base import MLTransform
+
+import embedpipe
+from embedpipe.rag import COST, ERROR, TOKENS
+from service.catalog import load_models
+from service.credentials import MissingApiKeyError
+from tests.conftest import SANDBOX_KEY
+from tests.library.helpers import MODEL, collected, micro, run_pipeline
+
+
+@pytest.fixture
+def key_env(monkeypatch):
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+
+
+def _counters(result) -> dict:
+    found = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("embedpipe"))["counters"]
+    return {c.key.metric.name: c.committed for c in found}
+
+
+def test_dicts_write_artifacts_without_the_key_and_read_them_back(sandbox, key_env, tmp_path):
+    rows = [{"id": i, "text": f"sentence number {i % 40} about vectors"} for i in range(3000)]
+    artifacts = tmp_path / "artifacts"
+
+    def build(p):
+        embedder = embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url)
+        return {"out": p | beam.Create(rows, reshuffle=False)
+                | MLTransform(write_artifact_location=str(artifacts)).with_transform(embedder)}
+    result = run_pipeline(build, tmp_path)
+    out = collected(tmp_path, "out")["out"]
+    assert len(out) == 3000 and all(r["text"].shape == (1536,) for r in out)
+    ledger = sandbox.ledger()
+    # 40 distinct texts, one request a batch (Beam's OpenAI provider: 150 requests of 20)
+    assert len(ledger) <= 2 and sum(len(c["input_sha256"]) for c in ledger) <= 80
+    counters = _counters(result)
+    assert counters["requests"] == len(ledger) and counters["retries"] == 0
+    assert counters["cost_micro_rub"] == sum(micro(c["cost_rub"]) for c in ledger)
+    files = [f for f in artifacts.rglob("*") if f.is_file()]
+    assert files and not any(SANDBOX_KEY.encode() in f.read_bytes() for f in files)
+
+    def read_back(p):
+        return {"back": p | beam.Create(rows[:3]) | MLTransform(read_artifact_location=str(artifacts))}
+    run_pipeline(read_back, tmp_path)
+    back = collected(tmp_path, "back")["back"]
+    assert [r["id"] for r in back] == [0, 1, 2] and all(r["text"].shape == (1536,) for r in back)
+
+
+def test_rag_items_carry_tokens_and_cost_that_sum_to_the_ledger(sandbox, key_env, tmp_path):
+    items = [Chunk(content=Content(text=f"chunk {i} " + "token " * (i % 50)), id=f"c{i}", metadata={"doc": i // 10})
+             for i in range(200)] + [Chunk(content=Content(text=None), id="no-text")]
+
+    def build(p):
+        return {"items": p | beam.Create(items) | MLTransform(write_artifact_location=str(tmp_path / "a"))
+                .with_transform(embedpipe.ServiceTextEmbeddings(model=MODEL, base_url=sandbox.base_url))}
+    run_pipeline(build, tmp_path)
+    out = {i.id: i for i in collected(tmp_path, "items")["items"]}
+    assert out["no-text"].embedding is None and out["no-text"].metadata[ERROR] == "empty_text"
+    done = [i for i in out.values() if i.id != "no-text"]
+    assert all(len(i.embedding.dense_embedding) == 1536 and i.metadata[TOKENS] > 0 for i in done)
+    assert sum(micro(i.metadata[COST]) for i in done) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
+
+
+def test_a_400_is_bisected_and_dead_lettered_never_retried(sandbox, key_env, tmp_path):
+    """The client believes the model takes 20000 tokens, the sandbox 8191: a 9000-token text
+    draws a 400, which is bisected down to that text alone and dead-lettered."""
+    spec = load_models()[MODEL]
+    models = tmp_path / "models.yaml"
+    fields = {k: getattr(spec, k) for k in ("tokenizer", "safety_factor", "max_inputs_per_request",
+                                            "max_tokens_per_request", "dimensions", "supports_dimensions",
+                                            "price_rub_per_1m_tokens")}
+    models.write_text(yaml.safe_dump({"models": {MODEL: {**fields, "max_input_tokens": 20000}}}))
+    rows = [{"id": i, "text": f"short text {i}"} for i in range(6)]
+    rows.insert(3, {"id": 99, "text": "word " * 9000})
+
+    def build(p):
+        embedder = embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url, models_config=str(models))
+        return {"out": p | beam.Create(rows, reshuffle=False)
+                | MLTransform(write_artifact_location=str(tmp_path / "a")).with_transform(embedder)}
+    counters = _counters(run_pipeline(build, tmp_path))
+    out = {r["id"]: r for r in collected(tmp_path, "out")["out"]}
+    assert out[99]["text"] is None and out[99]["text_error"] == "too_long"
+    assert all(out[i]["text"] is not None for i in range(6))
+    assert counters["retries"] == 0 and counters["failed_texts"] == 1
+    # 7 inputs: 400, then halves until the long one stands alone: at most 2 log2(7) + 1 requests
+    assert 2 <= counters["requests"] <= 2 * math.ceil(math.log2(7)) + 1
+    assert sum(len(c["input_sha256"]) for c in sandbox.ledger()) == 6
+
+
+def test_no_key_is_an_error_before_any_bundle_runs(sandbox, monkeypatch, tmp_path):
+    monkeypatch.delenv("EMBEDDINGS_API_KEY", raising=False)
+    p = beam.Pipeline()
+    embedder = embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url)
+    with pytest.raises(MissingApiKeyError, match="EMBEDDINGS_API_KEY"):
+        p | beam.Create([{"text": "x"}]) | MLTransform(write_artifact_location=str(tmp_path / "a")).with_transform(
+            embedder)
+    assert sandbox.ledger() == []
+
+
+def test_beam_rows_come_back_as_rows(sandbox, key_env, tmp_path):
+    def build(p):
+        rows = [beam.Row(id=1, text="a row"), beam.Row(id=2, text=None)]
+        return {"out": p | beam.Create(rows) | MLTransform(write_artifact_location=str(tmp_path / "a")).with_transform(
+            embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url))}
+    run_pipeline(build, tmp_path)
+    out = sorted(collected(tmp_path, "out")["out"], key=lambda r: r.id)
+    assert [type(r) for r in out] == [beam.Row, beam.Row]
+    assert out[0].text.shape == (1536,) and out[1].text is None and out[1].text_error == "empty_text"
