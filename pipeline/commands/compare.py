@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.exits import EXIT_OK, UsageError
 from pipeline.outdir import OutputDir
@@ -24,7 +23,7 @@ from pipeline.outdir import switch as switches
 from pipeline.outdir.jsonfiles import read_json
 from pipeline.outdir.view import View
 from pipeline.settings.config import default_settings_text, parse_settings
-from pipeline.settings.options import unknown_flags, use_filesystems
+from pipeline.settings.options import command_args
 from pipeline.terminal.figures import count
 from transforms.read.parquet import open_parquet, read_tables
 
@@ -120,16 +119,11 @@ def main(argv: list[str]) -> int:
                         help=f"chunks searched for neighbours (default {defaults.pool})")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="which chunks are drawn")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    parser.epilog = "Beam's filesystem options pass through (--s3_endpoint_url, --project, ...)."
-    try:
-        args, beam_flags = parser.parse_known_args(argv)
-    except SystemExit as exc:  # argparse printed the usage
-        return int(exc.code or 0)
-    if unknown := unknown_flags(beam_flags):
-        raise UsageError(f"unknown option(s): {', '.join(unknown)}")
+    args = command_args(parser, argv)
+    if isinstance(args, int):
+        return args
     if min(args.sample, args.k, args.pool) < 1:
         raise UsageError("--sample, --k and --pool must be at least 1")
-    use_filesystems(PipelineOptions(beam_flags))
     report = compare(OutputDir(args.dir), args.sample, args.k, args.pool, args.seed)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return EXIT_OK

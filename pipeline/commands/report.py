@@ -15,11 +15,10 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.exits import EXIT_OK, UsageError
 from pipeline.outdir import OutputDir
-from pipeline.settings.options import unknown_flags, use_filesystems
+from pipeline.settings.options import command_args
 from transforms.money.apportion import from_micro, to_micro
 from transforms.read.parquet import read_tables
 
@@ -137,14 +136,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline report",
                                      description="cost per model of a run directory, and DIR/report.png")
     parser.add_argument("dir", help="a run's --output directory (local, gs://, s3://)")
-    parser.epilog = "Beam's filesystem options pass through (--s3_endpoint_url, --project, ...)."
-    try:
-        args, beam_flags = parser.parse_known_args(argv)
-    except SystemExit as exc:  # argparse printed the usage
-        return int(exc.code or 0)
-    if unknown := unknown_flags(beam_flags):
-        raise UsageError(f"unknown option(s): {', '.join(unknown)}")
-    use_filesystems(PipelineOptions(beam_flags))
+    args = command_args(parser, argv)
+    if isinstance(args, int):
+        return args
     requests = load(current_files(args.dir, "requests"), REQUEST_COLUMNS)
     print(render(cost_table(requests)))
     if can_draw():

@@ -1,6 +1,7 @@
 """Command-line options of `run` and `plan`, as a Beam PipelineOptions subclass."""
 from __future__ import annotations
 
+import argparse
 import difflib
 
 # Registers the Flink and Spark runners' options, so their flags count as known.
@@ -44,6 +45,20 @@ def unknown_flags(flags: list[str]) -> list[str]:
         else:
             found.append(repr(arg))
     return found
+
+
+def command_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
+    """A small command's own flags (report, compare), Beam's filesystem options passed through to
+    FileSystems; an int is argparse's exit code (it printed the usage or the help)."""
+    parser.epilog = "Beam's filesystem options pass through (--s3_endpoint_url, --project, ...)."
+    try:
+        args, beam_flags = parser.parse_known_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if unknown := unknown_flags(beam_flags):
+        raise UsageError(f"unknown option(s): {', '.join(unknown)}")
+    use_filesystems(PipelineOptions(beam_flags))
+    return args
 
 
 def use_filesystems(opts: PipelineOptions) -> None:

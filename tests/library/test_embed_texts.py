@@ -16,6 +16,7 @@ from service.catalog import load_models
 from service.credentials import MissingApiKeyError
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows
+from tests.e2e.test_runners import job_endpoint  # noqa: F401  (the job service fixture)
 from tests.library.helpers import MODEL, collected, micro, run_pipeline
 
 KINDS = ("embeddings", "failed", "pending", "requests")
@@ -101,16 +102,6 @@ def test_a_key_file_and_a_named_variable_are_read_the_key_never_shown(sandbox, m
     assert [r["doc_id"] for r in out["embeddings"]] == ["b"]
     assert SANDBOX_KEY not in caplog.text
     assert all(SANDBOX_KEY not in repr(v) for kind in out.values() for v in kind)
-
-
-@pytest.fixture(scope="module")
-def job_endpoint(tmp_path_factory):
-    from tests.e2e.test_runners import _Services
-    services = _Services(tmp_path_factory.mktemp("job_service"))
-    try:
-        yield services.job_service()
-    finally:
-        services.stop()
 
 
 def test_the_portable_runner_gives_the_same_rows(sandbox, key_env, tmp_path, job_endpoint):
