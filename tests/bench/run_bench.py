@@ -2,7 +2,8 @@
 
     python -m tests.bench.run_bench [--docs 20000] [--in-flight default,4,8,16] [--workers 1,2]
                                     [--scale 2000,20000,200000[,1000000]] [--sync-docs 200000]
-                                    [--only-scale] [--only-capacity] [--no-capacity] [--profile]
+                                    [--switch-docs 200000] [--only-scale] [--only-capacity]
+                                    [--only-switch] [--no-capacity] [--profile]
                                     [--no-aimd] [--no-write]
 
 0. Start-up: the first request from the process start on the demo corpus, 5 runs, beside the
@@ -11,6 +12,8 @@
    request, peak RSS, client CPU per 1M tokens. Memory should not grow with the corpus.
    Sync: the next day's `run --sync` on --sync-docs documents of which 1% were edited, 0.5%
    removed, 1% added, against the fresh run (tests/bench/sync.py).
+   Switch: --switch-docs documents moved to another model over capped runs while the corpus
+   changes, the served view checked after each, then switched back (tests/bench/switch.py).
 
 1. A corpus of --docs documents (tests/bench/corpus.py: mostly short, 1% multi-chunk).
 2. A sandbox answering after 50 ms + 5 us per token (waits, not CPU): the baseline script
@@ -62,7 +65,7 @@ from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, sync
+from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, switch, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -459,6 +462,9 @@ class Bench:
                   f"nproc {os.cpu_count()}, {cpu_model}, Python {platform.python_version()}, "
                   f"load average {load_average():.1f} at start. Command: "
                   f"`python -m tests.bench.run_bench {' '.join(sys.argv[1:])}`".rstrip())
+        if a.only_switch:
+            switch.run(self, a.switch_docs)
+            return self._finish(started)
         corpus = self.work / "corpus.parquet"
         docs = write_corpus(corpus, a.docs)
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
@@ -475,6 +481,8 @@ class Bench:
             shutil.rmtree(self._irreducible_input[1], ignore_errors=True)
         if a.sync_docs:
             sync.run(self, a.sync_docs)
+        if whole and a.switch_docs:
+            switch.run(self, a.switch_docs)
         if a.only_scale:
             return self._finish(started)
         if whole and a.aimd:
@@ -524,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-scale", action="store_true", help="run the scale (and sync) sections alone")
     ap.add_argument("--sync-docs", type=int, default=200000,
                     help="documents of the next-day --sync section (0: skip it)")
+    ap.add_argument("--switch-docs", type=int, default=200000,
+                    help="documents of the model-switch section (0: skip it)")
+    ap.add_argument("--only-switch", action="store_true", help="run the model-switch section alone")
     ap.add_argument("--capacities", type=_ints, default=[4, 8],
                     help="the sandbox's capacities in the capacity section (1 with 2 workers: more processes than places)")
     ap.add_argument("--only-capacity", action="store_true", help="run the capacity section (and --scale) alone")
