@@ -191,7 +191,10 @@ def run(bench, docs: int) -> None:
     rows.append(["fresh A, 2,000 documents (memory reference)", m_small.returncode, "", "", "", "", "", "", "", "",
                  "", "", "", m_small.peak_rss_mb, 1.0, m_small.wall_s, "", ""])
 
+    checked: list[dict] = []
+
     def row(label, m, s, wrong, served_commit, target_commit="") -> list:
+        checked.append(wrong)
         sw = s.get("switch") or {}
         target = [f"{sw['documents_done']:,} / {sw['documents_total']:,}", sw["run"]["cost_rub"], sw["spent_rub"],
                   sw["estimated_rub_to_finish"]] if "run" in sw else ["", "", "", ""]
@@ -225,8 +228,9 @@ def run(bench, docs: int) -> None:
             if switched != (m.returncode == 0):
                 raise SystemExit(f"switch run {n}: exit {m.returncode} with switched={switched}")
             switch_walls.append(m)
+            switched_to = check(out, day, expected)
             rows.append(row(f"switch run {n} (day {n + 1}: " + ", ".join(f"{k} {len(v):,}" for k, v in changed.items())
-                            + ")", m, s, check(out, day, expected), commit_s(out, s["run_id"]),
+                            + ")", m, s, switched_to, commit_s(out, s["run_id"]),
                             commit_s(out, sw["run"]["run_id"])))
         spent_reported = sw["spent_rub"]
         money = ledger_checks(db, out, specs[B].price_per_token)
@@ -259,9 +263,13 @@ def run(bench, docs: int) -> None:
                      "run; zero-latency sandbox"))
     tol = 1e-6 * money["b_requests"]
     worst = max(ratio(m) for m in switch_walls)
+    wrong = sum(w[k] for w in checked for k in ("stale", "mixed", "removed served", "missing"))
     lines = [
-        f"switch runs: {len(switch_walls)} (exit 4 until the last, exit 0); served view after every run: "
-        "0 wrong is the target in every check column above, on all documents",
+        f"switch runs: {len(switch_walls)} (exit 4 until the last, then 0); the served view after each of the "
+        f"{len(checked)} runs, on all documents: {wrong} stale, mixed, removed or missing in all (target 0); "
+        f"runs whose current/ holds more than one model: {sum(', ' in w['current/'] for w in checked)}",
+        f"after the switch, current/ holds {switched_to['current/']} only (every row B's: "
+        f"{switched_to['current/'] == B}); target/ {switched_to['target/']}",
         f"(model, text) billed twice in the sandbox ledger: {money_end['billed twice']} "
         f"(of {money_end['requests']} requests, whole section)",
         f"B's cost: {money['b_cost']:.6f} RUB in {money['b_requests']} requests against {money['b_distinct_cost']:.6f} "
