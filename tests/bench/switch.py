@@ -291,6 +291,11 @@ def run(bench, docs: int) -> None:
         lines.append(f"a day's --sync with no switch: {plain} (day {n + 2}); the Sync section did not run in "
                      "this bench: compare with its figures in docs/BENCH.md")
     bench.emit("Model switch, totals:\n\n" + "\n".join(f"- {line}" for line in lines))
+    bench.emit("Commit s: from the newest file the part's job wrote under history/<run>/ to its view manifest's "
+               "committed_at (the target's on the switching run is rewritten when it becomes current: its figure "
+               "includes the switch). Served sync: the served model's share of the run, the day's changes; target: "
+               "the other model's view (B; A on the switch back), from summary.json's switch. Checks on all "
+               "documents of current/ as a glob reader sees it.")
     (work / "checks.json").write_text(json.dumps({"money": money, "money_end": money_end, "back": back}))
     shutil.rmtree(out, ignore_errors=True)
 
