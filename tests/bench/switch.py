@@ -298,4 +298,5 @@ def run(bench, docs: int) -> None:
                "documents of current/ as a glob reader sees it.")
     (work / "checks.json").write_text(json.dumps({"money": money, "money_end": money_end, "back": back}))
     shutil.rmtree(out, ignore_errors=True)
-
+    for path in (corpus, small):
+        path.unlink(missing_ok=True)
