@@ -14,7 +14,8 @@ Sections, in order (docs/BENCH.md says what each measures and what bounds it):
    (tests/bench/irreducible.py) and Beam's cost per element (tests/bench/beam_overhead.py); run
    just before the scale section and the irreducible timed again after it, so the largest
    corpus is set against readings on either side of it.
-3. Scale: the same job on growing corpora; Sync: the next day's `run --sync` (tests/bench/sync.py).
+3. Scale: the same job on growing corpora; Sync: the next day's `run --sync` (tests/bench/sync.py);
+   Switch: a DIR moved to another model over capped runs on a changing corpus (tests/bench/switch.py).
 4. Rate limit: fixed concurrency, ConcurrencyLimiter, TokenBucketLimiter (tests/bench/aimd.py).
 5. Capacity (--capacities, queue and 429 mode): the job at its defaults with 1 and 2 worker
    processes against the floor and against the job with its limit fixed at the capacity.
@@ -47,7 +48,7 @@ from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, sync
+from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, switch, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -444,6 +445,9 @@ class Bench:
                   f"nproc {os.cpu_count()}, {cpu_model}, Python {platform.python_version()}, "
                   f"load average {load_average():.1f} at start. Command: "
                   f"`python -m tests.bench.run_bench {' '.join(sys.argv[1:])}`".rstrip())
+        if a.only_switch:
+            switch.run(self, a.switch_docs)
+            return self._finish(started)
         corpus = self.work / "corpus.parquet"
         docs = write_corpus(corpus, a.docs)
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
@@ -463,6 +467,8 @@ class Bench:
             shutil.rmtree(self._irreducible_input[1], ignore_errors=True)
         if a.sync_docs:
             sync.run(self, a.sync_docs)
+        if whole and a.switch_docs:
+            switch.run(self, a.switch_docs)
         if a.only_scale:
             return self._finish(started)
         if whole and a.aimd:
@@ -514,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-scale", action="store_true", help="run the scale (and sync) sections alone")
     ap.add_argument("--sync-docs", type=int, default=200000,
                     help="documents of the next-day --sync section (0: skip it)")
+    ap.add_argument("--switch-docs", type=int, default=200000,
+                    help="documents of the model-switch section (0: skip it)")
+    ap.add_argument("--only-switch", action="store_true", help="run the model-switch section alone")
     ap.add_argument("--capacities", type=_ints, default=[4, 8],
                     help="the sandbox's capacities in the capacity section (1 with 2 workers: more processes than places)")
     ap.add_argument("--only-capacity", action="store_true", help="run the capacity section (and --scale) alone")

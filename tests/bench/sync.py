@@ -97,6 +97,7 @@ def run(bench, docs: int) -> None:
         m_sync, s_sync, _ = bench.pipeline("sync-day2", corpus, sb, None, 1, keep=True, output=out,
                                            extra=("--sync",))
         wrong = check(out, served1, day2, changed, bench.model, Path(sb.db))
+    bench.sync_figures = {"docs": docs, "wall_s": m_sync.wall_s, "peak_rss_mb": m_sync.peak_rss_mb}   # switch.py's
     rows = [["fresh, 2,000 documents", m_small.wall_s, m_small.peak_rss_mb, "", ""],
             [f"day 1: fresh, {docs:,} documents", m_fresh.wall_s, m_fresh.peak_rss_mb, s_fresh["requests"],
              s_fresh["cost_rub"]],
