@@ -53,11 +53,21 @@ def lines(report: dict, output: str, next_step: str | None = None) -> list[str]:
             _row("view", f"{view['documents']:,} documents, {view['chunks']:,} chunks: {view['embedded']:,} "
                          f"embedded, {view['failed']:,} failed, {view['pending']:,} pending{staged}"),
             _row("money", f"{rub(report['cost_rub'])} RUB for {count(report['requests'], 'request')} "
-                          f"({report['prompt_tokens']:,} tokens) · {_reconciliation(report['reconciliation'])}"),
+                          f"({report['prompt_tokens']:,} tokens){_target_money(report.get('switch'))} · "
+                          f"{_reconciliation(report['reconciliation'])}"),
             _row("files", _files(output))]
     if report.get("switch"):
         rows.insert(4, _row("switch", _switch(report["switch"])))
     return rows + ([_row("next", next_step)] if next_step else [])
+
+
+def _target_money(switch: dict | None) -> str:
+    """What the run spent on a switch's target, beside the served view's share."""
+    run = (switch or {}).get("run")
+    if not run:
+        return ""
+    return (f" + {rub(run['cost_rub'])} RUB for {switch['to']['model']} ({count(run['requests'], 'request')}, "
+            f"{run['prompt_tokens']:,} tokens)")
 
 
 def _switch(switch: dict) -> str:

@@ -112,3 +112,33 @@ def test_roubles_to_the_micro_rouble_below_100_and_to_the_kopeck_above():
         "0.245415", "0", "1.5", "99.754585", "100.00", "1,234.57", "?"]
     assert [exact(v) for v in (1234.5, -0.0000001, 0.000001)] == ["1,234.5", "0", "0.000001"]
     assert [count(n, "request") for n in (0, 1, 1234)] == ["0 requests", "1 request", "1,234 requests"]
+
+
+SWITCHING = {"from": {"model": "text-embedding-3-small", "dimensions": 1536},
+             "to": {"model": "text-embedding-3-large", "dimensions": 3072}, "runs": ["r1", "r2"],
+             "documents_done": 1212, "documents_total": 3000, "spent_rub": 0.81, "estimated_rub_to_finish": 1.2,
+             "switched": False, "abandoned": None,
+             "run": {"cost_rub": 0.4, "requests": 3, "prompt_tokens": 25000, "exit_code": 4}}
+
+
+def test_a_switch_under_way_is_one_line_and_its_money_beside_the_served_view_s():
+    lines = rendered(report(exit_code=4, switch=SWITCHING))
+    assert row(lines, "switch").split(None, 1)[1] == (
+        "text-embedding-3-small -> text-embedding-3-large: 1,212 of 3,000 documents, 0.81 RUB in 2 runs, "
+        "0.4 this run, ~1.2 RUB to finish · its view: target/")
+    assert "0.245415 RUB for 1 request (98,166 tokens) + 0.4 RUB for text-embedding-3-large (3 requests, " \
+           "25,000 tokens)" in row(lines, "money")
+    advice = row(lines, "next")
+    assert "switch to text-embedding-3-large is not complete (1,212 of 3,000 documents)" in advice
+    assert "out/current/ keeps serving text-embedding-3-small" in advice and AGAIN in advice
+
+
+def test_the_run_that_switches_and_one_that_abandons_a_switch_say_so():
+    done = {**SWITCHING, "switched": True, "documents_done": 3000}
+    assert row(rendered(report(switch=done)), "switch").endswith(
+        "switched, current/ serves text-embedding-3-large (0.81 RUB in 2 runs)")
+    gone = {"abandoned": {"to": {"model": "text-embedding-ada-002", "dimensions": 1536}, "runs": ["r0"],
+                          "spent_rub": 0.05}}
+    line = row(rendered(report(switch={**done, **gone})), "switch")
+    assert line.split(None, 1)[1].startswith("the switch to text-embedding-ada-002 was abandoned (0.05 RUB spent")
+    assert row(rendered(report(switch=gone)), "switch").endswith("its vectors stay in history/)")
