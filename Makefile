@@ -32,7 +32,9 @@ test: setup
 soak: setup
 	$(PYTEST) -q -m soak -s
 
+# The library section compares with Beam's OpenAITextEmbeddings, which needs the bench extra (openai).
 bench: setup
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m tests.bench.run_bench
 
 # Against the sandbox by default; BASE_URL=https://.../v1 (with EMBEDDINGS_API_KEY set)
