@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 
+from pipeline.checks.reach import check_workers_reach_paths
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
 from pipeline.settings import profiles
 from pipeline.settings.job import model_names, resolve
@@ -47,6 +48,7 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
     opts = EmbedPipeOptions(flags)
     check_beam(opts)
+    check_workers_reach_paths(opts)
     use_filesystems(opts)
     return opts
 

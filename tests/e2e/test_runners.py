@@ -364,3 +364,18 @@ def test_flink_runner_on_an_embedded_cluster_agrees(env, reference):
     assert_same_outputs(reference, run_job(env, "flink-local", "--runner", "FlinkRunner", "--flink_master", "[local]",
                                            "--flink_version", version, "--flink_job_server_jar", _prestaged_flink_jar(),
                                            "--environment_type", "LOOPBACK", "--parallelism", "2"))
+
+
+@pytest.mark.parametrize("flag", ["--input", "--output", "--known"])
+def test_dataflow_refuses_a_local_path_before_spending(tmp_path, sandbox, monkeypatch, caplog, flag):
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+    local = str(tmp_path / "here")
+    paths = {"--input": "gs://bucket/corpus/*.parquet", "--output": "gs://bucket/out", "--known": None}
+    paths[flag] = local
+    argv = ["--profile", "dataflow", "--region", "us-central1", "--model", MODEL, "--base-url", sandbox.base_url]
+    argv += [a for f, p in paths.items() if p for a in (f, p)]
+    assert run(*argv) == 2
+    errors_logged = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors_logged) == 1 and not errors_logged[0].exc_info
+    assert errors_logged[0].getMessage().startswith(f"{flag} {local} is on this machine's disk")
+    assert ledger(sandbox.db) == []

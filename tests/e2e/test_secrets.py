@@ -279,3 +279,37 @@ def test_the_sandbox_answers_every_bad_key_alike(leak_sandbox):
         assert all(a == answers["missing"] for a in answers.values()), answers
         assert right.encode() not in answers["missing"][1]
     assert ledger(sb.db) == []
+
+
+class NotSubmitted(Exception):
+    """Raised where the CLI hands its pipeline to Dataflow, which cannot be reached from here."""
+
+
+def test_the_dataflow_job_graph_holds_no_key(leak_sandbox, monkeypatch, tmp_path):
+    """The job as Dataflow would get it: the shipped profile's options, input and DIR on an
+    object store (mem://, like gs://), the graph of a runner whose workers are elsewhere
+    (texts grouped by digest). Built and serialized, never submitted."""
+    from tests.e2e.test_filesystems import PREFIX, corpus_bytes, put
+    key, sb = leak_sandbox
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", key)
+    monkeypatch.chdir(tmp_path)
+    bucket = f"{PREFIX}dataflow-{uuid.uuid4().hex}"
+    put(f"{bucket}/corpus/part-0.parquet", corpus_bytes())
+    built = []
+
+    def keep_and_stop(self, *args, **kwargs):
+        built.append({"proto": self.to_runner_api().SerializeToString(), "options": self.options})
+        raise NotSubmitted("not submitted")
+
+    monkeypatch.setattr(beam.Pipeline, "run", keep_and_stop)
+    code = run("--profile", "dataflow", "--region", "us-central1", "--input", f"{bucket}/corpus/*.parquet",
+               "--output", f"{bucket}/out", "--model", MODEL, "--base-url", sb.base_url)
+    assert code == 1 and len(built) == 1 and ledger(sb.db) == []
+    proto, opts = built[0]["proto"], built[0]["options"].get_all_options()
+    assert opts["runner"] == "DataflowRunner" and opts["project"] == "my-project"
+    assert b"beam:transform:group_by_key:v1" in proto
+    pickles = unpacked_pickles(proto)
+    assert any(b"_EmbedDoFn" in pk and b"KeySource" in pk for pk in pickles)
+    blobs = {"proto": proto, "options": json.dumps(opts, default=str).encode(),
+             **{f"pickle {j}": pk for j, pk in enumerate(pickles)}}
+    assert hits(key, blobs) == []
