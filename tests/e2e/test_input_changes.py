@@ -29,9 +29,9 @@ from transforms.read.parquet import read_row_group
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 
 
-def write(path, rows, row_group_size=None, checksums=False):
+def write(path, rows, row_group_size=None, checksums=False, **options):
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path, row_group_size=row_group_size,
-                   write_page_checksum=checksums)
+                   write_page_checksum=checksums, **options)
     return path
 
 
@@ -154,9 +154,11 @@ def corrupt(path, row_group: int, column: int) -> None:
 
 
 def test_a_corrupt_text_page_is_named_by_the_run_and_by_plan_before_sending(tmp_path, setup):
+    """Plain uncompressed texts: without the page's checksum, flipped bytes would be read as text."""
     models, sandbox = setup
     corpus, out = tmp_path / "corpus.parquet", tmp_path / "out"
-    write(corpus, corpus_rows(n_short=200, n_long=0), row_group_size=20, checksums=True)
+    write(corpus, corpus_rows(n_short=200, n_long=0), row_group_size=20, checksums=True, compression="none",
+          use_dictionary=False)
     corrupt(corpus, 6, 1)
     base = ["--input", str(corpus), "--model", MODEL, "--base-url", sandbox.base_url, "--models-config", str(models)]
     code, err = cli("plan", *base)
@@ -172,6 +174,7 @@ def test_a_corrupt_text_page_is_named_by_the_run_and_by_plan_before_sending(tmp_
 
 
 def test_a_corrupt_id_page_is_found_before_anything_is_paid(tmp_path, setup):
+    """Snappy pages: the scan's read of the ids fails on the corrupt one, checksum or not."""
     models, sandbox = setup
     corpus, out = tmp_path / "corpus.parquet", tmp_path / "out"
     write(corpus, corpus_rows(n_short=200, n_long=0), row_group_size=20, checksums=True)
