@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.checks import reading
 from pipeline.checks.inputs import inspect_input
-from pipeline.cli import WORKER_FAILURES
+from pipeline.cli import WORKER_FAILURES, main
 from pipeline.commands import run as run_command
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.money_helpers import (MODEL, REPO, assert_every_row_once, billed_twice, corpus_rows, current, ledger,
@@ -185,3 +185,51 @@ def test_a_corrupt_id_page_is_found_before_anything_is_paid(tmp_path, setup):
     assert code == 2, err
     assert f"{corpus}: not a readable Parquet file (" in line and "nothing was sent" in line
     assert not ledger(sandbox)
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    from tests.e2e.test_object_stores import S3
+    store = S3(monkeypatch)
+    yield store
+    store.stop()
+
+
+def test_an_object_rewritten_on_s3_is_found_by_its_etag_and_never_committed(tmp_path, setup, s3, monkeypatch,
+                                                                            caplog, capfd):
+    from tests.e2e.test_object_stores import BUCKET, mirror
+    models, sandbox = setup
+    old = corpus_rows(n_short=40, n_long=0)
+    new = rewritten(old)
+    corpus, output = s3.put(write(tmp_path / "old.parquet", old), "in/c.parquet"), f"s3://{BUCKET}/out"
+
+    def run_s3(*extra: str) -> int:
+        return main(["run", "--input", corpus, "--output", output, "--model", MODEL, "--base-url", sandbox.base_url,
+                     "--models-config", str(models), "--sync", *s3.flags, *extra])
+    assert run_s3() == 0
+    info = inspect_input(corpus, "id", "text", [])
+    assert info.stamps[0].checksum == s3.client.head_object(Bucket=BUCKET, Key="in/c.parquet")["ETag"]
+    manifest = s3.client.get_object(Bucket=BUCKET, Key="out/_current.json")["Body"].read()
+
+    same_size = bytearray((tmp_path / "old.parquet").read_bytes())
+    same_size[len(same_size) // 2] ^= 1
+    (tmp_path / "same.parquet").write_bytes(bytes(same_size))
+    s3.put(tmp_path / "same.parquet", "in/c.parquet")   # within S3's second, often: only the ETag tells
+    assert stamps.change(corpus, info.stamps[0]) in ("modified since it was listed", f"checksum {info.stamps[0][2]} "
+                                                     f"when listed, {stamps.stamp(corpus).checksum} now")
+
+    s3.put(write(tmp_path / "old.parquet", old), "in/c.parquet")
+    after(monkeypatch, "_run_job", lambda: s3.put(write(tmp_path / "new.parquet", new), "in/c.parquet"))
+    caplog.clear()
+    capfd.readouterr()
+    assert run_s3() == 1
+    assert f"the input file {corpus} changed while the run read it" in one_error_line(caplog, capfd)
+    assert s3.client.get_object(Bucket=BUCKET, Key="out/_current.json")["Body"].read() == manifest
+
+    monkeypatch.undo()
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(name, value)
+    assert run_s3() == 0
+    assert_every_row_once(mirror(s3, "out/", tmp_path / "out"), new)
+    assert not billed_twice(ledger(sandbox))
