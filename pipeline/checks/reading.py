@@ -25,7 +25,7 @@ def changed(info: InputInfo) -> stamps.InputChanged | None:
 def unreadable(exc: Exception) -> str | None:
     """The worker's message when EXC is an input file that cannot be read, else None."""
     last = worker_error(exc)   # after the error's type, which the runner may prefix
-    start = last.find(stamps.CHANGED_PREFIX)
+    start = last.find(stamps.INPUT_FILE)
     return last[start:] if start >= 0 and " is not readable Parquet " in last else None
 
 

@@ -18,7 +18,7 @@ from pipeline.checks import reading
 from pipeline.checks.inputs import InputInfo
 from pipeline.exits import JobFailed, UsageError
 from transforms.read.parquet import normalise, open_parquet, parquet_file, read_whole
-from transforms.read.stamps import InputChanged, check
+from transforms.read.stamps import InputChanged, Stamp, check
 
 # Encodings whose uncompressed size cannot be smaller than the distinct values' bytes it holds:
 # a PLAIN value is its bytes plus a length; a dictionary holds each distinct value PLAIN once.
@@ -77,7 +77,7 @@ def _scan_file(path: str, partition: dict, id_column: str, text_column: str) -> 
         return n, ids, bound if bound is not None else _measured_text_bytes(pf, text_column)
 
 
-def _checked_scan(path: str, partition: dict, id_column: str, text_column: str, was):
+def _checked_scan(path: str, partition: dict, id_column: str, text_column: str, was: Stamp | None):
     try:
         scanned = _scan_file(path, partition, id_column, text_column)
     except (pa.ArrowException, OSError, ValueError) as exc:

@@ -8,6 +8,10 @@ appended as constant string columns: the text of the path, never a guessed type,
 
 String-like columns come out as plain `string` (from large_string, string_view, or
 dictionary-encoded strings), so the steps after it see one type whatever wrote the file.
+
+Each file is checked, once open, against what the driver stamped when it listed it
+(transforms/read/stamps.py); a read that fails is InputChanged when the file changed since,
+else UnreadableInput naming the file and row group, never a bare pyarrow error.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.read.stamps import CHANGED_PREFIX, Stamp, check
+from transforms.read.stamps import INPUT_FILE, Stamp, check
 from transforms.worker import coders  # noqa: F401  (registers the coder of pa.Table)
 
 Partition = Mapping[str, "str | None"]
@@ -110,21 +114,20 @@ class UnreadableInput(Exception):
 
     def __init__(self, path: str, where: str, exc: Exception):
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        super().__init__(f"{CHANGED_PREFIX}{path} is not readable Parquet ({where}: {reason})")
-
-
-def _failed_read(path: str, was: Stamp | None, where: str, exc: Exception) -> Exception:
-    """What a failed read of an input file means: it changed since it was listed (InputChanged),
-    else it is unreadable; errors of neither kind are left as they are."""
-    check(path, was)
-    return UnreadableInput(path, where, exc) if isinstance(exc, (pa.ArrowException, OSError, ValueError)) else exc
+        super().__init__(f"{INPUT_FILE}{path} is not readable Parquet ({where}: {reason})")
 
 
 def _checked(path: str, was: Stamp | None, where: str, read: Callable[[], Any]):
+    """READ() of PATH; when it fails, InputChanged if PATH is not what WAS stamped, else
+    UnreadableInput for what pyarrow cannot read (other errors as they are)."""
     try:
         return read()
-    except Exception as exc:  # noqa: BLE001  sorted by _failed_read
-        raise _failed_read(path, was, where, exc) from exc
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        check(path, was)
+        raise UnreadableInput(path, where, exc) from exc
+    except Exception:
+        check(path, was)
+        raise
 
 
 def row_groups(entry: tuple[str, dict], stamps: Mapping[str, Stamp] | None = None):

@@ -24,11 +24,11 @@ class InputChanged(Exception):
     """An input file is not what the run listed (a worker's error; the driver names the file)."""
 
     def __init__(self, path: str, what: str):
-        super().__init__(f"{CHANGED_PREFIX}{path} changed while the run read it ({what})")
+        super().__init__(f"{INPUT_FILE}{path} changed while the run read it ({what})")
         self.path, self.what = path, what
 
 
-CHANGED_PREFIX = "the input file "
+INPUT_FILE = "the input file "   # how a worker's message about an input file begins
 
 
 def stamp(path: str) -> Stamp:
