@@ -138,6 +138,8 @@ def test_a_row_group_of_a_smaller_replacement_is_an_input_change_not_an_index_er
     with pytest.raises(stamps.InputChanged, match="bytes when listed"):
         list(read_row_group((str(corpus), 15, {}), ["id", "text"], stamps=info.stamp_map))
     assert reading.changed(info).path == str(corpus)
+    corpus.unlink()
+    assert stamps.change(str(corpus), info.stamps[0]) == "it is gone"
 
 
 def corrupt(path, row_group: int, column: int) -> None:
