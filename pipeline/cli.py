@@ -31,11 +31,16 @@ log = logging.getLogger("embedpipe")
 
 USAGE = __doc__
 ON_SCREEN = "on_screen"   # a log record's flag: the screen already shows it, the console handler skips it
+# Beam logs a worker's failure with its traceback; the driver reports the failed job in one line
+# (pipeline/commands/run.py), so the traceback shows with --verbose only.
+WORKER_FAILURES = "apache_beam.runners.common"
 
 
 def _logging(verbose: bool) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(lambda record: not getattr(record, ON_SCREEN, False))
+    if not verbose:
+        console.addFilter(lambda record: record.name != WORKER_FAILURES)
     logging.basicConfig(level=logging.WARNING, handlers=[console],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in OWN_LOGGERS:

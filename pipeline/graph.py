@@ -108,7 +108,8 @@ def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, i
                         boundary_window=s.split.boundary_window)
     return ReadDocuments(info.files, info.partition_mappings, opts.id_column, opts.text_column, job.keep_columns,
                          split, duplicate_ids, ViewRef(prior.docindex, job.signature, scope),
-                         (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None, spread)
+                         (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None, spread,
+                         info.stamp_map)
 
 
 def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = Prior(), *,

@@ -13,6 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.exits import UsageError
 from transforms.read.parquet import normalised_type, open_parquet, parquet_file
+from transforms.read.stamps import Stamp, stamp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,14 +25,28 @@ class InputInfo:
     # when the input is not partitioned. ReadParquetTables takes them as they are.
     partitions: tuple[tuple[tuple[str, str | None], ...], ...] = ()
     columns: tuple[str, ...] = ()   # of pending rows, when they are the input (--resume alone)
+    # stamps[i]: what files[i] was when listed, before anything read it; the job's workers and
+    # the commit check it (empty: DIR's own pending files, which only a run holding the lock writes)
+    stamps: tuple[Stamp, ...] = ()
 
     @property
     def partition_mappings(self) -> list[dict] | None:
         return [dict(p) for p in self.partitions] if self.partitions else None
 
+    @property
+    def stamp_map(self) -> dict[str, Stamp]:
+        return dict(zip(self.files, self.stamps))
+
 
 GLOB_CHARS = "*?["
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # how Hive and Spark write a null partition value
+
+
+def _stamp(path: str) -> Stamp:
+    try:
+        return stamp(path)
+    except Exception as exc:  # noqa: BLE001  BeamIOError on every store
+        raise UsageError(f"{path}: cannot read its size and modification time ({exc})") from None
 
 
 def _read_schema(path: str) -> tuple[pa.Schema, int]:
@@ -110,6 +125,7 @@ def _is_text(t: pa.DataType) -> bool:
 
 def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence[str]) -> InputInfo:
     files, partitions = resolve_files(pattern)
+    stamps = tuple(_stamp(p) for p in files)
     keys = [k for k, _ in partitions[0]]
     rows, kept_fields = 0, None
     for path in files:
@@ -134,4 +150,4 @@ def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence
         # required in the outputs only if required in every input file
         kept_fields = fields if kept_fields is None else tuple(
             f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields))
-    return InputInfo(tuple(files), rows, kept_fields or (), tuple(partitions) if keys else ())
+    return InputInfo(tuple(files), rows, kept_fields or (), tuple(partitions) if keys else (), stamps=stamps)

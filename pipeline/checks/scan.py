@@ -14,8 +14,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.checks import reading
 from pipeline.checks.inputs import InputInfo
+from pipeline.exits import JobFailed, UsageError
 from transforms.read.parquet import normalise, open_parquet, parquet_file, read_whole
+from transforms.read.stamps import InputChanged, Stamp, check
 
 # Encodings whose uncompressed size cannot be smaller than the distinct values' bytes it holds:
 # a PLAIN value is its bytes plus a length; a dictionary holds each distinct value PLAIN once.
@@ -61,19 +64,43 @@ def _measured_text_bytes(pf: pq.ParquetFile, text_column: str) -> int:
     return total
 
 
+def _scan_file(path: str, partition: dict, id_column: str, text_column: str) -> tuple[int, list, int]:
+    """PATH's rows, its ids (chunks of strings), a bound of its text bytes."""
+    with open_parquet(path) as fh:
+        pf = parquet_file(fh)
+        n = pf.metadata.num_rows
+        if id_column in partition:  # a hive key: every row of the file has the path's value
+            ids = [pa.array([partition[id_column]] * n, pa.string())]
+        else:
+            ids = _ids_as_strings(pf.read(columns=[id_column]).column(0)).chunks
+        bound = _text_bytes_bound(pf, text_column)
+        return n, ids, bound if bound is not None else _measured_text_bytes(pf, text_column)
+
+
+def _checked_scan(path: str, partition: dict, id_column: str, text_column: str, was: Stamp | None):
+    try:
+        scanned = _scan_file(path, partition, id_column, text_column)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        check(path, was)
+        raise UsageError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())}); nothing was "
+                         f"sent: replace it with a readable copy.") from None
+    check(path, was)
+    return scanned
+
+
 def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
+    """The ids and the bound, each file checked against its stamp: a page that fails its checksum
+    or cannot be decoded is found here, before anything is sent, when it is in what is read."""
     ids, rows, text_bytes = [], 0, 0
+    stamps = info.stamp_map
     for path, partition in zip(info.files, info.partition_mappings or [{}] * len(info.files)):
-        with open_parquet(path) as fh:
-            pf = parquet_file(fh)
-            n = pf.metadata.num_rows
-            rows += n
-            if id_column in partition:  # a hive key: every row of the file has the path's value
-                ids.append(pa.array([partition[id_column]] * n, pa.string()))
-            else:
-                ids.extend(_ids_as_strings(pf.read(columns=[id_column]).column(0)).chunks)
-            bound = _text_bytes_bound(pf, text_column)
-            text_bytes += bound if bound is not None else _measured_text_bytes(pf, text_column)
+        try:
+            n, file_ids, bound = _checked_scan(path, partition, id_column, text_column, stamps.get(path))
+        except InputChanged as exc:
+            raise JobFailed(f"{exc}; nothing was sent: {reading.AGAIN}.") from None
+        rows += n
+        ids.extend(file_ids)
+        text_bytes += bound
     counts = pc.value_counts(pa.chunked_array(ids, pa.string())) if ids else None
     duplicates, distinct = {}, pa.array([], pa.string())
     if counts is not None and len(counts):

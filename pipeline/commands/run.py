@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import graph
-from pipeline.checks import switching
+from pipeline.checks import reading, switching
 from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.prior import Prior, pending_input, prior, removed
 from pipeline.checks.scan import Scan, scan_input, scan_pending
@@ -37,6 +37,7 @@ from service.client import EmbeddingsClient
 from transforms.money import journal
 from transforms.money.budget import Budget
 from transforms.money.caps import Spendable
+from transforms.read.stamps import InputChanged
 from transforms.worker import progress
 from transforms.write.rewrite import RewriteFiles
 
@@ -89,12 +90,27 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget
                 result = pipeline.run()
                 result.wait_until_finish()
         except Exception as exc:  # a worker's error arrives wrapped by the runner
-            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-            raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
-                            f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
-                            f"{job.again}: nothing is paid twice.") from None
+            raise _failed(job, info, exc) from None
         late.write_late_copies(out, job.run_id, claiming.late(), job.keep_columns, job.codec)
     return counters(result)
+
+
+def _failed(job: Job, info: InputInfo, exc: Exception) -> JobFailed:
+    """A job that failed on a worker, as one line; an input file that changed or cannot be read is named."""
+    if (changed := reading.changed(info)) is not None:
+        return _changed(job, changed)
+    paid = f"What was paid for is journaled in {journal.journal_dir(job.opts.output, job.run_id)}"
+    if (reason := reading.unreadable(exc)) is not None:
+        return JobFailed(f"{reason}; nothing is committed. {paid}; replace the file with a readable copy and run "
+                         f"{job.again}: nothing is paid twice.")
+    return JobFailed(f"the job failed on a worker: {reading.worker_error(exc)} (--verbose shows where). {paid}; "
+                     f"fix the cause and run {job.again}: nothing is paid twice.")
+
+
+def _changed(job: Job, changed: InputChanged) -> JobFailed:
+    return JobFailed(f"{changed}; nothing is committed: {job.opts.output} serves the view it had before this "
+                     f"run. What was paid for is kept in {job.opts.output}; once the input is written whole, run "
+                     f"{job.again}: nothing is paid twice.")
 
 
 def _rewriter(job: Job):
@@ -152,6 +168,8 @@ def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bo
     budget = Budget(account.balance, spendable, part.price, part.margin, 1 / job.model.safety_factor,
                     s.budget.balance_poll_s, fits)
     metrics = _run_job(job, out, part.info, part.before, part.scan, budget)
+    if (changed := reading.changed(part.info)) is not None:   # what the job read may be mixed: never served
+        raise _changed(job, changed)
     committing = time.monotonic()
     requests = tuple(out.relative(p) for p in out.history_files("requests"))   # a killed run's too
     out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(job.opts.input), part.gone, requests),

@@ -9,6 +9,7 @@ from typing import NamedTuple, Sequence
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from pipeline.checks import reading
 from pipeline.checks.inputs import InputInfo
 from pipeline.checks.prior import Prior
 from pipeline.checks.scan import Scan
@@ -50,8 +51,14 @@ def _count(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, scan: Scan
     request_totals(requests) | "Count" >> beam.Map(_count_totals)
     (requests | "WorstCase" >> WorstCaseMicro(price, margin)
      | "CountWorstCase" >> beam.Map(lambda micro: Metrics.counter("embedpipe", "plan_worst_case_micro").inc(micro)))
-    result = p.run()
-    result.wait_until_finish()
+    try:
+        result = p.run()
+        result.wait_until_finish()
+    except Exception as exc:  # a worker's error arrives wrapped by the runner
+        error = reading.before_sending(info, exc)
+        if error is exc:
+            raise
+        raise error from None
     totals = counters(result)
     # rows whose text had gone when they came: delivered with it, not sent
     totals["plan_chunks"] = totals.get("plan_chunks", 0) + len(claiming.late())

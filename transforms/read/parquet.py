@@ -8,6 +8,10 @@ appended as constant string columns: the text of the path, never a guessed type,
 
 String-like columns come out as plain `string` (from large_string, string_view, or
 dictionary-encoded strings), so the steps after it see one type whatever wrote the file.
+
+Each file is checked, once open, against what the driver stamped when it listed it
+(transforms/read/stamps.py); a read that fails is InputChanged when the file changed since,
+else UnreadableInput naming the file and row group, never a bare pyarrow error.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.read.stamps import INPUT_FILE, Stamp, check
 from transforms.worker import coders  # noqa: F401  (registers the coder of pa.Table)
 
 Partition = Mapping[str, "str | None"]
@@ -65,8 +70,9 @@ def parquet_file(source) -> pq.ParquetFile:
     the caller's thread alone: an Arrow thread that touched a Python file may drop the last
     reference to it after the read returned, and at interpreter exit that aborts the process
     ("terminate called without an active exception", exit 134). Pre-buffering
-    (pyarrow's default) reads on the IO threads."""
-    return _InCallersThread(source, pre_buffer=False)
+    (pyarrow's default) reads on the IO threads. Pages whose writer set a checksum are verified:
+    a corrupt page is an error, never wrong text."""
+    return _InCallersThread(source, pre_buffer=False, page_checksum_verification=True)
 
 
 def row_count(path: str) -> int:
@@ -102,12 +108,37 @@ def matching_rows(path: str, key_columns: Sequence[str], match: Callable[[pa.Tab
                 yield parquet.read_row_group(g).filter(mask)
 
 
-def row_groups(entry: tuple[str, dict]):
+class UnreadableInput(Exception):
+    """An input file pyarrow cannot read (a corrupt page, a failed page checksum) that did not
+    change since it was listed: the message names it and where."""
+
+    def __init__(self, path: str, where: str, exc: Exception):
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        super().__init__(f"{INPUT_FILE}{path} is not readable Parquet ({where}: {reason})")
+
+
+def _checked(path: str, was: Stamp | None, where: str, read: Callable[[], Any]):
+    """READ() of PATH; when it fails, InputChanged if PATH is not what WAS stamped, else
+    UnreadableInput for what pyarrow cannot read (other errors as they are)."""
+    try:
+        return read()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        check(path, was)
+        raise UnreadableInput(path, where, exc) from exc
+    except Exception:
+        check(path, was)
+        raise
+
+
+def row_groups(entry: tuple[str, dict], stamps: Mapping[str, Stamp] | None = None):
     """(path, partition) -> (path, row group index, partition) for each non-empty row group,
-    so that a runner can spread the row groups of one large file over workers."""
+    so that a runner can spread the row groups of one large file over workers. STAMPS: what
+    each file was when listed, checked once it is open."""
     path, partition = entry
+    was = (stamps or {}).get(path)
     with open_parquet(path) as fh:
-        meta = parquet_file(fh).metadata
+        check(path, was)
+        meta = _checked(path, was, "footer", lambda: parquet_file(fh).metadata)
     for i in range(meta.num_row_groups):
         if meta.row_group(i).num_rows:
             yield path, i, partition
@@ -120,19 +151,31 @@ def row_groups(entry: tuple[str, dict]):
 BATCH_ROWS = 512
 
 
-def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str], keep: Callable[[int], bool] = lambda j: True):
-    """The row group, as tables of at most BATCH_ROWS rows; KEEP(j) false skips the j-th."""
+def _batches(path: str, index: int, columns: Sequence[str], was: Stamp | None):
+    """The row group's record batches, checked against WAS once the file is open."""
+    where = f"row group {index}"
+    with open_parquet(path) as fh:
+        check(path, was)
+        batches = _checked(path, was, where, lambda: parquet_file(fh).iter_batches(
+            BATCH_ROWS, row_groups=[index], columns=columns))
+        while (batch := _checked(path, was, where, lambda: next(batches, None))) is not None:
+            yield batch
+
+
+def read_row_group(ref: tuple[str, int, dict], columns: Sequence[str], keep: Callable[[int], bool] = lambda j: True,
+                   stamps: Mapping[str, Stamp] | None = None):
+    """The row group, as tables of at most BATCH_ROWS rows; KEEP(j) false skips the j-th.
+    STAMPS: what each file was when listed (InputChanged when it is not that any more)."""
     path, index, partition = ref
     in_file = [c for c in columns if c not in partition]
-    with open_parquet(path) as fh:
-        for j, batch in enumerate(parquet_file(fh).iter_batches(BATCH_ROWS, row_groups=[index], columns=in_file)):
-            if not keep(j):
-                continue
-            n = batch.num_rows
-            yield pa.Table.from_arrays(
-                [normalise(pa.chunked_array([batch.column(c)])) if c in in_file
-                 else pa.chunked_array([pa.array([partition[c]] * n, pa.string())]) for c in columns],
-                names=list(columns))
+    for j, batch in enumerate(_batches(path, index, in_file, (stamps or {}).get(path))):
+        if not keep(j):
+            continue
+        n = batch.num_rows
+        yield pa.Table.from_arrays(
+            [normalise(pa.chunked_array([batch.column(c)])) if c in in_file
+             else pa.chunked_array([pa.array([partition[c]] * n, pa.string())]) for c in columns],
+            names=list(columns))
 
 
 class Pull(NamedTuple):
@@ -146,7 +189,8 @@ class Pull(NamedTuple):
     workers: int
 
 
-def pulled(_puller: int, entries: Sequence[tuple[str, dict]], pool: Any, columns: Sequence[str]):
+def pulled(_puller: int, entries: Sequence[tuple[str, dict]], pool: Any, columns: Sequence[str],
+           stamps: Mapping[str, Stamp] | None = None):
     """The tables this puller takes first, every puller trying the same ones in the same order:
     whole row groups while any is left, each read by the one that takes it; then, started last
     first (the most left), the tables not taken yet of those still being read. Whoever reads a
@@ -154,21 +198,21 @@ def pulled(_puller: int, entries: Sequence[tuple[str, dict]], pool: Any, columns
     one that joins decodes it from its start: at most one row group per other puller, at the end)."""
     seen = []
     for entry in entries:
-        for ref in row_groups(entry):
+        for ref in row_groups(entry, stamps):
             seen.append(ref)
             if pool.take(_key(ref, "whole")):
-                yield from _read_shared(ref, columns, pool)
+                yield from _read_shared(ref, columns, pool, stamps)
     for ref in reversed(seen):
         if not pool.taken(_key(ref, "done")):
-            yield from _read_shared(ref, columns, pool)
+            yield from _read_shared(ref, columns, pool, stamps)
 
 
 def _key(ref: tuple[str, int, dict], part: "int | str") -> bytes:
     return f"{ref[0]}\0{ref[1]}\0{part}".encode()
 
 
-def _read_shared(ref: tuple[str, int, dict], columns: Sequence[str], pool: Any):
-    yield from read_row_group(ref, columns, lambda j: pool.take(_key(ref, j)))
+def _read_shared(ref: tuple[str, int, dict], columns: Sequence[str], pool: Any, stamps: Mapping[str, Stamp] | None):
+    yield from read_row_group(ref, columns, lambda j: pool.take(_key(ref, j)), stamps)
     pool.take(_key(ref, "done"))
 
 
@@ -177,26 +221,30 @@ class ReadParquetTables(beam.PTransform):
     most BATCH_ROWS rows of one row group, holding COLUMNS in that order; a partition key is a
     column like any other. SPREAD: the row groups are reshuffled so that a runner can share them
     among its workers (with one worker that is only a stage more, ~0.05 s before the first table),
-    or pulled by the local runner's worker processes (a Pull)."""
+    or pulled by the local runner's worker processes (a Pull). STAMPS: what each file was when
+    the driver listed it; a file that is not that any more when opened fails the job."""
 
     def __init__(self, files: Sequence[str], columns: Sequence[str],
-                 partitions: Sequence[Partition] | None = None, spread: "bool | Pull" = True):
+                 partitions: Sequence[Partition] | None = None, spread: "bool | Pull" = True,
+                 stamps: Mapping[str, Stamp] | None = None):
         super().__init__()
         if partitions is not None and len(partitions) != len(files):
             raise ValueError("one partition mapping per file")
         self._entries = [(f, dict(p)) for f, p in zip(files, partitions or [{}] * len(files))]
         self._columns = list(columns)
         self._spread = spread
+        self._stamps = dict(stamps or {})
 
     def expand(self, pbegin):
         if isinstance(self._spread, Pull):
             return (pbegin
                     | "Pullers" >> beam.Create(range(self._spread.workers), reshuffle=True)
-                    | "PullRowGroups" >> beam.FlatMap(pulled, self._entries, self._spread.pool, self._columns)
-                    .with_output_types(pa.Table))
+                    | "PullRowGroups" >> beam.FlatMap(pulled, self._entries, self._spread.pool, self._columns,
+                                                      self._stamps).with_output_types(pa.Table))
         groups = (pbegin
                   | "Files" >> beam.Create(self._entries, reshuffle=self._spread)
-                  | "RowGroups" >> beam.FlatMap(row_groups))
+                  | "RowGroups" >> beam.FlatMap(row_groups, self._stamps))
         if self._spread:
             groups = groups | "Spread" >> beam.Reshuffle()
-        return groups | "ReadRowGroup" >> beam.FlatMap(read_row_group, self._columns).with_output_types(pa.Table)
+        return groups | "ReadRowGroup" >> beam.FlatMap(read_row_group, self._columns,
+                                                       stamps=self._stamps).with_output_types(pa.Table)

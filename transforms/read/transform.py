@@ -19,6 +19,7 @@ from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, changes_table,
 from transforms.read.parquet import Partition, Pull, ReadParquetTables
 from transforms.read.rows import text_rejection
 from transforms.read.split import SplitConfig, Splitter
+from transforms.read.stamps import Stamp
 from transforms.records import ChunkRef, Rejected
 from transforms.worker import collector, runscoped
 from transforms.worker.progress import Progress
@@ -139,21 +140,23 @@ class ReadDocuments(beam.PTransform):
     ChunkRef)) per chunk of the documents that need work against VIEW; `rejected`: Rejected
     rows; `changed`: one record per document worked on.
     DUPLICATE_IDS (id -> count, from the driver's scan) are rejected without being split;
-    PROGRESS (output dir, run id, interval) is where documents read are reported; SPREAD as
-    ReadParquetTables'."""
+    PROGRESS (output dir, run id, interval) is where documents read are reported; SPREAD and
+    STAMPS as ReadParquetTables'."""
 
     def __init__(self, files: Sequence[str], partitions: Sequence[Partition] | None, id_column: str,
                  text_column: str, keep_columns: Sequence[str], split: SplitConfig,
                  duplicate_ids: Mapping[str, int], view: ViewRef,
-                 progress: tuple[str, str, float] | None = None, spread: bool | Pull = True):
+                 progress: tuple[str, str, float] | None = None, spread: bool | Pull = True,
+                 stamps: Mapping[str, Stamp] | None = None):
         super().__init__()
-        self._files, self._partitions, self._spread = list(files), partitions, spread
+        self._files, self._partitions, self._spread, self._stamps = list(files), partitions, spread, stamps
         self._columns = (id_column, text_column, *keep_columns)
         self._split_fn = _SplitTable(id_column, text_column, keep_columns, split, duplicate_ids, view, progress)
 
     def expand(self, pbegin):
         return (pbegin
-                | "ReadParquet" >> ReadParquetTables(self._files, self._columns, self._partitions, self._spread)
+                | "ReadParquet" >> ReadParquetTables(self._files, self._columns, self._partitions, self._spread,
+                                                       self._stamps)
                 | "Split" >> beam.ParDo(self._split_fn).with_outputs(REJECTED, CHANGED, main=ENTRIES))
 
 

@@ -14,6 +14,8 @@ FileSystems scheme.
 """
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import logging
 import uuid
@@ -119,9 +121,14 @@ class _WriteBundles(beam.DoFn):
         self._writer[0].write_table(table)
 
     def _abandon(self) -> None:
+        """Drops a file never to be named; its writer is closed before the handle, else it closes
+        itself when collected, into the closed handle (a traceback on stderr)."""
         if self._writer is not None:
-            self._writer[1].close()
+            writer, handle, _ = self._writer
             self._writer = None
+            with contextlib.suppress(Exception):  # the file is dropped whatever its footer
+                writer.close()
+            handle.close()
 
 
 class _NameFiles(beam.DoFn):
