@@ -30,9 +30,10 @@ from pipeline.outdir import switch as switches
 from pipeline.outdir.commit import RunFiles
 from pipeline.outdir.view import View
 from pipeline.runner import counters, make_runner
-from pipeline.settings.job import RESUME, Job
+from pipeline.settings.job import RESUME, Job, catalogue
 from pipeline.terminal.progress import job_progress
 from service import errors
+from service.catalog import get_model
 from service.client import EmbeddingsClient
 from transforms.money import journal
 from transforms.money.budget import Budget
@@ -241,6 +242,12 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
     return report["exit_code"], report
 
 
+def _price_of(out: OutputDir, job: Job, model: str) -> float:
+    """RUB per token of MODEL, as billed in DIR's history, else the catalogue's."""
+    learned = out.learned_price(model)
+    return learned if learned is not None else get_model(catalogue(job.opts), model).price_per_token
+
+
 def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, target: _Part | None,
                    switched: bool, stopped: bool) -> dict:
     """summary.json's `switch` (while one is under way, or ended by this run) and the exit code:
@@ -254,7 +261,7 @@ def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, 
     if record is None:
         return {"switch": {"abandoned": decision.abandoned}} if decision.abandoned else {}
     ids = pc.drop_null(served.scan.ids) if served.job.opts.input else None
-    price = target.price if target else out.learned_price(record.to_model) or served.price
+    price = target.price if target else _price_of(out, served.job, record.to_model)
     status = switches.status(out, record, ids, price, switched)
     status["abandoned"] = decision.abandoned
     report = {"switch": status}
