@@ -25,7 +25,7 @@ from pipeline.commands import summary
 from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed
 from pipeline.money import account as acct
 from pipeline.money import measure
-from pipeline.outdir import OutputDir, late, layout
+from pipeline.outdir import OutputDir, late, layout, space
 from pipeline.outdir import switch as switches
 from pipeline.outdir.commit import RunFiles
 from pipeline.outdir.view import View
@@ -63,11 +63,23 @@ def _account_after(job: Job) -> acct.Account:
 def execute(job: Job) -> tuple[int, dict]:
     started = dt.datetime.now(dt.timezone.utc)
     out = OutputDir(job.opts.output)
-    out.check_writable()
-    with out.lock(job.run_id, job.settings.lock):
-        out.adopt_earlier_layout()
-        out.repair_link()
-        return _execute(job, out, started)
+    space.quiet_worker_logs()
+    read: dict = {}   # the input's rows, once scanned: what a full disk's message asks to free
+    try:
+        out.check_writable()
+        with out.lock(job.run_id, job.settings.lock):
+            out.adopt_earlier_layout()
+            out.repair_link()
+            return _execute(job, out, started, read)
+    except OSError as exc:   # anywhere in DIR: the probe, the lock, a record, the commit, summary.json
+        if not space.is_full(exc):
+            raise
+        raise _disk_full(job, read.get("rows", 0)) from None
+
+
+def _disk_full(job: Job, rows: int) -> JobFailed:
+    """A run writes its vectors twice (the journal, then the history), with room for the rest."""
+    return JobFailed(space.message(job.opts.output, 2 * rows * (4 * job.dimensions + 256), job.again))
 
 
 def _template(job: Job, before: Prior, info) -> View:
@@ -90,6 +102,8 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget
                 result = pipeline.run()
                 result.wait_until_finish()
         except Exception as exc:  # a worker's error arrives wrapped by the runner
+            if space.is_full(exc):
+                raise _disk_full(job, scan.rows) from None
             last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
             raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
                             f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
@@ -189,10 +203,11 @@ def _advance(out: OutputDir, target: _Part, record: switches.Switch, spent: floa
     return complete, round(commit_s + time.monotonic() - switching_at, 3)
 
 
-def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]:
+def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tuple[int, dict]:
     opts, s = job.opts, job.settings
     decision = switching.decide(job, out, act=True)
     served = _part(decision.switching.served if decision.switching else job, out)
+    read["rows"] = served.scan.rows
     account = _read_account(job)
     spendable = _spendable(job, account)
     log.info("run %s (%s, %s): %d rows; spendable %.6f RUB of balance %.6f (%s binds)", job.run_id, job.mode,

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.exits import UsageError
-from pipeline.outdir import layout, records
+from pipeline.outdir import layout, records, space
 from pipeline.outdir import view as views
 from pipeline.outdir.commit import Rewrite, RunFiles, next_view
 from pipeline.outdir.jsonfiles import write_json
@@ -35,9 +35,18 @@ from transforms.write.transform import Codec
 
 log = logging.getLogger("embedpipe")
 
+PROBE = ".write-probe-"   # check_writable's file at DIR's top, there for an instant
+
 # A run's file at the top of DIR: how outputs were laid out before the current view existed.
 _EARLIER_LAYOUT = re.compile(
     r"^(?:embeddings|requests|failed|pending|documents)-(\d{8}T\d{6}Z-[0-9a-f]{6})-.*\.parquet$")
+
+
+def _delete_quietly(paths: list[str]) -> None:
+    try:
+        FileSystems.delete(paths)
+    except Exception:  # never created, or gone already
+        pass
 
 
 def _make_dirs(path: str) -> None:
@@ -115,14 +124,18 @@ class OutputDir:
     # -- a run ------------------------------------------------------------------------------
 
     def check_writable(self) -> None:
-        probe = FileSystems.join(self.path, f".write-probe-{uuid.uuid4().hex}")
+        """A probe written and removed; a full disk is an OSError for the caller to name."""
+        probe = FileSystems.join(self.path, f"{PROBE}{uuid.uuid4().hex}")
         _make_dirs(self.path)   # whether DIR is writable, the probe below decides
         try:
             with FileSystems.create(probe) as fh:
                 fh.write(b"ok")
-            FileSystems.delete([probe])
         except Exception as exc:
+            if space.is_full(exc):
+                raise
             raise UsageError(f"--output {self.path}: not writable ({exc})") from None
+        finally:
+            _delete_quietly([probe])
 
     def lock(self, run_id: str, settings: LockSettings) -> OutputLock:
         return OutputLock(self.path, run_id, settings)

@@ -120,8 +120,11 @@ class _WriteBundles(beam.DoFn):
 
     def _abandon(self) -> None:
         if self._writer is not None:
-            self._writer[1].close()
-            self._writer = None
+            handle, self._writer = self._writer[1], None
+            try:
+                handle.close()
+            except OSError:   # a full disk, say: the file is never named, and its error is the bundle's
+                pass
 
 
 class _NameFiles(beam.DoFn):
