@@ -71,7 +71,9 @@ def execute(job: Job) -> tuple[int, dict]:
             out.adopt_earlier_layout()
             out.repair_link()
             return _execute(job, out, started, read)
-    except OSError as exc:   # anywhere in DIR: the probe, the lock, a record, the commit, summary.json
+    except JobFailed:
+        raise
+    except Exception as exc:   # anywhere in DIR: the probe, the lock, a record, the commit (a job of its own)
         if not space.is_full(exc):
             raise
         raise _disk_full(job, read.get("rows", 0)) from None
@@ -251,6 +253,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tupl
         journal.discard(opts.output, run_id)
         progress.discard(opts.output, run_id)
     out.collect_garbage(s.views.keep)
+    out.remove_leftovers({job.run_id, *((decision.switching.target.run_id,) if decision.switching else ())})
     if len(served.missing) and not len(served.gone):
         log.info("%d documents of %s are not in this input and stay current (--resume); pass --sync when the "
                  "input is the whole corpus", len(served.missing), opts.output)

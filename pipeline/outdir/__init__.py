@@ -7,6 +7,7 @@
     out.journal_entries(m, d)     answers killed runs paid for and never wrote
     out.lock(run_id, settings)    one live run per DIR
     out.commit(...)               the run's outcome becomes the current view
+    out.remove_leftovers(live)    what runs that stopped early left behind
     out.write_summary(summary)
 
 The layout on disk is pipeline/outdir/layout.py.
@@ -22,7 +23,7 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.exits import UsageError
-from pipeline.outdir import layout, records, space
+from pipeline.outdir import layout, leftovers, records, space
 from pipeline.outdir import view as views
 from pipeline.outdir.commit import Rewrite, RunFiles, next_view
 from pipeline.outdir.jsonfiles import write_json
@@ -188,4 +189,11 @@ class OutputDir:
 
     def collect_garbage(self, keep: int) -> None:
         views.collect_garbage(self.path, keep)
+
+    def remove_leftovers(self, live: set[str]) -> None:
+        """What runs that stopped early left (pipeline/outdir/leftovers.py); LIVE: this command's runs."""
+        try:
+            leftovers.remove(self.path, live, PROBE)
+        except Exception as exc:   # the run itself is done: a leftover that stays is worth a warning
+            log.warning("could not remove what earlier runs left in %s: %s", self.path, exc)
 
