@@ -104,8 +104,12 @@ class _WriteBundles(beam.DoFn):
         if self._writer is not None:
             writer, handle, path = self._writer
             self._writer = None
-            writer.close()
-            handle.close()
+            try:
+                writer.close()
+                handle.close()
+            except BaseException:
+                writer.is_open = False   # its file is never named: no second footer when it is collected
+                raise
             yield GlobalWindows.windowed_value((self._prefix, path))
 
     def teardown(self):
@@ -120,10 +124,11 @@ class _WriteBundles(beam.DoFn):
 
     def _abandon(self) -> None:
         if self._writer is not None:
-            handle, self._writer = self._writer[1], None
+            (writer, handle, _), self._writer = self._writer, None
+            writer.is_open = False   # never named: no footer, now or when the writer is collected
             try:
                 handle.close()
-            except OSError:   # a full disk, say: the file is never named, and its error is the bundle's
+            except OSError:   # a full disk, say: the bundle's own error says it
                 pass
 
 
