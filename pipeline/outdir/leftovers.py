@@ -3,8 +3,8 @@ gets to its end: temporary files, and journals whose answers are in the history.
 
 The run holds DIR's lock (lock.py), so no other run is live here: every other run's files are
 done with. Still, only what is provably redundant goes:
-- temporary files: a job's `history/<run>/.temp-*/`, a journal entry's `.tmp-*` and `.space`
-  (never a whole entry), other runs' progress reports; a JSON file's `.tmp-*` and a
+- temporary files: a job's `history/<run>/.temp-*/` and `.tmp-*`, a journal entry's `.tmp-*`
+  and `.space` (never a whole entry), other runs' progress reports; a JSON file's `.tmp-*` and a
   `.write-probe-*` only once older than a minute (this run's own lock is rewritten meanwhile);
 - a journal entry whose request is in a history requests file and whose every text is in a
   history embeddings file with that request id (the run after a kill writes them so);
@@ -57,12 +57,14 @@ def _run_of(path: str, base: str) -> str:
 def remove(output_dir: str, live: set[str], probe: str) -> None:
     """Leftovers of every run but those in LIVE (this command's); PROBE: the probe's name before its id."""
     old = time.time() - MIN_AGE_S
-    _delete([m.path for pattern in (probe + "*", f"*{TEMP}*", f"{records.RUNS_DIR}/*{TEMP}*", f"{layout.VIEWS}/*{TEMP}*")
-             for m in _match(layout.join(output_dir, pattern)) if (m.last_updated_in_seconds or 0) < old])
+    patterns = (probe + "*", f"*{TEMP}*", f"{records.RUNS_DIR}/*{TEMP}*", f"{layout.VIEWS}/*{TEMP}*")
+    _delete([m.path for pattern in patterns for m in _match(layout.join(output_dir, pattern))
+             if (m.last_updated_in_seconds or 0) < old])
     history = layout.join(output_dir, layout.HISTORY)
     temps = [m.path for m in _match(layout.join(history, "*/.temp-*/*"))]   # the objects, on object stores
     if FileSystems.get_scheme(history) in (None, "file"):   # on local disks the directories, empty or not
         temps = glob.glob(os.path.join(history, "*", ".temp-*"))
+    temps += [m.path for m in _match(layout.join(history, f"*/*{TEMP}*"))]   # late copies being written
     _delete([p for p in temps if _run_of(p, history) not in live])
     base = journal.journal_dir(output_dir)
     runs = {_run_of(m.path, base) for m in _match(FileSystems.join(base, "*", "*"))} - live
@@ -97,7 +99,8 @@ def _answered(output_dir: str) -> dict[str, int]:
     found: dict[str, int] = {}
     paths = [m.path for m in _match(layout.join(output_dir, f"{layout.HISTORY}/*/requests-*.parquet"))]
     for t in read_tables(paths, ["request_id", "status", "attempts"]):
-        for request_id, status, attempts in zip(*(t.column(c).to_pylist() for c in ("request_id", "status", "attempts"))):
+        columns = (t.column(c).to_pylist() for c in ("request_id", "status", "attempts"))
+        for request_id, status, attempts in zip(*columns):
             found[request_id] = 0 if status == 200 or found.get(request_id) == 0 else attempts
     return found
 

@@ -16,6 +16,7 @@ disk stops the run before it pays, never after.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import io
 import json
 import os
@@ -96,8 +97,10 @@ def reserve(output_dir: str, run_id: str, request_id: str, nbytes: int) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as fh:
             os.posix_fallocate(fh.fileno(), 0, nbytes)
-    except BaseException:
+    except BaseException as exc:
         _remove(path)
+        if isinstance(exc, OSError) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return   # a filesystem that cannot allocate ahead: the entry is written as it comes
         raise
 
 
