@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +38,27 @@ def sandbox_factory(tmp_path_factory):
 def sandbox(sandbox_factory) -> SandboxProcess:
     """A default sandbox: key "sk-test-key", balance 1000 RUB, no budget, no faults."""
     return sandbox_factory(key=SANDBOX_KEY, balance=1000.0)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of its own (root may mount one): DIR is filled without filling the machine's."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        pytest.skip(f"a tmpfs cannot be mounted here ({done.stderr.strip() or done.returncode}): "
+                    "the full-disk tests need root or CAP_SYS_ADMIN")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """A file that takes all of DISK's free space but LEAVE bytes."""
+    filler = disk / f"filler-{uuid.uuid4().hex}"
+    st = os.statvfs(disk)
+    with open(filler, "wb") as fh:
+        if (size := st.f_bavail * st.f_frsize - leave) > 0:
+            os.posix_fallocate(fh.fileno(), 0, size)
+    return filler

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import SANDBOX_KEY
+from tests.conftest import SANDBOX_KEY, fill
 from tests.e2e.money_helpers import (billed_twice, corpus_rows, current, kill_once_journaled, ledger, run,
                                      start_sandbox, summary, write_corpus, write_models)
 
@@ -23,30 +21,6 @@ TEMPORARY = (".tmp-", ".temp-", ".space", ".write-probe-")
 @pytest.fixture
 def env_key(monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A tmpfs of its own (root may mount one): DIR is filled without filling the machine's."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode:
-        pytest.skip(f"a tmpfs cannot be mounted here ({done.stderr.strip() or done.returncode}): "
-                    "the full-disk tests need root or CAP_SYS_ADMIN")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(disk: Path, leave: int) -> Path:
-    """A file that takes all of DISK's free space but LEAVE bytes."""
-    filler = disk / f"filler-{uuid.uuid4().hex}"
-    st = os.statvfs(disk)
-    with open(filler, "wb") as fh:
-        if (size := st.f_bavail * st.f_frsize - leave) > 0:
-            os.posix_fallocate(fh.fileno(), 0, size)
-    return filler
 
 
 def temporary_files(out: Path) -> list[str]:

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from tests.conftest import SANDBOX_KEY
+from tests.conftest import SANDBOX_KEY, fill
 from tests.e2e.money_helpers import (REPO, billed_twice, corpus_rows, job_argv, journal_files, ledger, micro,
                                      start_job, start_sandbox, summary, write_corpus, write_models)
-from tests.e2e.test_full_disk import fill, small_disk, temporary_files  # noqa: F401  (small_disk: a fixture)
+from tests.e2e.test_full_disk import temporary_files
 
 pytestmark = pytest.mark.soak
 
@@ -34,7 +34,7 @@ def wait_for(proc: subprocess.Popen, out, n: int, log) -> None:
 
 
 @pytest.mark.parametrize("answers,leave", [(1, 0), (8, 0), (25, 4096), (60, 64 << 10)])
-def test_a_disk_that_fills_mid_run_pays_nothing_twice(tmp_path, small_disk, sandbox_factory, monkeypatch,  # noqa: F811
+def test_a_disk_that_fills_mid_run_pays_nothing_twice(tmp_path, small_disk, sandbox_factory, monkeypatch,
                                                       answers, leave):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
     models = write_models(tmp_path / "models.yaml")
