@@ -64,7 +64,7 @@ def execute(job: Job) -> tuple[int, dict]:
     started = dt.datetime.now(dt.timezone.utc)
     out = OutputDir(job.opts.output)
     space.quiet_worker_logs()
-    read: dict = {}   # the input's rows, once scanned: what a full disk's message asks to free
+    read: dict = {}   # the input's scan, once made: what a full disk's message asks to free
     try:
         out.check_writable()
         with out.lock(job.run_id, job.settings.lock):
@@ -76,12 +76,14 @@ def execute(job: Job) -> tuple[int, dict]:
     except Exception as exc:   # anywhere in DIR: the probe, the lock, a record, the commit (a job of its own)
         if not space.is_full(exc):
             raise
-        raise _disk_full(job, read.get("rows", 0)) from None
+        raise _disk_full(job, read.get("scan")) from None
 
 
-def _disk_full(job: Job, rows: int) -> JobFailed:
-    """A run writes its vectors twice (the journal, then the history), with room for the rest."""
-    return JobFailed(space.message(job.opts.output, 2 * rows * (4 * job.dimensions + 256), job.again))
+def _disk_full(job: Job, scan: Scan | None) -> JobFailed:
+    """At most a chunk per document and per window of its tokens, each vector written twice
+    (the journal, then the history) with room for its other columns."""
+    chunks = scan.rows + scan.tokens_bound // job.model.chunk_tokens if scan else 0
+    return JobFailed(space.message(job.opts.output, 2 * chunks * (4 * job.dimensions + 256), job.again))
 
 
 def _template(job: Job, before: Prior, info) -> View:
@@ -105,7 +107,7 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget
                 result.wait_until_finish()
         except Exception as exc:  # a worker's error arrives wrapped by the runner
             if space.is_full(exc):
-                raise _disk_full(job, scan.rows) from None
+                raise _disk_full(job, scan) from None
             last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
             raise JobFailed(f"the job failed on a worker: {last}. What was paid for is journaled in "
                             f"{journal.journal_dir(opts.output, job.run_id)}; fix the cause and run "
@@ -209,7 +211,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tupl
     opts, s = job.opts, job.settings
     decision = switching.decide(job, out, act=True)
     served = _part(decision.switching.served if decision.switching else job, out)
-    read["rows"] = served.scan.rows
+    read["scan"] = served.scan
     account = _read_account(job)
     spendable = _spendable(job, account)
     log.info("run %s (%s, %s): %d rows; spendable %.6f RUB of balance %.6f (%s binds)", job.run_id, job.mode,

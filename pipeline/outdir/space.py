@@ -41,12 +41,11 @@ def _free_mb(path: str) -> str:
 
 
 def message(output_dir: str, need_bytes: int, again: str) -> str:
-    """The line: DIR, what is free, about how much the run writes (when known), the next step."""
-    need = (f"at least {max(1.0, need_bytes / _MB):.0f} MB there (about what this run writes)" if need_bytes
-            else "space there")
-    return (f"--output {output_dir}: no space left on its disk{_free_mb(output_dir)}. Free {need}, then run "
-            f"{again}: every answer already paid for is journaled and is not paid again, and the served view is "
-            "the last complete one.")
+    """The line: DIR, what is free, what the run may write (when known), the next step."""
+    need = f" (this run writes up to {max(1.0, need_bytes / _MB):.0f} MB)" if need_bytes else ""
+    return (f"--output {output_dir}: no space left on its disk{_free_mb(output_dir)}. Free space there{need}, "
+            f"then run {again}: every answer already paid for is journaled and is not paid again, and the "
+            "served view is the last complete one.")
 
 
 class _DropFullDisk(logging.Filter):
