@@ -36,8 +36,6 @@ from transforms.write.transform import Codec
 
 log = logging.getLogger("embedpipe")
 
-PROBE = ".write-probe-"   # check_writable's file at DIR's top, there for an instant
-
 # A run's file at the top of DIR: how outputs were laid out before the current view existed.
 _EARLIER_LAYOUT = re.compile(
     r"^(?:embeddings|requests|failed|pending|documents)-(\d{8}T\d{6}Z-[0-9a-f]{6})-.*\.parquet$")
@@ -126,7 +124,7 @@ class OutputDir:
 
     def check_writable(self) -> None:
         """A probe written and removed; a full disk is an OSError for the caller to name."""
-        probe = FileSystems.join(self.path, f"{PROBE}{uuid.uuid4().hex}")
+        probe = FileSystems.join(self.path, f"{layout.PROBE}{uuid.uuid4().hex}")
         _make_dirs(self.path)   # whether DIR is writable, the probe below decides
         try:
             with FileSystems.create(probe) as fh:
@@ -193,7 +191,7 @@ class OutputDir:
     def remove_leftovers(self, live: set[str]) -> None:
         """What runs that stopped early left (pipeline/outdir/leftovers.py); LIVE: this command's runs."""
         try:
-            leftovers.remove(self.path, live, PROBE)
+            leftovers.remove(self.path, live)
         except Exception as exc:   # the run itself is done: a leftover that stays is worth a warning
             log.warning("could not remove what earlier runs left in %s: %s", self.path, exc)
 

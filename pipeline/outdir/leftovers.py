@@ -54,10 +54,10 @@ def _run_of(path: str, base: str) -> str:
     return layout.relative(base, path).split("/", 1)[0]
 
 
-def remove(output_dir: str, live: set[str], probe: str) -> None:
-    """Leftovers of every run but those in LIVE (this command's); PROBE: the probe's name before its id."""
+def remove(output_dir: str, live: set[str]) -> None:
+    """Leftovers of every run but those in LIVE (this command's)."""
     old = time.time() - MIN_AGE_S
-    patterns = (probe + "*", f"*{TEMP}*", f"{records.RUNS_DIR}/*{TEMP}*", f"{layout.VIEWS}/*{TEMP}*")
+    patterns = (layout.PROBE + "*", f"*{TEMP}*", f"{records.RUNS_DIR}/*{TEMP}*", f"{layout.VIEWS}/*{TEMP}*")
     _delete([m.path for pattern in patterns for m in _match(layout.join(output_dir, pattern))
              if (m.last_updated_in_seconds or 0) < old])
     history = layout.join(output_dir, layout.HISTORY)
