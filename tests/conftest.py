@@ -1,6 +1,7 @@
 """Shared fixtures: sandboxes as real subprocesses on free loopback ports, stopped at teardown."""
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import uuid
@@ -55,10 +56,17 @@ def small_disk(tmp_path):
 
 
 def fill(disk: Path, leave: int) -> Path:
-    """A file that takes all of DISK's free space but LEAVE bytes."""
+    """A file that takes all of DISK's free space but LEAVE bytes (grown again while a run
+    writes beside it: an allocation is all or nothing)."""
     filler = disk / f"filler-{uuid.uuid4().hex}"
-    st = os.statvfs(disk)
     with open(filler, "wb") as fh:
-        if (size := st.f_bavail * st.f_frsize - leave) > 0:
-            os.posix_fallocate(fh.fileno(), 0, size)
+        for _ in range(1000):
+            st = os.statvfs(disk)
+            if (grow := st.f_bavail * st.f_frsize - leave) <= 0:
+                break
+            try:
+                os.posix_fallocate(fh.fileno(), os.fstat(fh.fileno()).st_size, grow)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
     return filler
