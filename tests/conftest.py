@@ -1,7 +1,11 @@
 """Shared fixtures: sandboxes as real subprocesses on free loopback ports, stopped at teardown."""
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +39,34 @@ def sandbox_factory(tmp_path_factory):
 def sandbox(sandbox_factory) -> SandboxProcess:
     """A default sandbox: key "sk-test-key", balance 1000 RUB, no budget, no faults."""
     return sandbox_factory(key=SANDBOX_KEY, balance=1000.0)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of its own (root may mount one): DIR is filled without filling the machine's."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        pytest.skip(f"a tmpfs cannot be mounted here ({done.stderr.strip() or done.returncode}): "
+                    "the full-disk tests need root or CAP_SYS_ADMIN")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """A file that takes all of DISK's free space but LEAVE bytes (grown again while a run
+    writes beside it: an allocation is all or nothing)."""
+    filler = disk / f"filler-{uuid.uuid4().hex}"
+    with open(filler, "wb") as fh:
+        for _ in range(1000):
+            st = os.statvfs(disk)
+            if (grow := st.f_bavail * st.f_frsize - leave) <= 0:
+                break
+            try:
+                os.posix_fallocate(fh.fileno(), os.fstat(fh.fileno()).st_size, grow)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    return filler

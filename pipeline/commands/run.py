@@ -25,14 +25,15 @@ from pipeline.commands import summary
 from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed
 from pipeline.money import account as acct
 from pipeline.money import measure
-from pipeline.outdir import OutputDir, late, layout
+from pipeline.outdir import OutputDir, late, layout, space
 from pipeline.outdir import switch as switches
 from pipeline.outdir.commit import RunFiles
 from pipeline.outdir.view import View
 from pipeline.runner import counters, make_runner
-from pipeline.settings.job import RESUME, Job
+from pipeline.settings.job import RESUME, Job, catalogue
 from pipeline.terminal.progress import job_progress
 from service import errors
+from service.catalog import get_model
 from service.client import EmbeddingsClient
 from transforms.money import journal
 from transforms.money.budget import Budget
@@ -63,11 +64,27 @@ def _account_after(job: Job) -> acct.Account:
 def execute(job: Job) -> tuple[int, dict]:
     started = dt.datetime.now(dt.timezone.utc)
     out = OutputDir(job.opts.output)
-    out.check_writable()
-    with out.lock(job.run_id, job.settings.lock):
-        out.adopt_earlier_layout()
-        out.repair_link()
-        return _execute(job, out, started)
+    space.quiet_worker_logs()
+    read: dict = {}   # the input's scan, once made: what a full disk's message asks to free
+    try:
+        out.check_writable()
+        with out.lock(job.run_id, job.settings.lock):
+            out.adopt_earlier_layout()
+            out.repair_link()
+            return _execute(job, out, started, read)
+    except JobFailed:
+        raise
+    except Exception as exc:   # anywhere in DIR: the probe, the lock, a record, the commit (a job of its own)
+        if not space.is_full(exc):
+            raise
+        raise _disk_full(job, read.get("scan")) from None
+
+
+def _disk_full(job: Job, scan: Scan | None) -> JobFailed:
+    """At most a chunk per document and per window of its tokens, each vector written twice
+    (the journal, then the history) with room for its other columns."""
+    chunks = scan.rows + scan.tokens_bound // job.model.chunk_tokens if scan else 0
+    return JobFailed(space.message(job.opts.output, 2 * chunks * (4 * job.dimensions + 256), job.again))
 
 
 def _template(job: Job, before: Prior, info) -> View:
@@ -90,6 +107,8 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget
                 result = pipeline.run()
                 result.wait_until_finish()
         except Exception as exc:  # a worker's error arrives wrapped by the runner
+            if space.is_full(exc):
+                raise _disk_full(job, scan) from None
             raise _failed(job, info, exc) from None
         late.write_late_copies(out, job.run_id, claiming.late(), job.keep_columns, job.codec)
     return counters(result)
@@ -206,10 +225,11 @@ def _advance(out: OutputDir, target: _Part, record: switches.Switch, spent: floa
     return complete, round(commit_s + time.monotonic() - switching_at, 3)
 
 
-def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]:
+def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tuple[int, dict]:
     opts, s = job.opts, job.settings
     decision = switching.decide(job, out, act=True)
     served = _part(decision.switching.served if decision.switching else job, out)
+    read["scan"] = served.scan
     account = _read_account(job)
     spendable = _spendable(job, account)
     log.info("run %s (%s, %s): %d rows; spendable %.6f RUB of balance %.6f (%s binds)", job.run_id, job.mode,
@@ -253,10 +273,17 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime) -> tuple[int, dict]
         journal.discard(opts.output, run_id)
         progress.discard(opts.output, run_id)
     out.collect_garbage(s.views.keep)
+    out.remove_leftovers({job.run_id, *((decision.switching.target.run_id,) if decision.switching else ())})
     if len(served.missing) and not len(served.gone):
         log.info("%d documents of %s are not in this input and stay current (--resume); pass --sync when the "
                  "input is the whole corpus", len(served.missing), opts.output)
     return report["exit_code"], report
+
+
+def _price_of(out: OutputDir, job: Job, model: str) -> float:
+    """RUB per token of MODEL, as billed in DIR's history, else the catalogue's."""
+    learned = out.learned_price(model)
+    return learned if learned is not None else get_model(catalogue(job.opts), model).price_per_token
 
 
 def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, target: _Part | None,
@@ -272,7 +299,7 @@ def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, 
     if record is None:
         return {"switch": {"abandoned": decision.abandoned}} if decision.abandoned else {}
     ids = pc.drop_null(served.scan.ids) if served.job.opts.input else None
-    price = target.price if target else out.learned_price(record.to_model) or served.price
+    price = target.price if target else _price_of(out, served.job, record.to_model)
     status = switches.status(out, record, ids, price, switched)
     status["abandoned"] = decision.abandoned
     report = {"switch": status}

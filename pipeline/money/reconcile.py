@@ -17,8 +17,9 @@ What the client can know, and how each part is found:
   (a run's start balance, an answered charge, the final balance) is money spent by charges
   the job did not see. The job knows its own unseen candidates: a retried attempt costs what
   its answered retry cost; a request in flight at a kill (an intent in the journal without an
-  entry) costs its tokens × the billed price. A candidate can only sit in a gap after every
-  charge answered before it was sent (clocks of one host assumed).
+  entry) costs what the service bills its tokens (transforms/money/apportion.bill_micro). A
+  candidate can only sit in a gap after every charge answered before it was sent (clocks of
+  one host assumed).
   A gap that a set of eligible candidates fills to the micro-rouble is *lost*; a gap no
   eligible candidate fits is *others*; whatever stays open, where own candidates and other
   spending cannot be told apart, is *unexplained* (with bounds in the notes), as is a balance
@@ -33,7 +34,7 @@ from typing import Collection
 
 from pipeline.outdir.records import read_records
 from transforms.money import journal
-from transforms.money.apportion import from_micro, to_micro
+from transforms.money.apportion import bill_micro, from_micro, to_micro
 
 MAX_SUBSET_BITS = 50_000_000  # exact matching of a gap by candidates: a bitset per candidate
 
@@ -116,15 +117,17 @@ def split_gaps(points: list[Point], candidates: list[Candidate]) -> dict:
 
 
 def _price(answered: list[dict], catalogue: float) -> float:
-    """RUB per token as billed: the catalogue's, or the ratio of the largest bill, when it
-    reproduces every bill to the micro-rouble (a lost request's cost is then predicted
-    exactly); else that ratio, and a lost request may not match its gap."""
+    """RUB per token as billed: the catalogue's when it reproduces every bill to the
+    micro-rouble, else the shortest price per 1M tokens (fewest decimals) that does (a bill
+    that rounds half a micro-rouble tells a round price from one a hair off it), else the
+    ratio of the largest bill, and a lost request may not match its gap."""
     billed = [(r["total_tokens"], to_micro(r["cost_rub"])) for r in answered if r["total_tokens"]]
     if not billed:
         return catalogue
+    per_1m = (max((c - 0.5) / t for t, c in billed) + min((c + 0.5) / t for t, c in billed)) / 2
     tokens, cost = max(billed)
-    for price in (catalogue, cost / tokens / 1e6):
-        if all(round(t * price * 1e6) == c for t, c in billed):
+    for price in (catalogue, *(round(per_1m, d) / 1e6 for d in range(7))):
+        if all(bill_micro(t, price) == c for t, c in billed):
             return price
     return cost / tokens / 1e6
 
@@ -150,7 +153,7 @@ def _candidates(requests: list[dict], unanswered: list[dict], price: float) -> t
         if u.get("tokens") is None or u.get("at") is None:
             torn += 1
             continue
-        cost = round(u["tokens"] * price * 1e6)
+        cost = bill_micro(u["tokens"], price)
         out += [Candidate(cost, _time(u["at"]), "in_flight", u["run_id"])] * int(u.get("attempts") or 1)
     return out, torn
 

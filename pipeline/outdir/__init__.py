@@ -7,6 +7,7 @@
     out.journal_entries(m, d)     answers killed runs paid for and never wrote
     out.lock(run_id, settings)    one live run per DIR
     out.commit(...)               the run's outcome becomes the current view
+    out.remove_leftovers(live)    what runs that stopped early left behind
     out.write_summary(summary)
 
 The layout on disk is pipeline/outdir/layout.py.
@@ -22,7 +23,7 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.exits import UsageError
-from pipeline.outdir import layout, records
+from pipeline.outdir import layout, leftovers, records, space
 from pipeline.outdir import view as views
 from pipeline.outdir.commit import Rewrite, RunFiles, next_view
 from pipeline.outdir.jsonfiles import write_json
@@ -38,6 +39,13 @@ log = logging.getLogger("embedpipe")
 # A run's file at the top of DIR: how outputs were laid out before the current view existed.
 _EARLIER_LAYOUT = re.compile(
     r"^(?:embeddings|requests|failed|pending|documents)-(\d{8}T\d{6}Z-[0-9a-f]{6})-.*\.parquet$")
+
+
+def _delete_quietly(paths: list[str]) -> None:
+    try:
+        FileSystems.delete(paths)
+    except Exception:  # never created, or gone already
+        pass
 
 
 def _make_dirs(path: str) -> None:
@@ -115,14 +123,18 @@ class OutputDir:
     # -- a run ------------------------------------------------------------------------------
 
     def check_writable(self) -> None:
-        probe = FileSystems.join(self.path, f".write-probe-{uuid.uuid4().hex}")
+        """A probe written and removed; a full disk is an OSError for the caller to name."""
+        probe = FileSystems.join(self.path, f"{layout.PROBE}{uuid.uuid4().hex}")
         _make_dirs(self.path)   # whether DIR is writable, the probe below decides
         try:
             with FileSystems.create(probe) as fh:
                 fh.write(b"ok")
-            FileSystems.delete([probe])
         except Exception as exc:
+            if space.is_full(exc):
+                raise
             raise UsageError(f"--output {self.path}: not writable ({exc})") from None
+        finally:
+            _delete_quietly([probe])
 
     def lock(self, run_id: str, settings: LockSettings) -> OutputLock:
         return OutputLock(self.path, run_id, settings)
@@ -175,4 +187,11 @@ class OutputDir:
 
     def collect_garbage(self, keep: int) -> None:
         views.collect_garbage(self.path, keep)
+
+    def remove_leftovers(self, live: set[str]) -> None:
+        """What runs that stopped early left (pipeline/outdir/leftovers.py); LIVE: this command's runs."""
+        try:
+            leftovers.remove(self.path, live)
+        except Exception as exc:   # the run itself is done: a leftover that stays is worth a warning
+            log.warning("could not remove what earlier runs left in %s: %s", self.path, exc)
 

@@ -7,12 +7,21 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
+TEMP = ".tmp-"   # PATH.tmp-<uuid>: a file being written, renamed to PATH once whole
+
 
 def write_json(path: str, value, indent: int | None = None) -> None:
-    temp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(temp) as fh:
-        fh.write(json.dumps(value, indent=indent, default=str).encode())
-    FileSystems.rename([temp], [path])   # replaces PATH in one step (os.rename; a copy on object stores)
+    temp = f"{path}{TEMP}{uuid.uuid4().hex}"
+    try:
+        with FileSystems.create(temp) as fh:
+            fh.write(json.dumps(value, indent=indent, default=str).encode())
+        FileSystems.rename([temp], [path])   # replaces PATH in one step (os.rename; a copy on object stores)
+    except BaseException:
+        try:
+            FileSystems.delete([temp])
+        except Exception:   # never created, or the store refuses: the failure to report is the write's
+            pass
+        raise
 
 
 def read_json(path: str):

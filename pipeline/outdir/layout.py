@@ -42,6 +42,7 @@ SUMMARY = "summary.json"
 HISTORY = "history"
 VIEWS = "_views"
 SEGMENTS = "_segments"
+PROBE = ".write-probe-"   # a run's first write, at DIR's top, removed at once (OutputDir.check_writable)
 
 # What a reader of the current view sees, and what only the next run reads.
 READER_KINDS = ("embeddings", "failed", "pending", "documents", "requests")

@@ -98,8 +98,12 @@ class OutputLock:
                     self._refuse(other)
                 self._take_over_local(other)
                 continue
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self.holder, fh)
+            try:
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(self.holder, fh)
+            except BaseException:   # a full disk: an empty lock would refuse every later run
+                os.remove(self._path)
+                raise
             return
         other = self._read()
         self._refuse(other or {"run_id": "unknown (unreadable lock file)"})

@@ -34,6 +34,18 @@ def record_finish(output_dir: str, run_id: str, account_after: dict, unanswered:
     write_json(path, record)
 
 
+def add_unanswered(output_dir: str, run_id: str, unanswered: list[dict]) -> bool:
+    """A run that never finished: its requests without an answer kept in its record, as
+    record_finish keeps a finished run's, before its journal goes. False: it has no record."""
+    path = _path(output_dir, run_id)
+    record = read_json(path)
+    if record is None:
+        return False
+    record["unanswered"] = record.get("unanswered", []) + unanswered
+    write_json(path, record)
+    return True
+
+
 def read_records(output_dir: str) -> list[dict]:
     found = FileSystems.match([FileSystems.join(output_dir, RUNS_DIR, "*.json")])[0].metadata_list
     records = [r for r in map(read_json, (m.path for m in found)) if r is not None]   # None: gone meanwhile

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from pipeline.cli import main
+from pipeline.outdir import OutputDir
 from service.catalog import load_models
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.money_helpers import (MODEL, corpus_rows, current, kill_once_journaled, ledger, start_sandbox, summary,
@@ -267,3 +268,23 @@ def test_a_switch_on_an_object_store_serves_its_views_by_their_manifests(tmp_pat
         assert_current_as(local, models, day, OTHER)
     finally:
         store.stop()
+
+
+def test_a_switch_whose_served_part_stops_on_budget_prices_what_is_left_at_the_target_price(
+        tmp_path, sandbox_factory, env_key):
+    """The served view's share of the day stops on the budget: the target sent nothing this run,
+    and its estimate to finish is the target's tokens at the target's price (300 RUB per 1M
+    here, the served model's 100)."""
+    models, sb, corpus, out, day = switch_day_one(tmp_path, sandbox_factory)
+    day, _ = next_day(day, seed=3, edit_short=4, edit_long=1, remove=0, add=4)
+    write_corpus(corpus, day)
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", "--allow-partial",
+               "--max-spend-rub", "0.001") == 4
+    s = summary(out)
+    assert s["pending"] > 0 and {c["model"] for c in ledger(sb)} == {MODEL}   # the target sent nothing
+    view = OutputDir(str(out)).view
+    tokens = sum(sum(pq.read_table(out / f, columns=["n_tokens"]).column("n_tokens").to_pylist())
+                 for f in view.paths("embeddings"))
+    # no target view yet: every document is priced at the served view's mean tokens
+    expected = round(s["switch"]["documents_total"] * tokens / view.documents) * 300e-6
+    assert s["switch"]["estimated_rub_to_finish"] == pytest.approx(expected, abs=1e-6)

@@ -2,7 +2,9 @@
 by none of them (other spending), or by what cannot be told apart (ambiguous)."""
 from __future__ import annotations
 
-from pipeline.money.reconcile import Candidate, Point, _subset, split_gaps
+from pipeline.money.reconcile import Candidate, Point, _candidates, _price, _subset, split_gaps
+from service.sandbox.money import cost_micro
+from transforms.money.apportion import bill_micro
 
 
 def charge(after: int, cost: int, at: float) -> Point:
@@ -44,3 +46,27 @@ def test_a_retried_attempt_billed_twice_is_lost_and_a_top_up_is_counted():
     split = split_gaps(points, [retried])
     assert split["lost"] == [retried]
     assert split["rises"] > 0
+
+
+def test_an_unanswered_request_is_priced_as_the_service_bills_it():
+    """round(tokens x price, 6) RUB, not round(tokens x price x 1e6) micro: at 2.5 RUB per 1M
+    one token bills 3 micro-roubles and 5 bill 13, where the other rounding gives 2 and 12.
+    Priced the other way, the gap a killed request left was 1 micro off: `others`, not `lost`."""
+    price = 2.5e-6
+    for tokens in range(1, 5000):
+        assert bill_micro(tokens, price) == cost_micro(tokens, price), tokens
+    assert (bill_micro(1, price), bill_micro(5, price)) == (3, 13)
+    intents = [{"request_id": f"r{t}", "run_id": "run-1", "tokens": t, "at": "1970-01-01T00:00:03+00:00"}
+               for t in (1, 5, 9)]
+    candidates, torn = _candidates([], intents, price)
+    assert [c.cost for c in candidates] == [3, 13, 23] and torn == 0
+    points = [Point(900, 900, 0.0), charge(800, 100, 2.0), Point(761, 761, 9.0)]   # gaps: 0, 39
+    split = split_gaps(points, candidates)
+    assert sum(c.cost for c in split["lost"]) == 39 and split["others"] == split["ambiguous"] == 0
+
+
+def test_the_billed_price_is_found_from_the_answers_when_the_catalogue_is_off():
+    true = 2.7e-6   # the catalogue says 2.5: bills of 1 and 7 tokens are 3 and 19 micro
+    answered = [{"total_tokens": t, "cost_rub": cost_micro(t, true) / 1e6} for t in (1, 7, 400, 999)]
+    price = _price(answered, 2.5e-6)
+    assert all(bill_micro(t, price) == bill_micro(t, true) for t in range(1, 3000))

@@ -40,6 +40,7 @@ log = logging.getLogger("embedpipe.embed")
 
 REQUESTS, FAILED, PENDING = "requests", "failed", "pending"
 _RECHECK_S = 0.05   # how often a reader waiting for a place looks at the limit again
+RESPLIT_PIECES = 3  # a text the service finds too long goes again as at most this many pieces (send.resplit)
 
 
 @dataclasses.dataclass
@@ -107,12 +108,12 @@ class _EmbedDoFn(beam.DoFn):
                 max_tokens=n, boundary_window=cfg.boundary_window))),
             journal=self._journal if durable else None,
             recall=(lambda request_id: journal.read_entry(out.output_dir, out.run_id, request_id)) if durable else None,
-            intend=(lambda request_id, tokens, worst: journal.write_intent(out.output_dir, out.run_id, request_id,
-                                                                           tokens, worst)) if durable else None,
+            intend=self._intend if durable else None,
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
             known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None,
             max_refused_s=service.max_refused_s)
         self._pool = cf.ThreadPoolExecutor(service.max_in_flight + 1, thread_name_prefix="embed")
+        self._thread = threading.local()   # the packed request a pool thread works on
 
     def start_bundle(self):
         # Requests of a bundle that failed may still be running: let them finish (their answers
@@ -135,7 +136,7 @@ class _EmbedDoFn(beam.DoFn):
         self._futures -= done
         for fut in done:
             yield from self._emit(fut.result())
-        self._futures.add(self._pool.submit(self._runner.run, request))
+        self._futures.add(self._pool.submit(self._run, request))
 
     def finish_bundle(self):
         for fut in cf.as_completed(self._futures):
@@ -153,6 +154,27 @@ class _EmbedDoFn(beam.DoFn):
         if getattr(self, "_pool", None):
             self._pool.shutdown(wait=True)
             self._client.close()
+
+    def _run(self, request: Sequence) -> Outcome:
+        """REQUEST on a pool thread. The journal space its requests reserve is bounded by its
+        inputs (a part of them each, or a re-split text's pieces); what a request that got no
+        entry reserved is given back."""
+        self._thread.rows, self._thread.reserved = max(len(request), RESPLIT_PIECES), []
+        try:
+            return self._runner.run(request)
+        finally:
+            out = self._cfg.output
+            journal.release(out.output_dir, out.run_id, self._thread.reserved)
+
+    def _intend(self, request_id: str, tokens: int, worst_case_micro: int) -> None:
+        """Before REQUEST_ID leaves: its entry's space, then its intent. A full disk raises
+        here, before anything is paid."""
+        out = self._cfg.output
+        rows = min(tokens, getattr(self._thread, "rows", tokens))   # an input has a token at least
+        journal.reserve(out.output_dir, out.run_id, request_id,
+                        journal.entry_bytes(rows, self._cfg.service.expected_dims))
+        getattr(self._thread, "reserved", []).append(request_id)
+        journal.write_intent(out.output_dir, out.run_id, request_id, tokens, worst_case_micro)
 
     def _journal(self, delivery, request_row):
         out = self._cfg.output

@@ -25,6 +25,14 @@ def from_micro(micro: int) -> float:
     return micro / MICRO_PER_RUB
 
 
+def bill_micro(total_tokens: int, price_per_token_rub: float) -> int:
+    """What the service bills a request of TOTAL_TOKENS: round(tokens x price, 6) RUB, in
+    micro-roubles. Rounding the RUB amount to 6 places is not rounding tokens x price x 1e6:
+    the float product lands on either side of a half micro-rouble (1 token at 2.5 RUB per 1M
+    bills 3, where the other rounding gives 2)."""
+    return to_micro(round(total_tokens * price_per_token_rub, 6))
+
+
 def apportion_micro(total_micro: int, weights: Sequence[int]) -> list[int]:
     """Split total_micro in proportion to weights by largest remainder: every share is the
     floor of its exact proportion or one more, the shares sum exactly to total_micro, and the

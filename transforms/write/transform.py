@@ -14,7 +14,6 @@ FileSystems scheme.
 """
 from __future__ import annotations
 
-import contextlib
 
 import dataclasses
 import logging
@@ -106,8 +105,12 @@ class _WriteBundles(beam.DoFn):
         if self._writer is not None:
             writer, handle, path = self._writer
             self._writer = None
-            writer.close()
-            handle.close()
+            try:
+                writer.close()
+                handle.close()
+            except BaseException:
+                writer.is_open = False   # its file is never named: no second footer when it is collected
+                raise
             yield GlobalWindows.windowed_value((self._prefix, path))
 
     def teardown(self):
@@ -121,14 +124,15 @@ class _WriteBundles(beam.DoFn):
         self._writer[0].write_table(table)
 
     def _abandon(self) -> None:
-        """Drops a file never to be named; its writer is closed before the handle, else it closes
-        itself when collected, into the closed handle (a traceback on stderr)."""
+        """Drops a file never to be named, without its footer: a writer collected later would write
+        one into the closed handle (a traceback on stderr), and a full disk could not take it."""
         if self._writer is not None:
-            writer, handle, _ = self._writer
-            self._writer = None
-            with contextlib.suppress(Exception):  # the file is dropped whatever its footer
-                writer.close()
-            handle.close()
+            (writer, handle, _), self._writer = self._writer, None
+            writer.is_open = False   # never named: no footer, now or when the writer is collected
+            try:
+                handle.close()
+            except OSError:   # a full disk, say: the bundle's own error says it
+                pass
 
 
 class _NameFiles(beam.DoFn):

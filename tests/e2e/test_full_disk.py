@@ -1,0 +1,113 @@
+"""A full disk under --output, for real: DIR on a small tmpfs of its own, filled to leave a few
+bytes at the moment that matters. Each time: one line naming DIR and what to free, exit 1, no
+traceback, the served view whole; after space is freed the same command completes, nothing is
+paid twice, and no temporary file of the failed run is left."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import SANDBOX_KEY, fill
+from tests.e2e.money_helpers import (billed_twice, corpus_rows, current, kill_once_journaled, ledger, run,
+                                     start_sandbox, summary, write_corpus, write_models)
+
+TEMPORARY = (".tmp-", ".temp-", ".space", ".write-probe-")
+
+
+@pytest.fixture
+def env_key(monkeypatch):
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+
+
+def temporary_files(out: Path) -> list[str]:
+    found = [str(p.relative_to(out)) for p in out.rglob("*") if any(t in p.name for t in TEMPORARY)]
+    return found + [str(p.relative_to(out)) for p in (out / "_journal", out / "_progress") if p.exists()]
+
+
+def one_line_about(out: Path, caplog, capsys) -> str:
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    line = errors[0].getMessage()
+    assert f"--output {out}: no space left on its disk" in line and "MB free" in line and "\n" not in line
+    assert not errors[0].exc_info and "Traceback" not in capsys.readouterr().err
+    return line
+
+
+def wide_models(path: Path) -> Path:
+    """Longer vectors and fuller requests than money_helpers' catalogue: the view's files weigh
+    what a commit must rewrite, the run stays a few seconds."""
+    write_models(path)
+    doc = yaml.safe_load(path.read_text())
+    doc["models"]["text-embedding-3-small"].update(dimensions=256, max_inputs_per_request=64,
+                                                   max_tokens_per_request=8192)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_the_start_record_with_4_kb_free_is_one_line(tmp_path, small_disk, sandbox_factory, env_key, caplog, capsys):
+    rows = corpus_rows(n_short=40, n_long=1)
+    corpus, models = write_corpus(tmp_path / "corpus.parquet", rows), write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models)
+    out = small_disk / "out"
+    out.mkdir()
+    filler = fill(small_disk, 4096)
+    assert run(corpus, out, sb, models) == 1
+    line = one_line_about(out, caplog, capsys)
+    assert "run the same command again with --resume" in line
+    assert ledger(sb) == [] and temporary_files(out) == [] and not (out / "_lock.json").exists()
+    os.remove(filler)
+    assert run(corpus, out, sb, models, "--resume") == 0   # the message's next step, verbatim
+    assert summary(out)["pending"] == 0 and billed_twice(ledger(sb)) == {}
+
+
+def test_a_commit_on_a_full_disk_keeps_the_served_view(tmp_path, small_disk, sandbox_factory, env_key, caplog,
+                                                       capsys):
+    rows = corpus_rows(n_short=600, n_long=0)
+    corpus, models = write_corpus(tmp_path / "corpus.parquet", rows), wide_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models)
+    out = small_disk / "out"
+    assert run(corpus, out, sb, models) == 0
+    manifest, served = (out / "_current.json").read_text(), sorted(p.name for p in (out / "current").iterdir())
+    paid, embedded = len(ledger(sb)), current(out, "embeddings").num_rows
+    write_corpus(corpus, rows[100:])   # day 2: documents removed, nothing to pay; the commit rewrites the view
+    filler = fill(small_disk, 256 << 10)
+    caplog.clear()
+    capsys.readouterr()
+    assert run(corpus, out, sb, models, "--sync") == 1
+    one_line_about(out, caplog, capsys)
+    day2 = sorted(p.name for p in (out / "history").iterdir())[-1]
+    assert list((out / "history" / day2).glob("requests-*.parquet")), "the job did not finish: not the commit"
+    # the served view is day 1's, whole
+    assert (out / "_current.json").read_text() == manifest
+    assert sorted(p.name for p in (out / "current").iterdir()) == served
+    assert current(out, "embeddings").num_rows == embedded
+    os.remove(filler)
+    assert run(corpus, out, sb, models, "--sync") == 0
+    assert len(ledger(sb)) == paid and current(out, "embeddings").num_rows == embedded - 100
+    assert temporary_files(out) == []
+
+
+def test_a_killed_run_leaves_nothing_after_the_next_one(tmp_path, sandbox_factory, env_key):
+    """The journal of a killed run, its job's temporary files, an old probe: gone after the next
+    run, whose figures (and the one after it) still name what the kill lost."""
+    rows = corpus_rows(n_short=80, n_long=1)
+    corpus, models = write_corpus(tmp_path / "corpus.parquet", rows), write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models, args=["--latency-ms", "150"])
+    out = tmp_path / "out"
+    kill_once_journaled(corpus, out, sb, models, tmp_path / "job.log", 3, "--max-in-flight", "2")
+    probe = out / ".write-probe-left"
+    probe.write_bytes(b"ok")
+    os.utime(probe, (1, 1))
+    assert (out / "_journal").exists() and temporary_files(out)
+    fast = start_sandbox(sandbox_factory, models, db=sb.db)
+    assert run(corpus, out, fast, models, "--resume") == 0
+    assert temporary_files(out) == []
+    first = summary(out)["reconciliation"]
+    assert run(corpus, out, fast, models, "--resume") == 0   # nothing to do: the same figures
+    again = summary(out)["reconciliation"]
+    assert first["unexplained_rub"] == again["unexplained_rub"] == 0
+    assert (again["lost"], again["balance_delta_rub"]) == (first["lost"], first["balance_delta_rub"])
