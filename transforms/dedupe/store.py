@@ -72,7 +72,7 @@ class StoreSpec(NamedTuple):
         return ((self.path,) if self.path else ()) + self.read
 
     def __bool__(self) -> bool:
-        return bool(self.locations)
+        return bool(self.locations) or self.spool
 
 
 def spec(store: str | None, read: Sequence[str] = ()) -> StoreSpec:
