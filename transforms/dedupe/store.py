@@ -235,8 +235,12 @@ class PaidStore:
         return self._request_numbers[request_id]
 
     def holds(self, sha: str) -> bool:
+        return self.holds_key(key16(sha))
+
+    def holds_key(self, key: bytes) -> bool:
+        """Whether the text of KEY (transforms/worker/keyindex.key16 of its digest) is held."""
         with self._lock:
-            return key16(sha) in self._index
+            return key in self._index
 
     def lookup(self, shas: Sequence[str]) -> dict[str, Found]:
         """The vectors the stores hold among SHAS (text digests), with the request that paid each."""
