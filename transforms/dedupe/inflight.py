@@ -15,7 +15,7 @@ A row's text is, in this process:
 Claims live only while a text is unsent or in flight; what was paid is the store's (~50 bytes
 a text in each process's index). So a text may be paid once by each bundle that holds it
 claimed at the same moment, and by each process that meets it before another's answer is in
-its index (REFRESH_S).
+its index (configs/pipeline.yaml store.refresh_s).
 """
 from __future__ import annotations
 
