@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import time
 
 import apache_beam as beam
 import numpy as np
@@ -15,6 +16,7 @@ import yaml
 import embedpipe
 from service.catalog import load_models
 from service.credentials import MissingApiKeyError
+from service.sandbox.store import read_ledger
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows
 from tests.e2e.test_runners import job_endpoint  # noqa: F401  (the job service fixture)
@@ -213,6 +215,36 @@ def test_a_text_that_comes_again_after_its_answer_is_not_paid_again(sandbox, key
     first, again = ([r for r in out["embeddings"] if r["doc_id"] == d][0] for d in ("first", "again"))
     assert np.array_equal(first["embedding"], again["embedding"]) and again["request_id"] == first["request_id"]
     assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
+
+
+def _rows_until_billed(seed, db: str, n: int):
+    """N rows; after the first 300 (past ReadRows's batch of 256), none until the sandbox has
+    billed a request: a step that waits for its whole input would never see the rest."""
+    for i in range(n):
+        if i == 300:
+            deadline = time.monotonic() + 30
+            while not list(read_ledger(db)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            yield {"id": "billed-before-the-rest", "text": str(bool(list(read_ledger(db))))}
+        yield {"id": f"d{i}", "text": f"streamed document {i}"}
+
+
+def test_the_first_request_leaves_before_the_input_ends(sandbox, key_env, tmp_path):
+    spec = load_models()[MODEL]
+    models = tmp_path / "models.yaml"   # 4 inputs a request: 300 rows fill many
+    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
+                                                         "max_inputs_per_request": 4}}}))
+
+    def build(p):
+        result = (p | beam.Create([None], reshuffle=False)
+                  | beam.FlatMap(_rows_until_billed, str(sandbox.db), 600)
+                  | embedpipe.EmbedTexts(MODEL, sandbox.base_url, models_config=str(models)))
+        return {kind: getattr(result, kind) for kind in KINDS}
+    run_pipeline(build, tmp_path)
+    out = collected(tmp_path, *KINDS)
+    marker = hashlib.sha256(b"True").hexdigest()
+    assert [r["text_sha256"] for r in out["embeddings"] if r["doc_id"] == "billed-before-the-rest"] == [marker]
+    assert len(out["embeddings"]) == 601
 
 
 def test_an_empty_input_spends_nothing(sandbox, key_env, tmp_path):
