@@ -58,3 +58,11 @@ def test_a_cli_output_dir_is_read_only(tmp_path):
     with pytest.raises(StoreError, match="read_stores="):
         spec(str(tmp_path / "out"))
     assert spec(str(tmp_path / "s"), [str(tmp_path / "out")]).locations == (str(tmp_path / "s"), str(tmp_path / "out"))
+
+
+def test_a_worker_lists_the_store_again_when_its_listing_is_due(tmp_path):
+    writer = PaidStore(StoreSpec(str(tmp_path / "s")), MODEL, DIMS)
+    eager = PaidStore(StoreSpec(str(tmp_path / "s"), refresh_s=0.0), MODEL, DIMS)
+    lazy = PaidStore(StoreSpec(str(tmp_path / "s"), refresh_s=3600.0), MODEL, DIMS)
+    _put(writer, "run1", "r1", ["alpha"])
+    assert eager.holds(_sha("alpha")) and not lazy.holds(_sha("alpha"))

@@ -240,13 +240,17 @@ class PaidStore:
     def holds_key(self, key: bytes) -> bool:
         """Whether the text of KEY (transforms/worker/keyindex.key16 of its digest) is held."""
         with self._lock:
+            self._refresh_when_due()
             return key in self._index
+
+    def _refresh_when_due(self) -> None:
+        if time.monotonic() - self._listed_at >= self._refresh_s:
+            self.refresh()
 
     def lookup(self, shas: Sequence[str]) -> dict[str, Found]:
         """The vectors the stores hold among SHAS (text digests), with the request that paid each."""
         with self._lock:
-            if time.monotonic() - self._listed_at >= self._refresh_s:
-                self.refresh()
+            self._refresh_when_due()
             found = {}
             for sha in shas:
                 place = self._place(sha)
