@@ -5,6 +5,8 @@ pipeline before it runs."""
 from __future__ import annotations
 
 import collections
+import hashlib
+import time
 
 import apache_beam as beam
 import numpy as np
@@ -14,6 +16,7 @@ import yaml
 import embedpipe
 from service.catalog import load_models
 from service.credentials import MissingApiKeyError
+from service.sandbox.store import read_ledger
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows
 from tests.e2e.test_runners import job_endpoint  # noqa: F401  (the job service fixture)
@@ -31,6 +34,10 @@ def key_env(monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
 
 
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _run(tmp_path, rows, sandbox, *argv, **kwargs):
     def build(p):
         result = p | beam.Create(rows, reshuffle=False) | embedpipe.EmbedTexts(MODEL, sandbox.base_url, **kwargs)
@@ -44,14 +51,15 @@ def test_every_row_ends_once_with_lineage_that_sums_to_the_bill(sandbox, key_env
     out = _run(tmp_path, rows, sandbox)
     emb, failed = out["embeddings"], out["failed"]
     reasons = collections.Counter(f["reason"] for f in failed)
-    assert reasons == {"null_text": 1, "empty_text": 2, "duplicate_id": 2, "null_id": 1, "not_a_dict": 2,
+    assert reasons == {"null_text": 1, "empty_text": 2, "duplicate_id": 1, "null_id": 1, "not_a_dict": 2,
                        "missing_id": 1, "missing_text": 1, "not_text": 1, "bad_id": 1}
     assert all(f["detail"] and f["chunk_index"] is None for f in failed)
     assert out["pending"] == []
     embedded_ids = {r["doc_id"] for r in emb}
     failed_ids = {f["doc_id"] for f in failed if f["doc_id"] is not None}
-    good = {r["id"] for r in corpus_rows() if r["id"] and r["text"] and r["text"].strip() and r["id"] != "twice"}
-    assert embedded_ids == good and not embedded_ids & failed_ids
+    good = {r["id"] for r in corpus_rows() if r["id"] and r["text"] and r["text"].strip()}
+    assert embedded_ids == good and failed_ids & embedded_ids == {"twice"}   # its first row is embedded
+    assert {r["text_sha256"] for r in emb if r["doc_id"] == "twice"} == {_sha("first of two rows")}
     # chunks: one row each, complete, within the model's limit; long-1 was split
     by_doc = collections.defaultdict(list)
     for r in emb:
@@ -151,14 +159,17 @@ def test_transient_faults_are_retried_and_nothing_is_paid_twice(sandbox_factory,
         sum(micro(r["cost_rub"]) for r in out["embeddings"])
 
 
-def test_every_row_of_a_repeated_id_fails_whatever_its_text(sandbox, key_env, tmp_path):
+def test_a_repeated_ids_first_row_is_its_own_and_later_rows_fail_whatever_their_text(sandbox, key_env, tmp_path):
     rows = [{"id": "x", "text": "the first row of x"}, {"id": "x", "text": ""}, {"id": "y", "text": "shared"},
-            {"id": "z", "text": "shared"}, {"id": "z", "text": "another text of z"}]
+            {"id": "z", "text": "shared"}, {"id": "z", "text": "another text of z"}, {"id": "w", "text": ""},
+            {"id": "w", "text": "a later row of w"}]
     out = _run(tmp_path, rows, sandbox)
     assert sorted((f["doc_id"], f["reason"]) for f in out["failed"]) == [
-        ("x", "duplicate_id"), ("x", "empty_text"), ("z", "duplicate_id"), ("z", "duplicate_id")]
-    assert [r["doc_id"] for r in out["embeddings"]] == ["y"]
-    assert [c["input_sha256"] for c in sandbox.ledger()] == [[out["embeddings"][0]["text_sha256"]]]
+        ("w", "duplicate_id"), ("w", "empty_text"), ("x", "duplicate_id"), ("z", "duplicate_id")]
+    assert sorted((r["doc_id"], r["text_sha256"]) for r in out["embeddings"]) == [
+        ("x", _sha("the first row of x")), ("y", _sha("shared")), ("z", _sha("shared"))]
+    assert sorted(sha for c in sandbox.ledger() for sha in c["input_sha256"]) == sorted(
+        [_sha("the first row of x"), _sha("shared")])
 
 
 def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_path):
@@ -186,6 +197,54 @@ def test_two_local_worker_processes_pay_each_text_once(sandbox, key_env, tmp_pat
     copies = [r for r in out["embeddings"] if r["doc_id"].startswith("copy-")]
     assert len(copies) == 30 and len({r["request_id"] for r in copies}) == 1
     assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
+
+
+def test_a_text_that_comes_again_after_its_answer_is_not_paid_again(sandbox, key_env, tmp_path):
+    """Without a store: the pipeline's own (a temporary directory) holds what it paid, so a
+    repeat long after its text's request was answered takes the vector from there."""
+    spec = load_models()[MODEL]
+    models = tmp_path / "models.yaml"   # 4 inputs a request: the repeat comes 10 requests later
+    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
+                                                         "max_inputs_per_request": 4}}}))
+    rows = ([{"id": "first", "text": "a text that comes again"}]
+            + [{"id": f"d{i}", "text": f"filler document {i}"} for i in range(40)]
+            + [{"id": "again", "text": "a text that comes again"}])
+    out = _run(tmp_path, rows, sandbox, models_config=str(models))
+    paid = [sha for c in sandbox.ledger() for sha in c["input_sha256"]]
+    assert len(paid) == len(set(paid)) == 41
+    first, again = ([r for r in out["embeddings"] if r["doc_id"] == d][0] for d in ("first", "again"))
+    assert np.array_equal(first["embedding"], again["embedding"]) and again["request_id"] == first["request_id"]
+    assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
+
+
+def _rows_until_billed(seed, db: str, n: int):
+    """N rows; after the first 300 (past ReadRows's batch of 256), none until the sandbox has
+    billed a request: a step that waits for its whole input would never see the rest."""
+    for i in range(n):
+        if i == 300:
+            deadline = time.monotonic() + 30
+            while not list(read_ledger(db)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            yield {"id": "billed-before-the-rest", "text": str(bool(list(read_ledger(db))))}
+        yield {"id": f"d{i}", "text": f"streamed document {i}"}
+
+
+def test_the_first_request_leaves_before_the_input_ends(sandbox, key_env, tmp_path):
+    spec = load_models()[MODEL]
+    models = tmp_path / "models.yaml"   # 4 inputs a request: 300 rows fill many
+    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
+                                                         "max_inputs_per_request": 4}}}))
+
+    def build(p):
+        result = (p | beam.Create([None], reshuffle=False)
+                  | beam.FlatMap(_rows_until_billed, str(sandbox.db), 600)
+                  | embedpipe.EmbedTexts(MODEL, sandbox.base_url, models_config=str(models)))
+        return {kind: getattr(result, kind) for kind in KINDS}
+    run_pipeline(build, tmp_path)
+    out = collected(tmp_path, *KINDS)
+    marker = hashlib.sha256(b"True").hexdigest()
+    assert [r["text_sha256"] for r in out["embeddings"] if r["doc_id"] == "billed-before-the-rest"] == [marker]
+    assert len(out["embeddings"]) == 601
 
 
 def test_an_empty_input_spends_nothing(sandbox, key_env, tmp_path):
