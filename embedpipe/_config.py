@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from pipeline.money import account as acct
 from pipeline.settings.config import RunSettings, default_settings_text, parse_settings
 from service.catalog import ModelSpec, get_model, load_models
 from service.client import RetryPolicy, check_base_url
 from service.credentials import KeySource
 from transforms.embed.config import ServiceConfig
+from transforms.money.budget import Budget
 from transforms.read.split import SplitConfig
 
 
@@ -55,3 +57,14 @@ def resolve(model: str, base_url: str, keys: KeySource, dimensions: int | None =
                             e.initial_in_flight, e.admitted_after_s, e.max_refused_s, r.requests_per_minute,
                             r.tokens_per_minute)
     return LibraryConfig(spec, settings, service)
+
+
+def read_budget(cfg: LibraryConfig, max_spend_rub: float | None) -> Budget:
+    """What a pipeline may spend, read from the account in the driver while it is built (the CLI
+    does the same): no key is a MissingApiKeyError then, naming where to put it, before any
+    bundle runs. The balance (less the reserve) and the key's budget always bound it."""
+    with cfg.service.client(pool_size=1) as client:
+        account = acct.read_account(client)
+    spendable = acct.spendable(account, cfg.settings.budget.reserve_rub, max_spend_rub)
+    return Budget(account.balance, spendable, cfg.model.price_per_token, cfg.margin,
+                  1 / cfg.model.safety_factor, cfg.settings.budget.balance_poll_s)

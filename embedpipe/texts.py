@@ -21,15 +21,13 @@ from typing import NamedTuple
 import apache_beam as beam
 import pyarrow as pa
 
-from embedpipe._config import resolve
-from pipeline.money import account as acct
+from embedpipe._config import read_budget, resolve
 from service.credentials import ENV_VAR, KeySource
 from transforms import schemas
 from transforms.dedupe.known import KnownStores
 from transforms.dedupe.transform import ITEMS, Dedupe
 from transforms.embed.config import EmbedConfig, OutputConfig
 from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
-from transforms.money.budget import Budget
 from transforms.read.dicts import IDS, DropRepeatedIds, ReadRows
 from transforms.read.transform import ENTRIES, REJECTED
 from transforms.records import Rejected
@@ -83,14 +81,6 @@ class EmbedTexts(beam.PTransform):
                             models_config=models_config, run_config=run_config)
         self._max_spend, self._fields = max_spend_rub, (id_field, text_field)
 
-    def _budget(self) -> Budget:
-        cfg = self._cfg
-        with cfg.service.client(pool_size=1) as client:   # MissingApiKeyError here names where to put the key
-            account = acct.read_account(client)
-        spendable = acct.spendable(account, cfg.settings.budget.reserve_rub, self._max_spend)
-        return Budget(account.balance, spendable, cfg.model.price_per_token, cfg.margin,
-                      1 / cfg.model.safety_factor, cfg.settings.budget.balance_poll_s)
-
     def expand(self, rows):
         cfg, s = self._cfg, self._cfg.settings
         run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-lib-" + secrets.token_hex(3)
@@ -98,7 +88,7 @@ class EmbedTexts(beam.PTransform):
         meta = schemas.metadata(cfg.model.name, dims, run_id)
         output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta), schemas.pending([], meta), (),
                               s.embed.progress_interval_s)
-        embed = EmbedConfig(cfg.service, self._budget(), output, s.split.boundary_window)
+        embed = EmbedConfig(cfg.service, read_budget(cfg, self._max_spend), output, s.split.boundary_window)
         read = rows | "Read" >> ReadRows(*self._fields, cfg.split)
         dedupe = Dedupe(KnownStores(run_id, cfg.model.name, dims, (), ()), run_id, streaming=False)
         deduped = read[ENTRIES] | "Dedupe" >> dedupe

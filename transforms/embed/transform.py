@@ -43,7 +43,7 @@ _RECHECK_S = 0.05   # how often a reader waiting for a place looks at the limit 
 
 
 @dataclasses.dataclass
-class _Shared:
+class Shared:
     """What every DoFn instance of one worker process shares for a run: one budget guard,
     breaker and pair of rate limiters (the provider's limits are per key, not
     per thread)."""
@@ -56,11 +56,11 @@ class _Shared:
     _mutex: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @classmethod
-    def for_run(cls, cfg: EmbedConfig) -> "_Shared":
+    def for_run(cls, cfg: EmbedConfig) -> "Shared":
         return runscoped.shared(cfg.output.run_id, "embed", lambda: cls._build(cfg))
 
     @classmethod
-    def _build(cls, cfg: EmbedConfig) -> "_Shared":
+    def _build(cls, cfg: EmbedConfig) -> "Shared":
         service, budget = cfg.service, cfg.budget
         # account readings use a client of their own that tries once: a 429 only delays them
         once = dataclasses.replace(service.retry, max_attempts=1, max_refusals=0)
@@ -95,7 +95,7 @@ class _EmbedDoFn(beam.DoFn):
         collector.tune_once()
         cfg, service, out = self._cfg, self._cfg.service, self._cfg.output
         self._client = service.client()
-        self._shared = shared = _Shared.for_run(cfg)
+        self._shared = shared = Shared.for_run(cfg)
         # no output directory (the library's EmbedTexts): no journal, no progress files
         durable = out.output_dir is not None
         self._progress = Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s) if durable else None
