@@ -4,6 +4,7 @@ item's tokens and cost in its metadata summing to the ledger, Beam counters, and
 in MLTransform's artifacts."""
 from __future__ import annotations
 
+import hashlib
 import math
 
 import apache_beam as beam
@@ -14,11 +15,14 @@ from apache_beam.ml.rag.types import Chunk, Content
 from apache_beam.ml.transforms.base import MLTransform
 
 import embedpipe
+from embedpipe._config import resolve
 from embedpipe.rag import COST, ERROR, TOKENS
 from service.catalog import load_models
-from service.credentials import MissingApiKeyError
+from service.credentials import KeySource, MissingApiKeyError
+from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from tests.library.helpers import MODEL, collected, micro, run_pipeline
+from transforms.write.docvectors import token_weighted_mean
 
 
 @pytest.fixture
@@ -29,6 +33,13 @@ def key_env(monkeypatch):
 def _counters(result) -> dict:
     found = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("embedpipe"))["counters"]
     return {c.key.metric.name: c.committed for c in found}
+
+
+def _batches(result) -> int:
+    """How many batches RunInference gave the handler (its own distribution, in our namespace)."""
+    found = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("embedpipe").with_name(
+        "inference_request_batch_size"))["distributions"]
+    return sum(d.committed.count for d in found)
 
 
 def test_dicts_write_artifacts_without_the_key_and_read_them_back(sandbox, key_env, tmp_path):
@@ -121,3 +132,62 @@ def test_beam_rows_come_back_as_rows(sandbox, key_env, tmp_path):
     out = sorted(collected(tmp_path, "out")["out"], key=lambda r: r.id)
     assert [type(r) for r in out] == [beam.Row, beam.Row]
     assert out[0].text.shape == (1536,) and out[1].text is None and out[1].text_error == "empty_text"
+
+
+def _embed_rows(tmp_path, rows, sandbox, **kwargs):
+    def build(p):
+        embedder = embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url, **kwargs)
+        return {"out": p | beam.Create(rows, reshuffle=False)
+                | MLTransform(write_artifact_location=str(tmp_path / "a")).with_transform(embedder)}
+    result = run_pipeline(build, tmp_path)
+    return {r["id"]: r for r in collected(tmp_path, "out")["out"]}, _counters(result), result
+
+
+def test_the_cap_stops_spending_and_every_row_comes_out_with_a_vector_or_why_not(sandbox, key_env, tmp_path):
+    rows = [{"id": i, "text": f"document {i} " + "word " * 300} for i in range(40)]
+    out, counters, result = _embed_rows(tmp_path, rows, sandbox, max_spend_rub=0.01)
+    spent = sum(micro(c["cost_rub"]) for c in sandbox.ledger())
+    assert 0 < spent <= micro(0.01)   # one worker process: the guard reserves before sending, no overshoot
+    assert sorted(out) == list(range(40))
+    stopped = [r for r in out.values() if r["text"] is None]
+    assert stopped and {r["text_error"] for r in stopped} == {"budget_exhausted"}
+    assert all(r["text"].shape == (1536,) for r in out.values() if r["text"] is not None)
+    assert counters["pending_texts"] == len(stopped) and counters["failed_texts"] == 0
+    assert counters["cost_micro_rub"] == spent
+
+
+def test_a_text_repeated_across_batches_is_paid_once(sandbox, key_env, tmp_path):
+    """Requests of ~300 tokens, one in flight: a batch holds ~40 of these rows, so each of the
+    20 texts comes in every one of ~10 batches."""
+    spec = load_models()[MODEL]
+    models, settings = tmp_path / "models.yaml", tmp_path / "pipeline.yaml"
+    fields = {f: getattr(spec, f) for f in ("tokenizer", "safety_factor", "max_inputs_per_request", "dimensions",
+                                            "supports_dimensions", "price_rub_per_1m_tokens")}
+    models.write_text(yaml.safe_dump({"models": {MODEL: {**fields, "max_input_tokens": 300,
+                                                         "max_tokens_per_request": 300}}}))
+    settings.write_text(yaml.safe_dump({"embed": {"max_in_flight": 1, "initial_in_flight": 1}}))
+    rows = [{"id": i, "text": f"sentence number {i % 20} about vectors"} for i in range(400)]
+    out, counters, result = _embed_rows(tmp_path, rows, sandbox, models_config=str(models), run_config=str(settings))
+    paid = [sha for c in sandbox.ledger() for sha in c["input_sha256"]]
+    assert len(paid) == len(set(paid)) == 20
+    batches = _batches(result)   # each holds every one of the 20 texts: the first pays, the others reuse
+    assert batches >= 5 and counters["reused_texts"] == 20 * (batches - 1)
+    assert all(np.array_equal(out[i]["text"], out[i % 20]["text"]) for i in range(400))
+
+
+def test_a_text_over_the_limit_gets_the_token_weighted_mean_of_its_pieces(sandbox, key_env, tmp_path):
+    long_text = " ".join(f"word{i}" for i in range(12000))   # ~24k tokens: 3 or more pieces
+    rows = [{"id": "long", "text": long_text}, {"id": "short", "text": "a short text"}]
+    out, counters, result = _embed_rows(tmp_path, rows, sandbox)
+    ledger = sandbox.ledger()
+    cfg = resolve(MODEL, sandbox.base_url, KeySource())
+    pieces = embedpipe.Splitter(get_encoding(), cfg.split).split("", long_text)
+    assert len(pieces) >= 3 and all(p.n_tokens <= cfg.model.chunk_tokens for p in pieces)
+    assert sorted(sha for c in ledger for sha in c["input_sha256"]) == sorted(
+        [p.text_sha256 for p in pieces] + [hashlib.sha256(b"a short text").hexdigest()])
+    with embedpipe.EmbeddingsClient(sandbox.base_url, KeySource().load()) as client:
+        vectors = client.embed(MODEL, [p.text for p in pieces]).vectors
+    expected = token_weighted_mean([p.n_tokens for p in pieces], list(vectors))
+    assert np.allclose(out["long"]["text"], expected, atol=1e-6)
+    assert not np.allclose(out["long"]["text"], vectors[0], atol=1e-3)
+    assert counters["tokens"] == sum(p.n_tokens for p in pieces) + 3 and counters["failed_texts"] == 0
