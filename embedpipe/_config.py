@@ -1,15 +1,17 @@
 """What the library's steps are given, from the same configs the CLI reads: configs/models.yaml
 (the model's limits and price estimate) and configs/pipeline.yaml (client, splitting, packing,
 in-flight limit, budget margins). Only where the key is comes from the caller: a KeySource
-(an environment variable's name or a file's path), never the key itself."""
+(an environment variable's name or a file's path), never the key itself. Built by the CLI's
+own builder (pipeline/settings/steps.py)."""
 from __future__ import annotations
 
 import dataclasses
 
 from pipeline.money import account as acct
-from pipeline.settings.config import RunSettings, default_settings_text, parse_settings
-from service.catalog import ModelSpec, get_model, load_models
-from service.client import RetryPolicy, check_base_url
+from pipeline.settings import steps
+from pipeline.settings.config import RunSettings
+from service.catalog import ModelSpec, get_model
+from service.client import check_base_url
 from service.credentials import KeySource
 from transforms.embed.config import ServiceConfig
 from transforms.money.budget import Budget
@@ -24,9 +26,7 @@ class LibraryConfig:
 
     @property
     def split(self) -> SplitConfig:
-        s = self.settings.split
-        return SplitConfig(max_tokens=self.model.chunk_tokens, overlap_tokens=s.overlap_tokens,
-                           boundary_window=s.boundary_window)
+        return steps.split_config(self.settings, self.model)
 
     @property
     def margin(self) -> float:
@@ -38,25 +38,13 @@ def resolve(model: str, base_url: str, keys: KeySource, dimensions: int | None =
             account_segment: str = "service", models_config: str | None = None,
             run_config: str | None = None) -> LibraryConfig:
     """The model and settings, checked in the driver (a ConfigError or ValueError names the problem)."""
-    spec = get_model(load_models(models_config), model)
+    spec = get_model(steps.catalogue(models_config), model)
     check_base_url(base_url)
-    if run_config:
-        with open(run_config, encoding="utf-8") as fh:
-            settings = parse_settings(fh.read(), run_config)
-    else:
-        settings = parse_settings(default_settings_text(), "configs/pipeline.yaml")
+    settings = steps.run_settings(run_config)
     if dimensions is not None and not (spec.supports_dimensions and 1 <= dimensions <= spec.dimensions):
         raise ValueError(f"dimensions={dimensions} is not available for {spec.name}")
-    c, e, r = settings.client, settings.embed, settings.rate_limits
-    retry = RetryPolicy(max_attempts=c.max_attempts, max_refusals=c.max_refusals,
-                        initial_backoff_s=c.initial_backoff_s, max_backoff_s=c.max_backoff_s,
-                        max_total_s=c.max_total_s, jitter=c.jitter, connect_timeout_s=c.connect_timeout_s,
-                        read_timeout_s=c.read_timeout_s)
-    service = ServiceConfig(base_url, account_segment, keys, spec.name, dimensions, dimensions or spec.dimensions,
-                            retry, c.pool_size, c.encoding_format, c.max_decoding, e.max_in_flight,
-                            e.initial_in_flight, e.admitted_after_s, e.max_refused_s, r.requests_per_minute,
-                            r.tokens_per_minute)
-    return LibraryConfig(spec, settings, service)
+    return LibraryConfig(spec, settings, steps.service_config(settings, spec, base_url, account_segment, keys,
+                                                              dimensions))
 
 
 def read_budget(cfg: LibraryConfig, max_spend_rub: float | None) -> Budget:

@@ -32,7 +32,6 @@ from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
 from transforms.money.budget import Budget
 from transforms.read.changes import CHANGES_SCHEMA
 from transforms.read.parquet import Pull
-from transforms.read.split import SplitConfig
 from transforms.read.transform import CHANGED, ENTRIES, REJECTED, ReadDocuments, ReadPending, ViewRef
 from transforms.requests import packed
 from transforms.worker import runscoped
@@ -104,10 +103,8 @@ def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, i
     spread = _spread(job, claiming)
     if not opts.input:
         return ReadPending(prior.pending, info.columns, [f.name for f in info.kept_fields], spread)
-    split = SplitConfig(max_tokens=job.model.chunk_tokens, overlap_tokens=s.split.overlap_tokens,
-                        boundary_window=s.split.boundary_window)
     return ReadDocuments(info.files, info.partition_mappings, opts.id_column, opts.text_column, job.keep_columns,
-                         split, duplicate_ids, ViewRef(prior.docindex, job.signature, scope),
+                         job.split, duplicate_ids, ViewRef(prior.docindex, job.signature, scope),
                          (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None, spread)
 
 

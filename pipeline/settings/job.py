@@ -6,12 +6,11 @@ import datetime as dt
 import math
 import secrets
 
-from apache_beam.io.filesystems import FileSystems
-
 from pipeline.exits import UsageError
-from pipeline.settings.config import RunSettings, default_settings_text, parse_settings
+from pipeline.settings import steps
+from pipeline.settings.config import RunSettings
 from pipeline.settings.options import EmbedPipeOptions
-from service.catalog import ConfigError, ModelSpec, get_model, load_models, parse_models
+from service.catalog import ModelSpec, get_model
 from service.client import RetryPolicy, check_base_url
 from service.credentials import KeySource
 from service.tokenizer import ENCODING_NAME
@@ -88,30 +87,17 @@ class Job:
 
     @property
     def retry(self) -> RetryPolicy:
-        c = self.settings.client
-        return RetryPolicy(max_attempts=c.max_attempts, max_refusals=c.max_refusals,
-                           initial_backoff_s=c.initial_backoff_s, max_backoff_s=c.max_backoff_s,
-                           max_total_s=c.max_total_s, jitter=c.jitter,
-                           connect_timeout_s=c.connect_timeout_s, read_timeout_s=c.read_timeout_s)
+        return steps.retry_policy(self.settings)
 
     @property
     def service(self) -> ServiceConfig:
         """How the Embed step reaches the service and how hard it presses it."""
-        c, e, r = self.settings.client, self.settings.embed, self.settings.rate_limits
-        return ServiceConfig(self.opts.base_url, self.opts.account_segment, self.key_source, self.model.name,
-                             self.asked_dimensions, self.dimensions, self.retry, c.pool_size, c.encoding_format,
-                             c.max_decoding, e.max_in_flight, e.initial_in_flight, e.admitted_after_s,
-                             e.max_refused_s,
-                             r.requests_per_minute,
-                             r.tokens_per_minute)
+        return steps.service_config(self.settings, self.model, self.opts.base_url, self.opts.account_segment,
+                                    self.key_source, self.asked_dimensions)
 
-
-def _read_text(path: str) -> str:
-    try:
-        with FileSystems.open(path) as fh:
-            return fh.read().decode("utf-8")
-    except Exception as exc:
-        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    @property
+    def split(self) -> SplitConfig:
+        return steps.split_config(self.settings, self.model)
 
 
 def new_run_id() -> str:
@@ -119,7 +105,7 @@ def new_run_id() -> str:
 
 
 def catalogue(opts: EmbedPipeOptions) -> dict[str, ModelSpec]:
-    return parse_models(_read_text(opts.models_config), opts.models_config) if opts.models_config else load_models()
+    return steps.catalogue(opts.models_config)
 
 
 def model_names(opts: EmbedPipeOptions) -> list[str] | None:
@@ -145,8 +131,7 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
     if missing:
         raise UsageError(f"missing {', '.join(missing)}")
     model = get_model(catalogue(opts), model_name or opts.model)
-    settings = parse_settings(_read_text(opts.run_config) if opts.run_config else default_settings_text(),
-                              opts.run_config or "configs/pipeline.yaml")
+    settings = steps.run_settings(opts.run_config)
     if opts.max_in_flight is not None:
         if opts.max_in_flight < 1:
             raise UsageError("--max-in-flight must be at least 1")
@@ -166,8 +151,7 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
                                             ("monthly_cap_rub", opts.monthly_cap_rub)) if value is not None}
     settings = settings.replace("budget", **caps)
     try:  # the steps' own checks, made here so that a bad number is a usage error, not a crash
-        SplitConfig(max_tokens=model.chunk_tokens, overlap_tokens=settings.split.overlap_tokens,
-                    boundary_window=settings.split.boundary_window)
+        steps.split_config(settings, model)
     except ValueError as exc:
         raise UsageError(f"split settings: {exc}") from None
     try:

@@ -61,7 +61,7 @@ class SplitConfig:
     batch_chars: characters per encode_ordinary_batch call (threads vs. transient memory)."""
     max_tokens: int
     overlap_tokens: int = 0
-    boundary_window: float = 0.15
+    boundary_window: float = 0.1       # configs/pipeline.yaml split.boundary_window: the job's chunks
     segment_chars: int = 1 << 18
     batch_chars: int = 1 << 20
 

@@ -1,0 +1,60 @@
+"""The store of paid texts (transforms/dedupe/store.py) on a local directory: what one process
+puts it finds at once, another finds after a refresh, compaction keeps every text findable
+(by a reader whose index predates it too), and a CLI output DIR is refused for writing."""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+
+import numpy as np
+import pytest
+
+from transforms.dedupe.store import PaidStore, StoreError, StoreSpec, compact, spec
+
+MODEL, DIMS = "text-embedding-3-small", 8
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _put(store: PaidStore, run_id: str, request_id: str, texts: list[str]) -> np.ndarray:
+    vectors = np.random.default_rng(len(request_id)).random((len(texts), DIMS), dtype=np.float32)
+    row = {"request_id": request_id, "model": MODEL, "n_inputs": len(texts), "prompt_tokens": 3, "total_tokens": 3,
+           "cost_rub": 0.1, "balance_after": 1.0, "attempts": 1, "latency_ms": 5, "status": 200,
+           "started_at": dt.datetime.now(dt.timezone.utc), "run_id": run_id}
+    store.put(row, [_sha(t) for t in texts], [3] * len(texts), vectors, [1] * len(texts))
+    return vectors
+
+
+def test_put_lookup_refresh_and_compaction(tmp_path):
+    where = StoreSpec(str(tmp_path / "store"))
+    one, other = PaidStore(where, MODEL, DIMS), PaidStore(where, MODEL, DIMS)
+    a = _put(one, "run1", "r1", ["alpha", "beta"])
+    found = one.lookup([_sha("alpha"), _sha("beta"), _sha("gamma")])
+    assert set(found) == {_sha("alpha"), _sha("beta")} and found[_sha("alpha")].request_id == "r1"
+    assert np.array_equal(found[_sha("beta")].vector, a[1])
+    assert other.lookup([_sha("alpha")]) == {}            # another process: not until it lists again
+    other.refresh()
+    assert np.array_equal(other.lookup([_sha("alpha")])[_sha("alpha")].vector, a[0])
+    assert PaidStore(where, MODEL, DIMS + 1).lookup([_sha("alpha")]) == {}   # another length: never
+    g = _put(other, "run2", "r2", ["gamma", "alpha"])   # alpha paid twice: the first place wins
+    stale = PaidStore(where, MODEL, DIMS)
+    done = compact(where.path)
+    assert (done.entries, done.written, done.texts) == (2, 1, 3)
+    assert not list((tmp_path / "store" / "_journal").glob("*/*.parquet"))
+    # STALE's index points at entries now gone: it lists again and finds the compacted file
+    found = stale.lookup([_sha("alpha"), _sha("gamma")])
+    assert np.array_equal(found[_sha("alpha")].vector, a[0]) and np.array_equal(found[_sha("gamma")].vector, g[0])
+    fresh = PaidStore(where, MODEL, DIMS)
+    assert len(fresh) == 3 and np.array_equal(fresh.lookup([_sha("beta")])[_sha("beta")].vector, a[1])
+    _put(fresh, "run3", "r3", ["delta"])
+    assert compact(where.path).texts == 4 and len(PaidStore(where, MODEL, DIMS)) == 4
+
+
+def test_a_cli_output_dir_is_read_only(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "_current.json").write_text("{}")
+    with pytest.raises(StoreError, match="read_stores="):
+        spec(str(tmp_path / "out"))
+    assert spec(str(tmp_path / "s"), [str(tmp_path / "out")]).locations == (str(tmp_path / "s"), str(tmp_path / "out"))

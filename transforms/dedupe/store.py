@@ -1,0 +1,399 @@
+"""The store of paid texts (the library's `store=`): each answer is kept there as soon as it is
+paid, keyed by (model, dimensions, text digest), and a text it holds is never sent again, by a
+later run, a retried bundle or another pipeline on the same store. No Beam step here.
+
+Layout, on any Beam filesystem (a local directory, s3://, gs://):
+  STORE/_journal/<run>/<request>.parquet  one answered request, written by the CLI's journal
+      (transforms/money/journal.py: a temporary name, then a rename) right after it is paid;
+      `<request>.intent.json` beside it before the request leaves
+  STORE/_compacted/<model>-<dims>-<id>.parquet  entries merged by compact(): the columns of an
+      embeddings file that reuse reads (text_sha256, model, request_id, n_tokens, embedding)
+Every name is written once, under a name no other writer uses, so pipelines on one store at
+once never overwrite each other; readers take a file that appears later at their next refresh
+and one that compaction removed by listing again. A CLI output DIR is read the same way (its
+history's embeddings files and its journal), never written.
+
+Per worker process (`PaidStore.shared(spec, model, dims, run_id)`), for one model and length:
+  found = store.lookup(shas)      # {sha: Found(vector, request_id, n_tokens)}: costs nothing
+  store.intend(run_id, request_id, tokens, worst_case_micro)   # before a request leaves
+  store.put(request_row, shas, n_tokens, vectors, shares_micro)  # as soon as it is paid
+  store.recall(run_id, request_id)   # a retried bundle's answer, by its request id
+A text paid in this process is found at once; one paid elsewhere, after the next refresh
+(`refresh_s`). Growth: one entry per paid request, never pruned (a text paid once may come
+back); compact() merges entries into large files, safe beside running writers and readers.
+"""
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import threading
+import time
+import uuid
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.dedupe.known import read_vectors
+from transforms.money import journal
+from transforms.read.parquet import open_parquet, parquet_file
+from transforms.schemas import required
+from transforms.worker import runscoped
+from transforms.worker.keyindex import KeyIndex, key16
+
+COMPACTED = "_compacted"
+SCOPE = "paid-store"      # the process-wide objects' scope (transforms/worker/runscoped.py)
+CLI_MARKERS = ("_current.json", "summary.json")   # an output DIR of the CLI: read, never written
+REFRESH_S = 60.0          # how stale a worker's view of others' entries may be (a listing each time)
+ROWS_PER_GROUP = 1024     # a compacted file's row group: what one vector read fetches (~6 MB at 1536)
+
+
+class StoreError(Exception):
+    """A store location that cannot be used (one line, names it)."""
+
+
+class StoreSpec(NamedTuple):
+    """Where paid texts are kept: PATH is read and written (None: no store); READ, other
+    stores or CLI output DIRs, read only."""
+    path: str | None = None
+    read: tuple[str, ...] = ()
+
+    @property
+    def locations(self) -> tuple[str, ...]:
+        return ((self.path,) if self.path else ()) + self.read
+
+    def __bool__(self) -> bool:
+        return bool(self.locations)
+
+
+def spec(store: str | None, read: Sequence[str] = ()) -> StoreSpec:
+    """The store a transform is given, checked in the driver: a CLI output DIR is read only."""
+    if store and any(FileSystems.exists(FileSystems.join(store, m)) for m in CLI_MARKERS):
+        raise StoreError(f"store={store} is an output DIR of the CLI: give it in read_stores= to take its "
+                         f"vectors, and another location as store=")
+    return StoreSpec(store or None, tuple(read))
+
+
+class Found(NamedTuple):
+    vector: np.ndarray
+    request_id: str | None
+    n_tokens: int | None
+
+
+def _listing(location: str) -> tuple[list[str], list[str]]:
+    """(files read as embeddings files, journal entries) under LOCATION; none if it is missing."""
+    patterns = ([FileSystems.join(location, COMPACTED, "*.parquet"),
+                 FileSystems.join(location, "history", "*", "embeddings-*.parquet")],
+                [FileSystems.join(journal.journal_dir(location), "*", "*.parquet")])
+    found = []
+    for group in patterns:
+        paths = []
+        for result in FileSystems.match(group):
+            paths += [m.path for m in result.metadata_list]
+        found.append(sorted(paths))
+    return found[0], found[1]
+
+
+def _file_rows(path: str, model: str, dims: int):
+    """(row group, row, sha, request id, n_tokens) of an embeddings or compacted file's rows of MODEL at DIMS."""
+    with open_parquet(path) as fh:
+        parquet = parquet_file(fh)
+        schema = parquet.schema_arrow
+        if schema.field("embedding").type.list_size != dims:
+            return
+        columns = ["text_sha256", "model", "request_id", "n_tokens"]
+        for g in range(parquet.metadata.num_row_groups):
+            t = parquet.read_row_group(g, columns=columns)
+            for row, (sha, m, rid, n) in enumerate(zip(*(t.column(c).to_pylist() for c in columns))):
+                if m == model:
+                    yield g, row, sha, rid, n
+
+
+def _entry_rows(path: str, model: str, dims: int):
+    """The same for a journal entry (one request): its footer names the model."""
+    with FileSystems.open(path) as fh:
+        data = fh.read()
+    footer = pq.read_schema(io.BytesIO(data))
+    request = json.loads(footer.metadata[b"request"])
+    if request["model"] != model or footer.field("embedding").type.byte_width // 4 != dims:
+        return
+    table = pq.read_table(io.BytesIO(data), columns=["text_sha256", "n_tokens"])
+    for row, (sha, n) in enumerate(zip(table.column("text_sha256").to_pylist(), table.column("n_tokens").to_pylist())):
+        yield 0, row, sha, request["request_id"], n
+
+
+def _missing(exc: Exception) -> bool:
+    """Whether EXC says a file is not there (each filesystem words it its own way)."""
+    text = str(exc).lower()
+    return isinstance(exc, FileNotFoundError) or any(w in text for w in ("not found", "no such", "no files found",
+                                                                         "404", "does not exist"))
+
+
+class PaidStore:
+    """One process's index of the texts SPEC holds for MODEL at DIMS: digest -> where its vector
+    is (~40 bytes a text), never the vector; vectors are read when asked for, a few files cached."""
+
+    CACHED = 4
+
+    def __init__(self, spec: StoreSpec, model: str, dims: int, refresh_s: float = REFRESH_S):
+        self.spec, self.model, self.dims, self._refresh_s = spec, model, dims, refresh_s
+        self._lock = threading.RLock()
+        self._reset()   # the index: digest -> file number, row group, row, request number (int32s)
+        self._requests: list[str | None] = []
+        self._request_numbers: dict[str | None, int] = {}
+        self._listed_at = 0.0
+        self._runs: set[str] = set()
+        self.refresh()
+
+    @classmethod
+    def shared(cls, spec: StoreSpec, model: str, dims: int, run_id: str) -> "PaidStore":
+        """This process's PaidStore of SPEC for MODEL at DIMS (built on first use), listed again
+        when another run (RUN_ID: a pipeline, or a worker's model) first asks for it."""
+        store = runscoped.shared(SCOPE, f"{spec}|{model}|{dims}", lambda: cls(spec, model, dims))
+        with store._lock:
+            if run_id not in store._runs:
+                if store._runs:
+                    store.refresh()
+                store._runs.add(run_id)
+        return store
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Index what appeared in the stores since the last listing (entries another process
+        or pipeline wrote, a compaction's files); when a file indexed before has gone (compacted),
+        index the stores again from scratch."""
+        with self._lock:
+            self._listed_at = time.monotonic()
+            listed = [_listing(location) for location in self.spec.locations]
+            paths = {p for files, entries in listed for p in files + entries}
+            if any(path not in paths for path, _ in self._files):
+                self._reset()
+            for files, entries in listed:
+                for path in files:
+                    self._add(path, False, _file_rows)
+                for path in entries:
+                    self._add(path, True, _entry_rows)
+
+    def _reset(self) -> None:
+        self._index = KeyIndex()
+        self._files: list[tuple[str, bool]] = []   # (path, journaled)
+        self._numbers: dict[str, int] = {}
+        self._cache: collections.OrderedDict = collections.OrderedDict()
+
+    def _add(self, path: str, journaled: bool, rows) -> None:
+        if path in self._numbers:
+            return
+        number = len(self._files)
+        try:
+            found = list(rows(path, self.model, self.dims))
+        except Exception as exc:   # removed by a compaction since the listing: its rows are in its file
+            if _missing(exc):
+                return
+            raise
+        self._files.append((path, journaled))
+        self._numbers[path] = number
+        for g, row, sha, request_id, _ in found:
+            self._put(key16(sha), number, g, row, request_id)
+
+    def _put(self, key: bytes, number: int, row_group: int, row: int, request_id: str | None) -> None:
+        """The first place of a text wins."""
+        if key not in self._index:
+            self._index.put(key, np.array([number, row_group, row, self._request_number(request_id)],
+                                          "<i4").tobytes())
+
+    def _request_number(self, request_id: str | None) -> int:
+        if request_id not in self._request_numbers:
+            self._request_numbers[request_id] = len(self._requests)
+            self._requests.append(request_id)
+        return self._request_numbers[request_id]
+
+    def holds(self, sha: str) -> bool:
+        with self._lock:
+            return key16(sha) in self._index
+
+    def lookup(self, shas: Sequence[str]) -> dict[str, Found]:
+        """The vectors the stores hold among SHAS (text digests), with the request that paid each."""
+        with self._lock:
+            if time.monotonic() - self._listed_at >= self._refresh_s:
+                self.refresh()
+            found = {}
+            for sha in shas:
+                place = self._place(sha)
+                if place is None:
+                    continue
+                vector = self._vector(*place[:3])
+                if vector is None:   # compacted away under us: list again, once
+                    self.refresh()
+                    place = self._place(sha)
+                    vector = None if place is None else self._vector(*place[:3])
+                if vector is not None:
+                    found[sha] = Found(vector, self._requests[place[3]], None)
+            return found
+
+    def _place(self, sha: str):
+        held = self._index.get(key16(sha))
+        return None if held is None else tuple(int(v) for v in np.frombuffer(held, "<i4"))
+
+    def _vector(self, number: int, row_group: int, row: int) -> np.ndarray | None:
+        path, journaled = self._files[number]
+        key = (path, row_group)
+        if key not in self._cache:
+            try:
+                self._cache[key] = read_vectors(path, row_group, journaled)
+            except Exception as exc:
+                if not _missing(exc):
+                    raise
+                return None
+            if len(self._cache) > self.CACHED:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return self._cache[key][row]
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def intend(self, run_id: str, request_id: str, tokens: int, worst_case_micro: int) -> None:
+        """Before REQUEST_ID leaves: what it may cost, for whoever reconciles the account."""
+        if self.spec.path:
+            journal.write_intent(self.spec.path, run_id, request_id, tokens, worst_case_micro)
+
+    def put(self, request_row: dict, shas: Sequence[str], n_tokens: Sequence[int], vectors: np.ndarray,
+            shares_micro: Sequence[int]) -> None:
+        """An answered request (REQUEST_ROW as RequestRunner makes it), as soon as it is paid: in
+        the store for good, and in this process's index at once."""
+        if not self.spec.path:
+            return
+        path = journal.write_entry(self.spec.path, request_row["run_id"], request_row, list(shas), list(n_tokens),
+                                   vectors, list(shares_micro))
+        with self._lock:
+            if path in self._numbers:
+                return
+            self._numbers[path] = number = len(self._files)
+            self._files.append((path, True))
+            for row, sha in enumerate(shas):
+                self._put(key16(sha), number, 0, row, request_row["request_id"])
+
+    def recall(self, run_id: str, request_id: str):
+        """RUN_ID's answer to REQUEST_ID if an earlier attempt of a bundle paid for it (RequestRunner's recall)."""
+        return journal.read_entry(self.spec.path, run_id, request_id) if self.spec.path else None
+
+
+# -- compaction ------------------------------------------------------------------------------
+
+SMALL_BYTES = 64 << 20    # compacted files under this size are merged again
+
+
+class Compaction(NamedTuple):
+    entries: int      # journal entries merged
+    files: int        # compacted files merged
+    written: int      # compacted files written
+    texts: int        # distinct texts in them
+
+
+def _compacted_schema(dims: int) -> pa.Schema:
+    return pa.schema([required("text_sha256", pa.string()), required("model", pa.string()),
+                      pa.field("request_id", pa.string()), required("n_tokens", pa.int32()),
+                      required("embedding", pa.list_(pa.float32(), dims))])
+
+
+def _entry_table(path: str) -> tuple[str, int, pa.Table]:
+    """(model, dims, compacted-schema table) of one journal entry."""
+    request, table = journal.read_path(path)
+    vectors = journal.entry_vectors(table)
+    n, dims = vectors.shape
+    return request["model"], dims, pa.Table.from_arrays([
+        table.column("text_sha256"), pa.array([request["model"]] * n, pa.string()),
+        pa.array([request["request_id"]] * n, pa.string()), table.column("n_tokens"),
+        pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dims)],
+        schema=_compacted_schema(dims))
+
+
+def _compacted_tables(path: str):
+    with open_parquet(path) as fh:
+        parquet = parquet_file(fh)
+        dims = parquet.schema_arrow.field("embedding").type.list_size
+        for g in range(parquet.metadata.num_row_groups):
+            table = parquet.read_row_group(g).cast(_compacted_schema(dims))
+            for model in set(table.column("model").to_pylist()):
+                yield model, dims, table.filter(pc.equal(table.column("model"), model))
+
+
+class _Writers:
+    """One compacted file per (model, dims), written under a temporary name, renamed when whole."""
+
+    def __init__(self, store: str):
+        self._store, self._open, self.seen, self.texts = store, {}, {}, 0
+
+    def write(self, model: str, dims: int, table: pa.Table) -> None:
+        seen = self.seen.setdefault((model, dims), set())
+        keep = [i for i, sha in enumerate(table.column("text_sha256").to_pylist()) if not (sha in seen or seen.add(sha))]
+        if not keep:
+            return
+        if (model, dims) not in self._open:
+            final = FileSystems.join(self._store, COMPACTED, f"{uuid.uuid4().hex}.parquet")
+            temp = f"{final}.tmp-{uuid.uuid4().hex}"
+            fh = FileSystems.create(temp)
+            self._open[(model, dims)] = (temp, final, fh, pq.ParquetWriter(fh, _compacted_schema(dims)))
+        self._open[(model, dims)][3].write_table(table.take(keep), row_group_size=ROWS_PER_GROUP)
+        self.texts += len(keep)
+
+    def close(self) -> int:
+        for temp, final, fh, writer in self._open.values():
+            writer.close()
+            fh.close()
+            FileSystems.rename([temp], [final])
+        return len(self._open)
+
+
+def _delete(paths: list[str]) -> None:
+    """Delete what exists of PATHS (another compaction may have removed some)."""
+    for path in paths:
+        try:
+            FileSystems.delete([path])
+        except Exception as exc:
+            if not _missing(exc):
+                raise
+
+
+def compact(store: str, small_bytes: int = SMALL_BYTES) -> Compaction:
+    """Merge STORE's journal entries (and its compacted files under SMALL_BYTES) into one file
+    per model and length. Safe beside running pipelines: the new file is whole (renamed) before
+    anything it holds is deleted, an entry written meanwhile is not touched, and a reader that
+    finds a file gone lists the store again. Intents of merged entries go with them."""
+    files = [m for r in FileSystems.match([FileSystems.join(store, COMPACTED, "*.parquet")]) for m in r.metadata_list]
+    small = sorted(m.path for m in files if m.size_in_bytes < small_bytes)
+    entries = _listing(store)[1]
+    if len(small) + len(entries) <= 1:
+        return Compaction(0, 0, 0, 0)
+    writers, merged, merged_files = _Writers(store), [], []
+    for path in small:
+        try:
+            for model, dims, table in _compacted_tables(path):
+                writers.write(model, dims, table)
+        except Exception as exc:
+            if not _missing(exc):
+                raise
+            continue
+        merged_files.append(path)
+    for path in entries:
+        try:
+            writers.write(*_entry_table(path))
+        except Exception as exc:
+            if not _missing(exc):
+                raise
+            continue
+        merged.append(path)
+    written = writers.close()
+    _delete(merged_files + merged + [p[:-len(".parquet")] + journal.INTENT_SUFFIX for p in merged])
+    for folder in {FileSystems.split(p)[0] for p in merged}:   # a local disk keeps empty directories
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+    return Compaction(len(merged), len(merged_files), written, writers.texts)
