@@ -39,6 +39,8 @@ from embedpipe.rag import Embedded, dict_adapter, element_texts, rag_adapter
 from service.credentials import ENV_VAR, KeySource
 from service.tokenizer import get_encoding
 from transforms import schemas
+from transforms.dedupe import store as stores
+from transforms.dedupe.known import ReuseRef
 from transforms.embed.config import EmbedConfig, OutputConfig
 from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, UNAUTHORIZED, UNAVAILABLE, RequestRunner, resplit
 from transforms.embed.transform import Shared
@@ -77,6 +79,7 @@ class _Job:
     """What the workers are given (built in the driver; no key)."""
     cfg: LibraryConfig
     embed: EmbedConfig
+    store: stores.StoreSpec
 
 
 class _Service:
@@ -87,19 +90,38 @@ class _Service:
         self.cfg, self.run_id = cfg, embed.output.run_id
         self.shared = shared = Shared.for_run(embed)
         self.paid = runscoped.shared(self.run_id, "paid", lambda: PaidTexts(cfg.service.expected_dims))
-        self.client = cfg.service.client()
+        svc = cfg.service
+        self.store = stores.PaidStore.shared(job.store, svc.model, svc.expected_dims, self.run_id) if job.store else None
+        self.client = svc.client()
         encoding = get_encoding()
         self.splitter = Splitter(encoding, cfg.split)
-        svc = cfg.service
         self.runner = RequestRunner(
             self.client, model=svc.model, dimensions=svc.dimensions, expected_dims=svc.expected_dims,
             guard=shared.guard, breaker=shared.breaker, run_id=self.run_id,
             resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
                 max_tokens=n, boundary_window=embed.boundary_window))),
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
-            max_refused_s=svc.max_refused_s)
+            max_refused_s=svc.max_refused_s, **(self._stored() if self.store is not None else {}))
         self.pool = cf.ThreadPoolExecutor(svc.max_in_flight, thread_name_prefix="embedpipe")
         self.m = {name: Metrics.counter("embedpipe", name) for name in COUNTERS}
+
+    def _stored(self) -> dict:
+        """The runner's hooks into the store: each answer put there as soon as it is paid (the
+        CLI's journal), a retried bundle's answer recalled, a re-split piece looked up first."""
+        store, run_id = self.store, self.run_id
+
+        def known(sha: str):
+            found = store.lookup([sha]).get(sha)
+            return None if found is None else (found.vector, ReuseRef("", 0, 0, found.request_id, 0, True))
+        return {"journal": lambda d, row: store.put(row, [i.text_sha256 for i in d.items], [i.n_tokens for i in d.items],
+                                                    d.vectors, d.shares_micro),
+                "intend": functools.partial(store.intend, run_id),
+                "recall": functools.partial(store.recall, run_id), "known": known}
+
+    def _held(self, chunks: dict) -> dict[str, Answer]:
+        """What the store holds among CHUNKS (claimed by this batch): costs nothing, not sent."""
+        found = self.store.lookup(list(chunks)) if self.store is not None and chunks else {}
+        return {sha: Answer(f.vector, chunks[sha].n_tokens, f.request_id) for sha, f in found.items()}
 
     def embed(self, texts: Sequence[str]) -> list[Embedded]:
         """One result per text; its pieces (one, or several for a text over the limit) are sent
@@ -108,7 +130,11 @@ class _Service:
         wanted = {c.text_sha256: c for chunks in pieces for c in chunks}
         held, waiting, mine = self.paid.claim(wanted)
         try:
-            answers, shares = self._send([wanted[sha] for sha in mine])
+            stored = self._held({sha: wanted[sha] for sha in mine})
+            for sha, answer in stored.items():
+                self.paid.settle(sha, answer)
+            held.update(stored)
+            answers, shares = self._send([wanted[sha] for sha in mine if sha not in stored])
         finally:   # a batch that failed leaves no claim behind: a retry or another batch sends them
             for sha in mine:
                 self.paid.settle(sha, Answer(None, 0, None, "not_sent", "its batch failed"))
@@ -233,7 +259,8 @@ class ServiceTextEmbeddings(EmbeddingsManager):
 
     def __init__(self, columns: Sequence[str] | None = None, model: str | None = None,
                  base_url: str | None = None, *, api_key_env: str = ENV_VAR, api_key_file: str | None = None,
-                 max_spend_rub: float | None = None, dimensions: int | None = None,
+                 max_spend_rub: float | None = None, store: str | None = None, read_stores: Sequence[str] = (),
+                 dimensions: int | None = None,
                  account_segment: str = "service", models_config: str | None = None,
                  run_config: str | None = None, type_adapter: EmbeddingTypeAdapter | None = None, **kwargs):
         if not model or not base_url:
@@ -247,6 +274,7 @@ class ServiceTextEmbeddings(EmbeddingsManager):
                       "account_segment": account_segment, "models_config": models_config, "run_config": run_config}
         self.api_key_env, self.api_key_file = api_key_env, api_key_file
         self.max_spend_rub = max_spend_rub
+        self.store = stores.spec(store, read_stores)   # a CLI output DIR as store=: a StoreError now
         self._config()   # a wrong model or URL fails here, in the driver
 
     def _config(self) -> LibraryConfig:
@@ -262,7 +290,7 @@ class ServiceTextEmbeddings(EmbeddingsManager):
         output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta), schemas.pending([], meta), (),
                               s.embed.progress_interval_s)
         return _Job(cfg, EmbedConfig(cfg.service, read_budget(cfg, self.max_spend_rub), output,
-                                     s.split.boundary_window))
+                                     s.split.boundary_window), self.store)
 
     def get_model_handler(self) -> ServiceModelHandler:
         return ServiceModelHandler(self.job(), self.type_adapter, self.columns)

@@ -191,3 +191,30 @@ def test_a_text_over_the_limit_gets_the_token_weighted_mean_of_its_pieces(sandbo
     assert np.allclose(out["long"]["text"], expected, atol=1e-6)
     assert not np.allclose(out["long"]["text"], vectors[0], atol=1e-3)
     assert counters["tokens"] == sum(p.n_tokens for p in pieces) + 3 and counters["failed_texts"] == 0
+
+
+def test_with_a_store_a_second_pipeline_sends_nothing(sandbox, key_env, tmp_path):
+    """The first pipeline puts each answer in the store as it is paid; the second, in a worker
+    process of its own (so from the store's files, not from memory), sends 0 requests."""
+    store = tmp_path / "store"
+    long_text = " ".join(f"word{i}" for i in range(9000))   # over the limit: its pieces are stored
+    rows = [{"id": i, "text": f"sentence number {i % 30} about stores"} for i in range(90)]
+    rows.append({"id": 999, "text": long_text})
+
+    def build(where):
+        def _build(p):
+            embedder = embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url, store=str(store))
+            return {"out": p | beam.Create(rows, reshuffle=False)
+                    | MLTransform(write_artifact_location=str(where / "a")).with_transform(embedder)}
+        return _build
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    run_pipeline(build(first), first)
+    paid = sandbox.ledger()
+    assert paid and list(store.rglob("*.parquet"))
+    result = run_pipeline(build(second), second, "--direct_running_mode=multi_processing", "--direct_num_workers=1")
+    assert sandbox.ledger() == paid
+    counters = _counters(result)
+    assert counters.get("requests", 0) == 0 and counters.get("cost_micro_rub", 0) == 0
+    before, after = ({r["id"]: r["text"] for r in collected(where, "out")["out"]} for where in (first, second))
+    assert sorted(after) == sorted(before) and all(np.array_equal(after[i], before[i]) for i in before)
