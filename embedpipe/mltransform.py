@@ -7,7 +7,9 @@ sends with the job's pieces: its budget guard, adaptive in-flight limit, breaker
   within max_spend_rub and the balance; a text the budget stops comes out without a vector and
   with the reason (`budget_exhausted`, `insufficient_balance`), counted in `pending_texts`;
 - each distinct text is paid once per worker process, whatever batch it comes in
-  (embedpipe/paid.py): a text met before gets its vector at cost 0;
+  (embedpipe/paid.py): a text met before gets its vector at cost 0; with `store=`, across
+  processes and pipelines too (transforms/dedupe/store.py): a text the store holds is not sent,
+  and each answer is put there as soon as it is paid (the runner's journal hook);
 - a text over the model's input limit is split token-exact, as the job splits (configs/
   pipeline.yaml, split), and gets the token-weighted mean of its pieces' vectors, re-normalised
   (what the CLI's --doc-vectors computes, transforms/write/docvectors.py);
@@ -255,7 +257,9 @@ class ServiceTextEmbeddings(EmbeddingsManager):
     """MLTransform provider. COLUMNS: the dict columns to embed (each replaced by its vector);
     without them, Beam ml.rag items (EmbeddableItem / Chunk) through `embedpipe.rag_adapter()`,
     or TYPE_ADAPTER's. The key: API_KEY_ENV or API_KEY_FILE, read where the texts are sent.
-    MAX_SPEND_RUB caps what each pipeline that applies it spends; the balance always does."""
+    MAX_SPEND_RUB caps what each pipeline that applies it spends; the balance always does.
+    STORE: where paid texts are kept (any Beam filesystem); READ_STORES: more stores or CLI
+    output DIRs, whose texts are taken and never written."""
 
     def __init__(self, columns: Sequence[str] | None = None, model: str | None = None,
                  base_url: str | None = None, *, api_key_env: str = ENV_VAR, api_key_file: str | None = None,

@@ -123,12 +123,15 @@ def test_no_key_is_an_error_before_any_bundle_runs(sandbox, monkeypatch, tmp_pat
     assert sandbox.ledger() == []
 
 
-def test_beam_rows_come_back_as_rows(sandbox, key_env, tmp_path):
+def test_beam_rows_come_back_as_rows_with_exception_handling(sandbox, key_env, tmp_path):
     def build(p):
         rows = [beam.Row(id=1, text="a row"), beam.Row(id=2, text=None)]
-        return {"out": p | beam.Create(rows) | MLTransform(write_artifact_location=str(tmp_path / "a")).with_transform(
-            embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url))}
+        out, errors = (p | beam.Create(rows) | MLTransform(write_artifact_location=str(tmp_path / "a"))
+                       .with_transform(embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url))
+                       .with_exception_handling())
+        return {"out": out, "errors": errors}
     run_pipeline(build, tmp_path)
+    assert collected(tmp_path, "errors")["errors"] == []
     out = sorted(collected(tmp_path, "out")["out"], key=lambda r: r.id)
     assert [type(r) for r in out] == [beam.Row, beam.Row]
     assert out[0].text.shape == (1536,) and out[1].text is None and out[1].text_error == "empty_text"
