@@ -56,6 +56,7 @@ from transforms.write.docvectors import token_weighted_mean
 COUNTERS = ("tokens", "cost_micro_rub", "requests", "retries", "failed_texts", "pending_texts", "reused_texts")
 NOT_SENT = {BUDGET: "not sent: max_spend_rub (or the balance less the reserve) would be exceeded",
             BALANCE: "not sent: the account's balance ran out (HTTP 402)"}
+EMPTY = "no text to embed (null, empty or not a str)"
 PENDING = (BUDGET, BALANCE, UNAUTHORIZED, FORBIDDEN, UNAVAILABLE, INVALID)   # the runner's reasons to stop sending
 
 
@@ -93,7 +94,8 @@ class _Service:
         self.shared = shared = Shared.for_run(embed)
         self.paid = runscoped.shared(self.run_id, "paid", lambda: PaidTexts(cfg.service.expected_dims))
         svc = cfg.service
-        self.store = stores.PaidStore.shared(job.store, svc.model, svc.expected_dims, self.run_id) if job.store else None
+        self.store = (stores.PaidStore.shared(job.store, svc.model, svc.expected_dims, self.run_id)
+                      if job.store else None)
         self.client = svc.client()
         encoding = get_encoding()
         self.splitter = Splitter(encoding, cfg.split)
@@ -115,9 +117,10 @@ class _Service:
         def known(sha: str):
             found = store.lookup([sha]).get(sha)
             return None if found is None else (found.vector, ReuseRef("", 0, 0, found.request_id, 0, True))
-        return {"journal": lambda d, row: store.put(row, [i.text_sha256 for i in d.items], [i.n_tokens for i in d.items],
-                                                    d.vectors, d.shares_micro),
-                "intend": functools.partial(store.intend, run_id),
+
+        def journal(d, row):
+            store.put(row, [i.text_sha256 for i in d.items], [i.n_tokens for i in d.items], d.vectors, d.shares_micro)
+        return {"journal": journal, "intend": functools.partial(store.intend, run_id),
                 "recall": functools.partial(store.recall, run_id), "known": known}
 
     def _held(self, chunks: dict) -> dict[str, Answer]:
@@ -148,7 +151,7 @@ class _Service:
         results = []
         for chunks in pieces:
             if not chunks:
-                results.append(Embedded(None, 0, 0.0, None, "empty_text", "no text to embed (null, empty or not a str)"))
+                results.append(Embedded(None, 0, 0.0, None, "empty_text", EMPTY))
                 continue
             a = _combined([answers[c.text_sha256] for c in chunks])
             cost = from_micro(sum(costs[c.text_sha256].popleft() for c in chunks))
