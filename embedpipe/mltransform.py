@@ -31,6 +31,7 @@ import secrets
 from typing import Any, Sequence
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, RunInference
 from apache_beam.ml.transforms.base import EmbeddingsManager, EmbeddingTypeAdapter
@@ -81,8 +82,7 @@ def _combined(parts: Sequence[Answer]) -> Answer:
 class _Job:
     """What the workers are given (built in the driver; no key)."""
     cfg: LibraryConfig
-    embed: EmbedConfig
-    store: stores.StoreSpec
+    embed: EmbedConfig   # its store: where paid texts are kept (None: none)
 
 
 class _Service:
@@ -94,8 +94,8 @@ class _Service:
         self.shared = shared = Shared.for_run(embed)
         self.paid = runscoped.shared(self.run_id, "paid", lambda: PaidTexts(cfg.service.expected_dims))
         svc = cfg.service
-        self.store = (stores.PaidStore.shared(job.store, svc.model, svc.expected_dims, self.run_id)
-                      if job.store else None)
+        self.store = (stores.PaidStore.shared(embed.store, svc.model, svc.expected_dims, self.run_id)
+                      if embed.store else None)
         self.client = svc.client()
         encoding = get_encoding()
         self.splitter = Splitter(encoding, cfg.split)
@@ -116,7 +116,7 @@ class _Service:
 
         def known(sha: str):
             found = store.lookup([sha]).get(sha)
-            return None if found is None else (found.vector, ReuseRef("", 0, 0, found.request_id, 0, True))
+            return None if found is None else (found.vector, ReuseRef("", 0, 0, found.request_id, 0, False))
 
         def journal(d, row):
             store.put(row, [i.text_sha256 for i in d.items], [i.n_tokens for i in d.items], d.vectors, d.shares_micro)
@@ -248,6 +248,7 @@ class ServiceEmbed(beam.PTransform):
         return {**super().annotations(), "model_handler": f"ServiceTextEmbeddings({self._manager.where['model']})"}
 
     def expand(self, pcoll):
+        FileSystems.set_options(pcoll.pipeline.options)   # configs and the store as the workers reach them
         m = self._manager
         inference = RunInference(ServiceModelHandler(m.job(), m.type_adapter, m.columns),
                                  inference_args=m.inference_args)
@@ -267,8 +268,7 @@ class ServiceTextEmbeddings(EmbeddingsManager):
     def __init__(self, columns: Sequence[str] | None = None, model: str | None = None,
                  base_url: str | None = None, *, api_key_env: str = ENV_VAR, api_key_file: str | None = None,
                  max_spend_rub: float | None = None, store: str | None = None, read_stores: Sequence[str] = (),
-                 dimensions: int | None = None,
-                 account_segment: str = "service", models_config: str | None = None,
+                 dimensions: int | None = None, account_segment: str = "service", models_config: str | None = None,
                  run_config: str | None = None, type_adapter: EmbeddingTypeAdapter | None = None, **kwargs):
         if not model or not base_url:
             raise TypeError("ServiceTextEmbeddings needs model= and base_url=")
@@ -281,23 +281,23 @@ class ServiceTextEmbeddings(EmbeddingsManager):
                       "account_segment": account_segment, "models_config": models_config, "run_config": run_config}
         self.api_key_env, self.api_key_file = api_key_env, api_key_file
         self.max_spend_rub = max_spend_rub
-        self.store = stores.spec(store, read_stores)   # a CLI output DIR as store=: a StoreError now
-        self._config()   # a wrong model or URL fails here, in the driver
+        self.store, self.read_stores = store, tuple(read_stores)
 
     def _config(self) -> LibraryConfig:
         return resolve(keys=KeySource(file=self.api_key_file, env_var=self.api_key_env), **self.where)
 
     def job(self) -> _Job:
-        """What the workers of one pipeline get: the settings, and the budget read from the account
-        now (no key: a MissingApiKeyError naming where to put it, before any bundle runs)."""
-        cfg = self._config()
+        """What the workers of one pipeline get: the settings, the store (a CLI output DIR as
+        store=: a StoreError) and the budget read from the account now (no key: a
+        MissingApiKeyError naming where to put it, before any bundle runs)."""
+        cfg, store = self._config(), stores.spec(self.store, self.read_stores)
         run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-mlt-" + secrets.token_hex(3)
         dims, s = cfg.service.expected_dims, cfg.settings
         meta = schemas.metadata(cfg.model.name, dims, run_id)
         output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta), schemas.pending([], meta), (),
                               s.embed.progress_interval_s)
         return _Job(cfg, EmbedConfig(cfg.service, read_budget(cfg, self.max_spend_rub), output,
-                                     s.split.boundary_window), self.store)
+                                     s.split.boundary_window, store=store or None))
 
     def get_model_handler(self) -> ServiceModelHandler:
         return ServiceModelHandler(self.job(), self.type_adapter, self.columns)

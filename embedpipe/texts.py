@@ -1,13 +1,12 @@
-"""EmbedTexts: the CLI job's steps on a PCollection of dicts, for a user's own pipeline.
+"""EmbedTexts: the CLI job's embedding step on a PCollection of dicts, for a user's own pipeline.
 
-Read (the rows checked, split token-exact to the model's limit) -> Dedupe -> Pack -> Embed are
-the job's transforms (transforms/read, transforms/dedupe, transforms/requests.py,
-transforms/embed), with repeated ids rejected between Dedupe and Pack: the same
-splitter, packer, request runner (bisection of 400s, re-split of over-length inputs, the
-client's one retry loop), adaptive in-flight limit, budget guard and cost lineage. What the
-job writes as Parquet comes out as dicts. Distinct texts are found by grouping on their digest
-(the job's way on distributed runners), so each is paid once on any runner; the job's
-streaming claims need its driver after the pipeline, which a library step does not have.
+ReadRows (the rows checked, split token-exact to the model's limit) -> EmbedChunks, the step
+the CLI's graph runs between its Read and Write (transforms/requests.py): the same splitter,
+packer, request runner (bisection of 400s, re-split of over-length inputs, the client's one
+retry loop), adaptive in-flight limit, budget guard and cost lineage. What the job writes as
+Parquet comes out as dicts. Texts stream: each worker process claims them as they come and
+the store of paid texts (transforms/dedupe/inflight.py, store.py) remembers what was paid, so
+the first request leaves as soon as one is full and nothing large crosses a stage boundary.
 
 The driver reads the account once while the pipeline is built (the CLI does the same): no key
 is an error then, before any bundle runs, and the budget guard starts from that balance.
@@ -16,22 +15,26 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
 
-from embedpipe._config import read_budget, resolve
+from apache_beam.io.filesystems import FileSystems
+
+from embedpipe._config import resolve
+from pipeline.money import account as acct
 from service.credentials import ENV_VAR, KeySource
 from transforms import schemas
-from transforms.dedupe.known import KnownStores
-from transforms.dedupe.transform import ITEMS, Dedupe
+from transforms.dedupe.inflight import StoreDedupe
+from transforms.dedupe.store import spec
 from transforms.embed.config import EmbedConfig, OutputConfig
-from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
-from transforms.read.dicts import IDS, DropRepeatedIds, ReadRows
+from transforms.embed.transform import FAILED, PENDING, REQUESTS
+from transforms.money.budget import Budget
+from transforms.read.dicts import ReadRows
 from transforms.read.transform import ENTRIES, REJECTED
 from transforms.records import Rejected
-from transforms.requests import pack
+from transforms.requests import EMBEDDINGS, EmbedChunks
 
 
 class EmbedResult(NamedTuple):
@@ -66,38 +69,51 @@ class EmbedTexts(beam.PTransform):
     The key is read from the environment variable API_KEY_ENV or from API_KEY_FILE, in the
     driver (to read the balance) and again on each worker; it is never pickled. MAX_SPEND_RUB
     caps what this pipeline spends; the balance (and the key's budget) always do. Chunks the
-    budget stops are `pending` with their text and reason. MODELS_CONFIG and RUN_CONFIG replace
-    configs/models.yaml and configs/pipeline.yaml."""
+    budget stops are `pending` with their text and reason. STORE: where each answer is kept as
+    soon as it is paid, on any Beam filesystem; a text it holds is taken from there at no cost.
+    READ_STORES: other stores or CLI output DIRs, read only. MODELS_CONFIG and RUN_CONFIG
+    replace configs/models.yaml and configs/pipeline.yaml (any Beam filesystem)."""
 
     def __init__(self, model: str, base_url: str, *, api_key_env: str = ENV_VAR, api_key_file: str | None = None,
                  max_spend_rub: float | None = None, id_field: str = "id", text_field: str = "text",
-                 dimensions: int | None = None, account_segment: str = "service",
-                 models_config: str | None = None, run_config: str | None = None):
+                 store: str | None = None, read_stores: Sequence[str] = (), dimensions: int | None = None,
+                 account_segment: str = "service", models_config: str | None = None, run_config: str | None = None):
         super().__init__()
         if max_spend_rub is not None and not max_spend_rub >= 0:
             raise ValueError("max_spend_rub must be an amount >= 0")
         self._keys = KeySource(file=api_key_file, env_var=api_key_env)
-        self._cfg = resolve(model, base_url, self._keys, dimensions=dimensions, account_segment=account_segment,
-                            models_config=models_config, run_config=run_config)
+        self._where = {"model": model, "base_url": base_url, "dimensions": dimensions,
+                       "account_segment": account_segment, "models_config": models_config, "run_config": run_config}
         self._max_spend, self._fields = max_spend_rub, (id_field, text_field)
+        self._stores = (store, tuple(read_stores))
+
+    def _budget(self, cfg) -> Budget:
+        with cfg.service.client(pool_size=1) as client:   # MissingApiKeyError here names where to put the key
+            account = acct.read_account(client)
+        spendable = acct.spendable(account, cfg.settings.budget.reserve_rub, self._max_spend)
+        return Budget(account.balance, spendable, cfg.model.price_per_token, cfg.margin,
+                      1 / cfg.model.safety_factor, cfg.settings.budget.balance_poll_s)
 
     def expand(self, rows):
-        cfg, s = self._cfg, self._cfg.settings
+        FileSystems.set_options(rows.pipeline.options)   # configs and the store as the workers reach them
+        cfg = resolve(keys=self._keys, **self._where)
+        s = cfg.settings
+        store = spec(*self._stores)
+        store = store if store.path else store._replace(spool=True)   # without one, this pipeline's own
         run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-lib-" + secrets.token_hex(3)
         dims = cfg.service.expected_dims
         meta = schemas.metadata(cfg.model.name, dims, run_id)
         output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta), schemas.pending([], meta), (),
                               s.embed.progress_interval_s)
-        embed = EmbedConfig(cfg.service, read_budget(cfg, self._max_spend), output, s.split.boundary_window)
-        read = rows | "Read" >> ReadRows(*self._fields, cfg.split)
-        dedupe = Dedupe(KnownStores(run_id, cfg.model.name, dims, (), ()), run_id, streaming=False)
-        deduped = read[ENTRIES] | "Dedupe" >> dedupe
-        kept = deduped[ITEMS] | "RepeatedIds" >> DropRepeatedIds(read[IDS])
-        requests = pack(kept.items, dedupe, cfg.model, s.pack.fill_target, s.pack.max_open_requests)
-        out = requests | "Embed" >> EmbedRequests(embed)
-        failed = (read[REJECTED], kept[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten()
+        embed = EmbedConfig(cfg.service, self._budget(cfg), output, s.split.boundary_window, store=store,
+                            claims=run_id)
+        read = rows | "Read" >> ReadRows(*self._fields, cfg.split, run_id)
+        dedupe = StoreDedupe(run_id, store, cfg.model.name, dims)
+        out = read[ENTRIES] | "EmbedChunks" >> EmbedChunks(dedupe, cfg.model, s.pack.fill_target,
+                                                           s.pack.max_open_requests, embed)
+        failed = (read[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten()   # small records only
         return EmbedResult(
-            embeddings=out.embeddings | "EmbeddingRows" >> beam.FlatMap(embedding_rows),
+            embeddings=out[EMBEDDINGS] | "EmbeddingRows" >> beam.FlatMap(embedding_rows),
             failed=failed | "FailedRows" >> beam.Map(failed_row),
             pending=out[PENDING] | "PendingRows" >> beam.FlatMap(lambda t: t.to_pylist()),
             requests=out[REQUESTS])

@@ -28,12 +28,12 @@ from transforms.dedupe.distinct import LateRef
 from transforms.dedupe.known import REUSED, FetchReused, KnownStores
 from transforms.dedupe.transform import Dedupe
 from transforms.embed.config import EmbedConfig, OutputConfig
-from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
+from transforms.embed.transform import FAILED, PENDING, REQUESTS
 from transforms.money.budget import Budget
 from transforms.read.changes import CHANGES_SCHEMA
 from transforms.read.parquet import Pull
 from transforms.read.transform import CHANGED, ENTRIES, REJECTED, ReadDocuments, ReadPending, ViewRef
-from transforms.requests import packed
+from transforms.requests import EMBEDDINGS, EmbedChunks, packed
 from transforms.worker import runscoped
 from transforms.write.docvectors import DocumentVectors, documents_schema
 from transforms.write.transform import Output, WriteOutputs
@@ -108,20 +108,21 @@ def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, i
                          (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None, spread)
 
 
+def _dedupe(job: Job, prior: Prior, claiming: Claiming) -> Dedupe:
+    return Dedupe(_known_stores(job, prior, claiming.scope), claiming.scope, claiming.streaming, claiming.shared)
+
+
 def packed_requests(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior = Prior(), *,
-                    duplicate_ids: Mapping[str, int], claiming: Claiming, progress: bool = False,
-                    count_only: bool = False):
-    """Read -> Dedupe -> Pack, shared by `run` and `plan`: (rejected rows, changed documents,
-    reused (TextItem, ReuseRef) pairs or None, requests). COUNT_ONLY drops the texts before
-    they are grouped (plan and the exact preflight only count). CLAIMING's scope names the
-    in-process state of a pipeline (transforms/worker/runscoped.py): the run id, or another
-    for a counting pipeline, whose claims must not be the run's."""
-    model, s = job.model, job.settings
-    scope = claiming.scope
-    read = p | "Read" >> _read(job, info, prior, duplicate_ids, claiming, progress)
+                    duplicate_ids: Mapping[str, int], claiming: Claiming, count_only: bool = False):
+    """Read -> Dedupe -> Pack, what `plan` and the exact preflight count: (rejected rows, changed
+    documents, reused (TextItem, ReuseRef) pairs or None, requests). COUNT_ONLY drops the texts
+    before they are grouped. CLAIMING's scope names the in-process state of a pipeline
+    (transforms/worker/runscoped.py): another than the run's, whose claims must not be its."""
+    read = p | "Read" >> _read(job, info, prior, duplicate_ids, claiming, False)
     entries = read[ENTRIES] | "WithoutText" >> beam.Map(_without_text) if count_only else read[ENTRIES]
-    dedupe = Dedupe(_known_stores(job, prior, scope), scope, claiming.streaming, claiming.shared)
-    deduped, requests = packed(entries, dedupe, model, s.pack.fill_target, s.pack.max_open_requests)
+    s = job.settings
+    deduped, requests = packed(entries, _dedupe(job, prior, claiming), job.model, s.pack.fill_target,
+                               s.pack.max_open_requests)
     return read[REJECTED], read[CHANGED], deduped.get(REUSED), requests
 
 
@@ -137,14 +138,16 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
     kept = info.kept_fields
     emb_schema = schemas.embeddings(job.dimensions, kept, meta)
     pending_schema = schemas.pending(kept, meta)
-    rejected, changed, reused, requests = packed_requests(p, job, info, prior, duplicate_ids=duplicate_ids,
-                                                          claiming=claiming, progress=True)
+    read = p | "Read" >> _read(job, info, prior, duplicate_ids, claiming, True)
     output = OutputConfig(job.run_id, opts.output, emb_schema, pending_schema, kept, s.embed.progress_interval_s)
-    out = requests | "Embed" >> EmbedRequests(EmbedConfig(job.service, budget, output, s.split.boundary_window,
-                                                          _known_stores(job, prior, job.run_id)))
+    embed = EmbedConfig(job.service, budget, output, s.split.boundary_window, _known_stores(job, prior, job.run_id))
+    # the library's step (embedpipe.EmbedTexts runs it too), with the CLI's Dedupe
+    out = read[ENTRIES] | "EmbedChunks" >> EmbedChunks(_dedupe(job, prior, claiming), model, s.pack.fill_target,
+                                                       s.pack.max_open_requests, embed)
+    rejected, changed, reused = read[REJECTED], read[CHANGED], out.get(REUSED)
 
-    embeddings, request_rows = out.embeddings, out[REQUESTS]
-    outputs = {"Embeddings": (out.embeddings, Output("embeddings", emb_schema)),
+    embeddings, request_rows = out[EMBEDDINGS], out[REQUESTS]
+    outputs = {"Embeddings": (embeddings, Output("embeddings", emb_schema)),
                "Pending": (out[PENDING], Output("pending", pending_schema)),
                "Changes": (changed, Output("changes", CHANGES_SCHEMA))}
     if reused is not None:

@@ -23,8 +23,11 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms.records import Request
+from transforms.records import Request, StoredItem
 from transforms.worker import coders  # noqa: F401  (registers the coder of Request)
+
+
+STORED_PER_BATCH = 1000   # rows read from the store per table (one file's row group is read once a batch)
 
 
 class _Bin:
@@ -106,8 +109,15 @@ class _PackDoFn(beam.DoFn):
     def start_bundle(self):
         max_inputs, max_tokens, fill_target, max_open = self._limits
         self._packer = Packer(max_inputs, max_tokens, fill_target=fill_target, max_open_bins=max_open)
+        self._stored: list[StoredItem] = []
 
     def process(self, item):
+        if isinstance(item, StoredItem):   # taken from the store: batched as they come, never sent
+            self._stored.append(item)
+            if len(self._stored) >= STORED_PER_BATCH:
+                yield Request(self._stored)
+                self._stored = []
+            return
         for request in self._packer.add(item, item.n_tokens):
             self._requests.inc()
             yield Request(request)
@@ -116,10 +126,13 @@ class _PackDoFn(beam.DoFn):
         for request in self._packer.flush():
             self._requests.inc()
             yield WindowedValue(Request(request), MIN_TIMESTAMP, [GlobalWindow()])
+        if self._stored:
+            yield WindowedValue(Request(self._stored), MIN_TIMESTAMP, [GlobalWindow()])
 
 
 class PackRequests(beam.PTransform):
-    """TextItem -> Request (a tuple of TextItems), one per embeddings request."""
+    """TextItem -> Request (a tuple of TextItems), one per embeddings request; StoredItems pass
+    in batches of their own."""
 
     def __init__(self, max_inputs: int, max_tokens: int, fill_target: float, max_open: int):
         super().__init__()

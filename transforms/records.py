@@ -25,8 +25,18 @@ class TextItem(NamedTuple):
     refs: tuple  # of ChunkRef
 
 
+class StoredItem(NamedTuple):
+    """A row whose text the store of paid texts holds (transforms/dedupe/inflight.py): it goes
+    down the same path as the texts to send, so every vector comes out of one step."""
+    text_sha256: str
+    text: str
+    n_tokens: int
+    refs: tuple  # of ChunkRef
+
+
 class Request(tuple):
-    """The TextItems of one embeddings request (transforms/worker/coders.py sizes it cheaply)."""
+    """The TextItems of one embeddings request (transforms/worker/coders.py sizes it cheaply), or
+    StoredItems to take from the store."""
     __slots__ = ()
 
 

@@ -1,22 +1,47 @@
-"""The job's middle, shared by the CLI's graph (pipeline/graph.py) and the library
-(embedpipe.EmbedTexts): chunk entries -> distinct texts (Dedupe) -> packed requests within the
-model's caps (PackRequests) -> each text with every row that shares it (Dedupe.seal). The
-library puts a step of its own between Dedupe and Pack (pack alone)."""
+"""The embedding step both the CLI's graph (pipeline/graph.py: Read -> EmbedChunks -> Write)
+and the library (embedpipe.EmbedTexts: ReadRows -> EmbedChunks -> dicts) run: chunk entries ->
+distinct texts (a Dedupe: the CLI's, transforms/dedupe/transform.py, or the library's,
+transforms/dedupe/inflight.StoreDedupe) -> packed requests within the model's caps -> each text
+with every row that shares it (the Dedupe's seal) -> Embed. `plan` runs it without Embed
+(packed)."""
 from __future__ import annotations
 
+import apache_beam as beam
+
 from service.catalog import ModelSpec
-from transforms.dedupe.transform import ITEMS, Dedupe
+from transforms.dedupe.transform import ITEMS
+from transforms.embed.config import EmbedConfig
+from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
 from transforms.pack import PackRequests
 
+EMBEDDINGS = "embeddings"
 
-def packed(entries, dedupe: Dedupe, model: ModelSpec, fill_target: float, max_open: int):
+
+def packed(entries, dedupe: beam.PTransform, model: ModelSpec, fill_target: float, max_open: int):
     """(Dedupe's outputs, requests): the requests' labels are the CLI's, in the caller's scope."""
     deduped = entries | "Dedupe" >> dedupe
     return deduped, pack(deduped[ITEMS], dedupe, model, fill_target, max_open)
 
 
-def pack(items, dedupe: Dedupe, model: ModelSpec, fill_target: float, max_open: int):
+def pack(items, dedupe: beam.PTransform, model: ModelSpec, fill_target: float, max_open: int):
     """Dedupe's distinct texts -> sealed requests within the model's caps."""
     return (items
             | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens, fill_target, max_open)
             | "SealClaims" >> dedupe.seal())
+
+
+class EmbedChunks(beam.PTransform):
+    """(text_sha256, (text, n_tokens, ChunkRef)) -> {EMBEDDINGS: tables, REQUESTS: dicts,
+    FAILED: Rejected, PENDING: tables, and what else DEDUPE gives (the CLI's `reused`)}."""
+
+    def __init__(self, dedupe: beam.PTransform, model: ModelSpec, fill_target: float, max_open: int,
+                 embed: EmbedConfig):
+        super().__init__()
+        self._dedupe, self._model, self._pack, self._embed = dedupe, model, (fill_target, max_open), embed
+
+    def expand(self, entries):
+        deduped, requests = packed(entries, self._dedupe, self._model, *self._pack)
+        out = requests | "Embed" >> EmbedRequests(self._embed)
+        others = {tag: pcoll for tag, pcoll in deduped.items() if tag != ITEMS}
+        return {EMBEDDINGS: out.embeddings, REQUESTS: out[REQUESTS], FAILED: out[FAILED], PENDING: out[PENDING],
+                **others}

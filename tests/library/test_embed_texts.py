@@ -5,6 +5,7 @@ pipeline before it runs."""
 from __future__ import annotations
 
 import collections
+import hashlib
 
 import apache_beam as beam
 import numpy as np
@@ -31,6 +32,10 @@ def key_env(monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
 
 
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _run(tmp_path, rows, sandbox, *argv, **kwargs):
     def build(p):
         result = p | beam.Create(rows, reshuffle=False) | embedpipe.EmbedTexts(MODEL, sandbox.base_url, **kwargs)
@@ -44,14 +49,15 @@ def test_every_row_ends_once_with_lineage_that_sums_to_the_bill(sandbox, key_env
     out = _run(tmp_path, rows, sandbox)
     emb, failed = out["embeddings"], out["failed"]
     reasons = collections.Counter(f["reason"] for f in failed)
-    assert reasons == {"null_text": 1, "empty_text": 2, "duplicate_id": 2, "null_id": 1, "not_a_dict": 2,
+    assert reasons == {"null_text": 1, "empty_text": 2, "duplicate_id": 1, "null_id": 1, "not_a_dict": 2,
                        "missing_id": 1, "missing_text": 1, "not_text": 1, "bad_id": 1}
     assert all(f["detail"] and f["chunk_index"] is None for f in failed)
     assert out["pending"] == []
     embedded_ids = {r["doc_id"] for r in emb}
     failed_ids = {f["doc_id"] for f in failed if f["doc_id"] is not None}
-    good = {r["id"] for r in corpus_rows() if r["id"] and r["text"] and r["text"].strip() and r["id"] != "twice"}
-    assert embedded_ids == good and not embedded_ids & failed_ids
+    good = {r["id"] for r in corpus_rows() if r["id"] and r["text"] and r["text"].strip()}
+    assert embedded_ids == good and failed_ids & embedded_ids == {"twice"}   # its first row is embedded
+    assert {r["text_sha256"] for r in emb if r["doc_id"] == "twice"} == {_sha("first of two rows")}
     # chunks: one row each, complete, within the model's limit; long-1 was split
     by_doc = collections.defaultdict(list)
     for r in emb:
@@ -151,14 +157,17 @@ def test_transient_faults_are_retried_and_nothing_is_paid_twice(sandbox_factory,
         sum(micro(r["cost_rub"]) for r in out["embeddings"])
 
 
-def test_every_row_of_a_repeated_id_fails_whatever_its_text(sandbox, key_env, tmp_path):
+def test_a_repeated_ids_first_row_is_its_own_and_later_rows_fail_whatever_their_text(sandbox, key_env, tmp_path):
     rows = [{"id": "x", "text": "the first row of x"}, {"id": "x", "text": ""}, {"id": "y", "text": "shared"},
-            {"id": "z", "text": "shared"}, {"id": "z", "text": "another text of z"}]
+            {"id": "z", "text": "shared"}, {"id": "z", "text": "another text of z"}, {"id": "w", "text": ""},
+            {"id": "w", "text": "a later row of w"}]
     out = _run(tmp_path, rows, sandbox)
     assert sorted((f["doc_id"], f["reason"]) for f in out["failed"]) == [
-        ("x", "duplicate_id"), ("x", "empty_text"), ("z", "duplicate_id"), ("z", "duplicate_id")]
-    assert [r["doc_id"] for r in out["embeddings"]] == ["y"]
-    assert [c["input_sha256"] for c in sandbox.ledger()] == [[out["embeddings"][0]["text_sha256"]]]
+        ("w", "duplicate_id"), ("w", "empty_text"), ("x", "duplicate_id"), ("z", "duplicate_id")]
+    assert sorted((r["doc_id"], r["text_sha256"]) for r in out["embeddings"]) == [
+        ("x", _sha("the first row of x")), ("y", _sha("shared")), ("z", _sha("shared"))]
+    assert sorted(sha for c in sandbox.ledger() for sha in c["input_sha256"]) == sorted(
+        [_sha("the first row of x"), _sha("shared")])
 
 
 def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_path):

@@ -24,10 +24,13 @@ back); compact() merges entries into large files, safe beside running writers an
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import io
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -59,9 +62,11 @@ class StoreError(Exception):
 
 class StoreSpec(NamedTuple):
     """Where paid texts are kept: PATH is read and written (None: no store); READ, other
-    stores or CLI output DIRs, read only."""
+    stores or CLI output DIRs, read only. SPOOL, without PATH: a temporary directory of each
+    worker process, for one pipeline (what its rows find again), removed when the process ends."""
     path: str | None = None
     read: tuple[str, ...] = ()
+    spool: bool = False
 
     @property
     def locations(self) -> tuple[str, ...]:
@@ -83,6 +88,12 @@ class Found(NamedTuple):
     vector: np.ndarray
     request_id: str | None
     n_tokens: int | None
+
+
+def _spool() -> str:
+    path = tempfile.mkdtemp(prefix="embedpipe-spool-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def _listing(location: str) -> tuple[list[str], list[str]]:
@@ -154,6 +165,9 @@ class PaidStore:
     def shared(cls, spec: StoreSpec, model: str, dims: int, run_id: str) -> "PaidStore":
         """This process's PaidStore of SPEC for MODEL at DIMS (built on first use), listed again
         when another run (RUN_ID: a pipeline, or a worker's model) first asks for it."""
+        if spec.spool and not spec.path:   # this pipeline's own, in this process
+            return runscoped.shared(run_id, f"spool|{model}|{dims}", lambda: cls(spec._replace(path=_spool()),
+                                                                                  model, dims))
         store = runscoped.shared(SCOPE, f"{spec}|{model}|{dims}", lambda: cls(spec, model, dims))
         with store._lock:
             if run_id not in store._runs:

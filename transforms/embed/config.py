@@ -9,6 +9,7 @@ import pyarrow as pa
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import KeySource
 from transforms.dedupe.known import KnownStores
+from transforms.dedupe.store import StoreSpec
 from transforms.money.budget import Budget
 
 
@@ -56,3 +57,5 @@ class EmbedConfig:
     output: OutputConfig
     boundary_window: float          # re-splitting a text the service refused as too long
     known: KnownStores | None = None  # where pieces of a re-split text are looked up first
+    store: StoreSpec | None = None    # where answers are kept and looked up (the library's; not with a DIR)
+    claims: str | None = None         # the scope of in-flight claims to settle as requests end (inflight.py)

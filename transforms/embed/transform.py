@@ -23,7 +23,9 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from service.tokenizer import get_encoding
-from transforms.dedupe.known import known_vector
+from transforms.dedupe.inflight import InFlightClaims, stored_outcome
+from transforms.dedupe.known import ReuseRef, known_vector
+from transforms.dedupe.store import PaidStore
 from transforms.embed.config import EmbedConfig
 from transforms.embed.quota import TokenBucketLimiter
 from transforms.embed.ratelimit import ConcurrencyLimiter
@@ -33,6 +35,7 @@ from transforms.money.budget import BudgetGuard
 from transforms.money.caps import AccountWatch
 from transforms.money.lineage import embeddings_table, pending_table
 from transforms.read.split import SplitConfig, Splitter
+from transforms.records import StoredItem
 from transforms.worker import coders, collector, runscoped  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.worker.progress import Progress
 
@@ -96,23 +99,53 @@ class _EmbedDoFn(beam.DoFn):
         cfg, service, out = self._cfg, self._cfg.service, self._cfg.output
         self._client = service.client()
         self._shared = shared = Shared.for_run(cfg)
-        # no output directory (the library's EmbedTexts): no journal, no progress files
+        # no output directory (the library's EmbedTexts): no progress files; its store is the journal
         durable = out.output_dir is not None
         self._progress = Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s) if durable else None
+        self._claims = InFlightClaims.for_run(cfg.claims) if cfg.claims else None
         encoding = get_encoding()
         self._runner = RequestRunner(
             self._client, model=service.model, dimensions=service.dimensions, expected_dims=service.expected_dims,
             guard=shared.guard, breaker=shared.breaker, run_id=out.run_id,
             resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
                 max_tokens=n, boundary_window=cfg.boundary_window))),
-            journal=self._journal if durable else None,
-            recall=(lambda request_id: journal.read_entry(out.output_dir, out.run_id, request_id)) if durable else None,
-            intend=(lambda request_id, tokens, worst: journal.write_intent(out.output_dir, out.run_id, request_id,
-                                                                           tokens, worst)) if durable else None,
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
-            known=(lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None,
-            max_refused_s=service.max_refused_s)
+            max_refused_s=service.max_refused_s, **(self._store_calls() if cfg.store else self._dir_calls()))
         self._pool = cf.ThreadPoolExecutor(service.max_in_flight + 1, thread_name_prefix="embed")
+
+    def _dir_calls(self) -> dict:
+        """The journal, intents and known texts of the CLI's DIR (none without one)."""
+        cfg, out = self._cfg, self._cfg.output
+        calls = {"known": (lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None}
+        if out.output_dir is None:
+            return calls
+        return {**calls, "journal": self._journal,
+                "recall": lambda request_id: journal.read_entry(out.output_dir, out.run_id, request_id),
+                "intend": lambda request_id, tokens, worst: journal.write_intent(out.output_dir, out.run_id,
+                                                                                request_id, tokens, worst)}
+
+    def _store_calls(self) -> dict:
+        """The same through the store of paid texts: answers kept there as soon as paid."""
+        cfg, run_id = self._cfg, self._cfg.output.run_id
+        self._store = store = PaidStore.shared(cfg.store, cfg.service.model, cfg.service.expected_dims, run_id)
+
+        def known(sha: str):
+            found = store.lookup([sha]).get(sha)
+            return None if found is None else (found.vector, ReuseRef("", 0, 0, found.request_id, 0, False))
+
+        return {"journal": lambda d, row: store.put(row, [i.text_sha256 for i in d.items],
+                                                    [i.n_tokens for i in d.items], d.vectors, d.shares_micro),
+                "recall": lambda request_id: store.recall(run_id, request_id),
+                "intend": lambda request_id, tokens, worst: store.intend(run_id, request_id, tokens, worst),
+                "known": known}
+
+    def _run(self, request: Sequence) -> Outcome:
+        """One request, and then its rows that wait in this process's claims go on."""
+        try:
+            return self._runner.run(request)
+        finally:
+            if self._claims is not None:
+                self._claims.settle(request)
 
     def start_bundle(self):
         # Requests of a bundle that failed may still be running: let them finish (their answers
@@ -121,8 +154,14 @@ class _EmbedDoFn(beam.DoFn):
         self._futures: set[cf.Future] = set()
 
     def process(self, request: Sequence):
+        if isinstance(request[0], StoredItem):   # vectors the store holds: paid already
+            hits, vectors, request_ids, lost = stored_outcome(self._store, request)
+            yield from self._emit(Outcome(pending=lost), [(hits, vectors, request_ids)])
+            return
         if not self._cfg.budget.fits:  # the preflight said no (and no --allow-partial): send nothing
             yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
+            if self._claims is not None:
+                self._claims.settle(request)
             return
         self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
         # Answers are written out as soon as this thread comes by: each holds its vectors until
@@ -135,7 +174,7 @@ class _EmbedDoFn(beam.DoFn):
         self._futures -= done
         for fut in done:
             yield from self._emit(fut.result())
-        self._futures.add(self._pool.submit(self._runner.run, request))
+        self._futures.add(self._pool.submit(self._run, request))
 
     def finish_bundle(self):
         for fut in cf.as_completed(self._futures):
@@ -160,7 +199,7 @@ class _EmbedDoFn(beam.DoFn):
                             [i.text_sha256 for i in delivery.items], [i.n_tokens for i in delivery.items],
                             delivery.vectors, delivery.shares_micro)
 
-    def _emit(self, outcome: Outcome):
+    def _emit(self, outcome: Outcome, stored: Sequence = ()):
         out, now = self._cfg.output, dt.datetime.now(dt.timezone.utc)
         rows = tokens = 0
         for d in outcome.deliveries:
@@ -169,6 +208,10 @@ class _EmbedDoFn(beam.DoFn):
             rows += table.num_rows
             tokens += sum(i.n_tokens for i in d.items)
             yield table
+        for items, vectors, request_ids in stored:   # paid before: cost 0, the request that paid named
+            if items:
+                yield embeddings_table(items, vectors, request_ids, [0] * len(items), out.embeddings_schema,
+                                       self._cfg.service.model, out.run_id, out.kept, now)
         cost = sum(r["cost_rub"] for r in outcome.requests)
         for row in outcome.requests:
             yield beam.pvalue.TaggedOutput(REQUESTS, row)
