@@ -148,11 +148,21 @@ def _embed_rows(tmp_path, rows, sandbox, *argv, **kwargs):
     return {r["id"]: r for r in collected(tmp_path, "out")["out"]}, _counters(result), result
 
 
-def test_the_cap_stops_spending_and_every_row_comes_out_with_a_vector_or_why_not(sandbox, key_env, tmp_path):
+TWO_PROCESSES = ("--direct_num_workers=2", "--direct_running_mode=multi_processing")
+
+
+@pytest.mark.parametrize("argv", [(), TWO_PROCESSES], ids=["one-process", "two-processes"])
+def test_the_cap_stops_spending_and_every_row_comes_out_with_a_vector_or_why_not(sandbox, key_env, tmp_path, argv):
+    """One request in flight per process: one process never passes the cap; two overshoot it by
+    at most the other's request in flight (docs/money.md, the overshoot bound)."""
+    settings = tmp_path / "pipeline.yaml"
+    settings.write_text(yaml.safe_dump({"embed": {"max_in_flight": 1, "initial_in_flight": 1}}))
     rows = [{"id": i, "text": f"document {i} " + "word " * 300} for i in range(40)]
-    out, counters, result = _embed_rows(tmp_path, rows, sandbox, max_spend_rub=0.01)
-    spent = sum(micro(c["cost_rub"]) for c in sandbox.ledger())
-    assert 0 < spent <= micro(0.01)   # one worker process: the guard reserves before sending, no overshoot
+    out, counters, result = _embed_rows(tmp_path, rows, sandbox, *argv, max_spend_rub=0.01, run_config=str(settings))
+    ledger = sandbox.ledger()
+    spent = sum(micro(c["cost_rub"]) for c in ledger)
+    other_processes = 1 if argv else 0
+    assert 0 < spent <= micro(0.01) + other_processes * max(micro(c["cost_rub"]) for c in ledger)
     assert sorted(out) == list(range(40))
     stopped = [r for r in out.values() if r["text"] is None]
     assert stopped and {r["text_error"] for r in stopped} == {"budget_exhausted"}
