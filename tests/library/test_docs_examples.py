@@ -22,8 +22,8 @@ def examples() -> dict[str, str]:
     return dict(EXAMPLE.findall((REPO / "docs" / "library.md").read_text(encoding="utf-8")))
 
 
-def test_the_guide_has_the_three_examples():
-    assert set(examples()) == {"embed_texts", "mltransform", "rag_qdrant"}
+def test_the_guide_has_the_four_examples():
+    assert set(examples()) == {"embed_texts", "daily_store", "mltransform", "rag_qdrant"}
 
 
 def _run(name: str, sandbox, cwd: Path) -> str:
@@ -46,6 +46,18 @@ def test_embed_texts_example(sandbox, tmp_path):
     ledger = sandbox.ledger()
     assert sum(len(c["input_sha256"]) for c in ledger) == 2   # a and d share one text
     assert sum(micro(v["cost_rub"]) for v in vectors) == sum(micro(c["cost_rub"]) for c in ledger)
+
+
+def test_daily_store_example_pays_day_2_for_the_changed_text_only(sandbox, tmp_path):
+    _run("daily_store", sandbox, tmp_path)
+    day1, day2 = _lines(tmp_path, "day-1"), _lines(tmp_path, "day-2")
+    ledger = sandbox.ledger()
+    assert len(day1) == len(day2) == 40 and len(ledger) == 2   # one request a day
+    assert len(ledger[1]["input_sha256"]) == 1                # day 2: faq-0's new text alone
+    paid_day2 = [r for r in day2 if r["cost_rub"] > 0]
+    assert [r["id"] for r in paid_day2] == ["faq-0"] and paid_day2[0]["request"] == ledger[1]["request_id"]
+    assert {r["request"] for r in day2 if r["id"] != "faq-0"} == {ledger[0]["request_id"]}
+    assert list((tmp_path / "paid-texts" / "_compacted").glob("*.parquet"))
 
 
 def test_mltransform_example_and_its_artifacts(sandbox, tmp_path):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import io
 import json
 import os
 import shutil
@@ -126,14 +125,15 @@ def _file_rows(path: str, model: str, dims: int):
 
 
 def _entry_rows(path: str, model: str, dims: int):
-    """The same for a journal entry (one request): its footer names the model."""
-    with FileSystems.open(path) as fh:
-        data = fh.read()
-    footer = pq.read_schema(io.BytesIO(data))
-    request = json.loads(footer.metadata[b"request"])
-    if request["model"] != model or footer.field("embedding").type.byte_width // 4 != dims:
-        return
-    table = pq.read_table(io.BytesIO(data), columns=["text_sha256", "n_tokens"])
+    """The same for a journal entry (one request): its footer names the model; the vectors are
+    not read."""
+    with open_parquet(path) as fh:
+        parquet = parquet_file(fh)
+        schema = parquet.schema_arrow
+        request = json.loads(schema.metadata[b"request"])
+        if request["model"] != model or journal.vector_dims(schema.field("embedding").type) != dims:
+            return
+        table = parquet.read(columns=["text_sha256", "n_tokens"])
     for row, (sha, n) in enumerate(zip(table.column("text_sha256").to_pylist(), table.column("n_tokens").to_pylist())):
         yield 0, row, sha, request["request_id"], n
 

@@ -137,7 +137,7 @@ def discard(output_dir: str, run_id: str) -> None:
             os.rmdir(folder)
 
 
-def _dims(vector_type: pa.DataType) -> int:
+def vector_dims(vector_type: pa.DataType) -> int:
     """Floats per vector: a fixed-size binary of float32 bytes, or (earlier entries) a float list."""
     return vector_type.byte_width // 4 if pa.types.is_fixed_size_binary(vector_type) else vector_type.list_size
 
@@ -151,7 +151,7 @@ def unwritten(output_dir: str, written_requests: set[str], model: str, dims: int
         with FileSystems.open(path) as fh:
             schema = pq.read_schema(fh)
         request = json.loads(schema.metadata[b"request"])
-        if request["model"] != model or _dims(schema.field("embedding").type) != dims:
+        if request["model"] != model or vector_dims(schema.field("embedding").type) != dims:
             continue  # another model's vectors are never another model's answer
         paths.append(path)
         if request["request_id"] not in written_requests:

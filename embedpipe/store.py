@@ -1,0 +1,18 @@
+"""The store of paid texts, for its owner: `compact_store(path)` merges its entries into large
+files (safe while pipelines use it); `python -m embedpipe.compact PATH [Beam options]` does
+the same from a shell or a scheduler, e.g. after the daily pipeline. Layout and growth:
+transforms/dedupe/store.py and docs/library.md."""
+from __future__ import annotations
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from transforms.dedupe.store import Compaction, compact
+
+
+def compact_store(path: str, options: PipelineOptions | None = None) -> Compaction:
+    """Merge PATH's entries (one per paid request) into one file per model and length; OPTIONS
+    reach its filesystem (s3:// endpoint, region, ...) as a pipeline's do."""
+    if options is not None:
+        FileSystems.set_options(options)
+    return compact(path)
