@@ -1,6 +1,6 @@
 """ServiceTextEmbeddings: an EmbeddingsManager for Beam's MLTransform (and ml.rag items) that
-sends with the job's pieces: its budget guard, adaptive in-flight limit, breaker and quota
-(transforms/embed/transform.Shared) and its request runner (transforms/embed/send.py).
+sends with the job's Sender (transforms/embed/sender.py): its budget guard, adaptive in-flight
+limit, breaker and quota, and its request runner wired to the store of paid texts.
 
 - the driver reads the account while the pipeline is built (embedpipe/_config.read_budget, as
   EmbedTexts and the CLI do): each worker reserves a request's worst case before sending it,
@@ -9,7 +9,7 @@ sends with the job's pieces: its budget guard, adaptive in-flight limit, breaker
 - each distinct text is paid once per worker process, whatever batch it comes in
   (embedpipe/paid.py): a text met before gets its vector at cost 0; with `store=`, across
   processes and pipelines too (transforms/dedupe/store.py): a text the store holds is not sent,
-  and each answer is put there as soon as it is paid (the runner's journal hook);
+  and each answer is put there as soon as it is paid (by the Sender);
 - a text over the model's input limit is split token-exact, as the job splits (configs/
   pipeline.yaml, split), and gets the token-weighted mean of its pieces' vectors, re-normalised
   (what the CLI's --doc-vectors computes, transforms/write/docvectors.py);
@@ -43,13 +43,12 @@ from service.credentials import ENV_VAR, KeySource
 from service.tokenizer import get_encoding
 from transforms import schemas
 from transforms.dedupe import store as stores
-from transforms.dedupe.known import ReuseRef
 from transforms.embed.config import EmbedConfig, OutputConfig
-from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, UNAUTHORIZED, UNAVAILABLE, RequestRunner, resplit
-from transforms.embed.transform import Shared
+from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, UNAUTHORIZED, UNAVAILABLE
+from transforms.embed.sender import Sender
 from transforms.money.apportion import apportion_micro, from_micro
 from transforms.pack import Packer
-from transforms.read.split import SplitConfig, Splitter
+from transforms.read.split import Splitter
 from transforms.records import ChunkRef, TextItem
 from transforms.worker import runscoped
 from transforms.write.docvectors import token_weighted_mean
@@ -86,42 +85,17 @@ class _Job:
 
 
 class _Service:
-    """The worker's side (RunInference's model): the job's shared pieces, a client, a runner."""
+    """The worker's side (RunInference's model): the job's Sender (client, shared guard,
+    breaker and limiters, runner wired to the store) and this process's paid texts."""
 
     def __init__(self, job: _Job):
-        cfg, embed = job.cfg, job.embed
-        self.cfg, self.run_id = cfg, embed.output.run_id
-        self.shared = shared = Shared.for_run(embed)
-        self.paid = runscoped.shared(self.run_id, "paid", lambda: PaidTexts(cfg.service.expected_dims))
-        svc = cfg.service
-        self.store = (stores.PaidStore.shared(embed.store, svc.model, svc.expected_dims, self.run_id)
-                      if embed.store else None)
-        self.client = svc.client()
-        encoding = get_encoding()
-        self.splitter = Splitter(encoding, cfg.split)
-        self.runner = RequestRunner(
-            self.client, model=svc.model, dimensions=svc.dimensions, expected_dims=svc.expected_dims,
-            guard=shared.guard, breaker=shared.breaker, run_id=self.run_id,
-            resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
-                max_tokens=n, boundary_window=embed.boundary_window))),
-            concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
-            max_refused_s=svc.max_refused_s, **(self._stored() if self.store is not None else {}))
-        self.pool = cf.ThreadPoolExecutor(svc.max_in_flight, thread_name_prefix="embedpipe")
+        self.cfg, self.run_id = job.cfg, job.embed.output.run_id
+        self.sender = Sender(job.embed)
+        self.store = self.sender.store
+        self.paid = runscoped.shared(self.run_id, "paid", lambda: PaidTexts(job.cfg.service.expected_dims))
+        self.splitter = Splitter(get_encoding(), job.cfg.split)
+        self.pool = cf.ThreadPoolExecutor(job.cfg.service.max_in_flight, thread_name_prefix="embedpipe")
         self.m = {name: Metrics.counter("embedpipe", name) for name in COUNTERS}
-
-    def _stored(self) -> dict:
-        """The runner's hooks into the store: each answer put there as soon as it is paid (the
-        CLI's journal), a retried bundle's answer recalled, a re-split piece looked up first."""
-        store, run_id = self.store, self.run_id
-
-        def known(sha: str):
-            found = store.lookup([sha]).get(sha)
-            return None if found is None else (found.vector, ReuseRef("", 0, 0, found.request_id, 0, False))
-
-        def journal(d, row):
-            store.put(row, [i.text_sha256 for i in d.items], [i.n_tokens for i in d.items], d.vectors, d.shares_micro)
-        return {"journal": journal, "intend": functools.partial(store.intend, run_id),
-                "recall": functools.partial(store.recall, run_id), "known": known}
 
     def _held(self, chunks: dict) -> dict[str, Answer]:
         """What the store holds among CHUNKS (claimed by this batch): costs nothing, not sent."""
@@ -163,7 +137,7 @@ class _Service:
     def _send(self, chunks) -> tuple[dict[str, Answer], dict[str, int]]:
         """CHUNKS packed into requests within the model's caps and sent together under the job's
         adaptive limit; each text's answer settled as soon as its request is done."""
-        self.shared.guard.poll()   # balance, key budget: now and then, within their rate limit
+        self.sender.shared.guard.poll()   # balance, key budget: now and then, within their rate limit
         model, s = self.cfg.model, self.cfg.settings
         packer = Packer(model.max_inputs_per_request, model.request_tokens, s.pack.fill_target)
         requests = []
@@ -172,7 +146,7 @@ class _Service:
             requests += packer.add(TextItem(c.text_sha256, c.text, c.n_tokens, (ref,)), c.n_tokens)
         answers, shares = {}, {}
         requests += packer.flush()
-        for request, outcome in zip(requests, self.pool.map(self.runner.run, requests)):
+        for request, outcome in zip(requests, self.pool.map(self.sender.run, requests)):
             got = self._outcome(outcome, shares)
             for item in request:
                 answers[item.text_sha256] = got[item.text_sha256]
@@ -193,7 +167,7 @@ class _Service:
             errors[rejected.doc_id] = (rejected.reason, rejected.detail)
         for item, reason in outcome.pending:   # the budget, a 402 or the breaker: not sent
             errors[item.refs[0].doc_id] = (reason, NOT_SENT.get(reason)
-                                           or f"not sent: {self.shared.breaker.message or reason}")
+                                           or f"not sent: {self.sender.shared.breaker.message or reason}")
         self.m["requests"].inc(len(outcome.requests))
         self.m["retries"].inc(outcome.retries)
         self.m["cost_micro_rub"].inc(round(sum(r["cost_rub"] for r in outcome.requests) * 1e6))

@@ -3,7 +3,7 @@
 1. The CLI job and `embedpipe.EmbedTexts` (a user's pipeline: ReadFromParquet -> EmbedTexts ->
    Parquet files of its own) on the same corpus and sandbox (50 ms + 5 us per token), one
    after the other, each a child process, --library-repeats times in turns: wall, CPU, peak
-   RSS, requests, and how long after its first row EmbedTexts's first request was billed.
+   RSS, requests, and how long after its first row EmbedTexts's first request left.
    Target: the library within 1.1x of the CLI in wall and client CPU.
 2. EmbedTexts with a store of paid texts: a first run, the same run again (target: 0
    requests), and a run on the corpus with 2.5% of its documents changed (requests and RUB
@@ -128,6 +128,13 @@ def _at(charge: dict) -> float:
     return dt.datetime.fromisoformat(charge["created_at"].replace("Z", "+00:00")).timestamp()
 
 
+def _first_sent(charges: list[dict]) -> float:
+    """When the first request left: the ledger has when it was billed, after the sandbox's
+    latency (LATENCY: 50 ms + 5 us per token) for it."""
+    first = min(charges, key=_at)
+    return _at(first) - (0.050 + 5e-6 * first["total_tokens"])
+
+
 def _charges(db: str, started: float, wall_s: float) -> list[dict]:
     return [r for r in read_ledger(db) if started <= _at(r) <= started + wall_s + 1]
 
@@ -190,7 +197,7 @@ def run(bench, corpus: Path) -> None:
             cli, summary, _ = bench.pipeline(f"library-cli-{i}", corpus, sb, None, 1)
             lib, charges, rows, unfinished, first = _embed_texts(bench, f"library-embed-texts-{i}", corpus, sb, out)
             lib_requests = len(charges)
-            delays.append(min(map(_at, charges)) - first)
+            delays.append(_first_sent(charges) - first)
         rows_ += [[f"{i}: CLI job (python -m pipeline run)", cli.wall_s, cli.cpu_s, cli.peak_rss_mb,
                    summary["requests"], summary["embedded"], summary["failed"] + summary["pending"]],
                   [f"{i}: EmbedTexts (ReadFromParquet -> EmbedTexts -> Parquet)", lib.wall_s, lib.cpu_s,
@@ -201,8 +208,8 @@ def run(bench, corpus: Path) -> None:
                      f"Library: EmbedTexts against the CLI job, {a.docs:,} documents, sandbox 50 ms + 5 us per token"))
     bench.targets.append(f"EmbedTexts / CLI job at {a.docs:,} documents, {len(walls)} pairs: wall "
                          f"{', '.join(f'{r:.2f}' for r in walls)}x, client CPU {', '.join(f'{r:.2f}' for r in cpus)}x"
-                         f"; target <= 1.1x; first request billed {', '.join(f'{d:.2f}' for d in delays)} s "
-                         f"after the first row")
+                         f"; target <= 1.1x; first request sent {', '.join(f'{d:.2f}' for d in delays)} s "
+                         f"after the first row (billed a sandbox latency later)")
     _store_runs(bench, corpus, out)
     texts = work / "library-texts.parquet"
     tokens = _fitting_texts(corpus, a.library_texts, bench.model.max_input_tokens, texts)

@@ -197,6 +197,24 @@ def test_two_local_worker_processes_pay_each_text_once(sandbox, key_env, tmp_pat
     assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
 
 
+def test_a_text_that_comes_again_after_its_answer_is_not_paid_again(sandbox, key_env, tmp_path):
+    """Without a store: the pipeline's own (a temporary directory) holds what it paid, so a
+    repeat long after its text's request was answered takes the vector from there."""
+    spec = load_models()[MODEL]
+    models = tmp_path / "models.yaml"   # 4 inputs a request: the repeat comes 10 requests later
+    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
+                                                         "max_inputs_per_request": 4}}}))
+    rows = ([{"id": "first", "text": "a text that comes again"}]
+            + [{"id": f"d{i}", "text": f"filler document {i}"} for i in range(40)]
+            + [{"id": "again", "text": "a text that comes again"}])
+    out = _run(tmp_path, rows, sandbox, models_config=str(models))
+    paid = [sha for c in sandbox.ledger() for sha in c["input_sha256"]]
+    assert len(paid) == len(set(paid)) == 41
+    first, again = ([r for r in out["embeddings"] if r["doc_id"] == d][0] for d in ("first", "again"))
+    assert np.array_equal(first["embedding"], again["embedding"]) and again["request_id"] == first["request_id"]
+    assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
+
+
 def test_an_empty_input_spends_nothing(sandbox, key_env, tmp_path):
     assert _run(tmp_path, [], sandbox) == {kind: [] for kind in KINDS}
     assert sandbox.ledger() == []

@@ -16,6 +16,7 @@ import apache_beam as beam
 import numpy as np
 import pytest
 import yaml
+from apache_beam.options.pipeline_options import PipelineOptions
 
 import embedpipe
 from service.catalog import load_models
@@ -133,7 +134,7 @@ def test_a_store_on_s3_and_its_compaction(sandbox, tmp_path, monkeypatch):
         _run(tmp_path / "1", rows, sandbox, *s3.flags, store=store)
         charges = sandbox.ledger()
         assert charges and any(k.startswith("store/_journal/") for k in s3.keys("store/"))
-        done = compact(store)
+        done = embedpipe.compact_store(store, PipelineOptions(s3.flags))
         assert done.entries == len(charges) and done.texts == 60
         assert not [k for k in s3.keys("store/_journal/") if k.endswith(".parquet")]
         out = _run(tmp_path / "2", rows, sandbox, *s3.flags, store=store)

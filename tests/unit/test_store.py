@@ -47,9 +47,9 @@ def test_put_lookup_refresh_and_compaction(tmp_path):
     found = stale.lookup([_sha("alpha"), _sha("gamma")])
     assert np.array_equal(found[_sha("alpha")].vector, a[0]) and np.array_equal(found[_sha("gamma")].vector, g[0])
     fresh = PaidStore(where, MODEL, DIMS)
-    assert len(fresh) == 3 and np.array_equal(fresh.lookup([_sha("beta")])[_sha("beta")].vector, a[1])
+    assert fresh.size == 3 and np.array_equal(fresh.lookup([_sha("beta")])[_sha("beta")].vector, a[1])
     _put(fresh, "run3", "r3", ["delta"])
-    assert compact(where.path).texts == 4 and len(PaidStore(where, MODEL, DIMS)) == 4
+    assert compact(where.path).texts == 4 and PaidStore(where, MODEL, DIMS).size == 4
 
 
 def test_a_cli_output_dir_is_read_only(tmp_path):

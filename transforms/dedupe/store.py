@@ -72,7 +72,7 @@ class StoreSpec(NamedTuple):
         return ((self.path,) if self.path else ()) + self.read
 
     def __bool__(self) -> bool:
-        return bool(self.locations)
+        return bool(self.locations) or self.spool
 
 
 def spec(store: str | None, read: Sequence[str] = ()) -> StoreSpec:
@@ -176,7 +176,9 @@ class PaidStore:
                 store._runs.add(run_id)
         return store
 
-    def __len__(self) -> int:
+    @property
+    def size(self) -> int:
+        """Texts indexed (a PaidStore has no len(): an empty one is still a store)."""
         return len(self._index)
 
     # -- reading ---------------------------------------------------------------------------
@@ -385,7 +387,7 @@ def compact(store: str, small_bytes: int = SMALL_BYTES) -> Compaction:
     files = [m for r in FileSystems.match([FileSystems.join(store, COMPACTED, "*.parquet")]) for m in r.metadata_list]
     small = sorted(m.path for m in files if m.size_in_bytes < small_bytes)
     entries = _listing(store)[1]
-    if len(small) + len(entries) <= 1:
+    if not entries and len(small) <= 1:   # nothing to merge
         return Compaction(0, 0, 0, 0)
     writers, merged, merged_files = _Writers(store), [], []
     for path in small:

@@ -1,18 +1,17 @@
 """Embed: packed requests -> embeddings tables, with requests / failed / pending tagged outputs.
 
-The DoFn builds its client in setup() and keeps requests in flight with a thread pool, as many
-as the process's adaptive limit allows (transforms/embed/ratelimit.ConcurrencyLimiter, at most
-`max_in_flight`): requests is blocking and releases the GIL while waiting, and threads need no
-new dependency (asyncio would need an async HTTP client). Budget guard and breaker are shared
-by every DoFn instance of one worker process.
+The DoFn builds its Sender in setup() (sender.py: client, runner, and the budget guard,
+breaker and limiters every DoFn instance of one worker process shares) and keeps requests in
+flight with a thread pool, as many as the process's adaptive limit allows
+(transforms/embed/ratelimit.ConcurrencyLimiter, at most `max_in_flight`): requests is blocking
+and releases the GIL while waiting, and threads need no new dependency (asyncio would need an
+async HTTP client). Batches of StoredItems are the store's vectors, paid already.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import datetime as dt
 import logging
-import threading
 from typing import Sequence
 
 import apache_beam as beam
@@ -22,68 +21,19 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from service.tokenizer import get_encoding
-from transforms.dedupe.inflight import InFlightClaims, stored_outcome
-from transforms.dedupe.known import ReuseRef, known_vector
-from transforms.dedupe.store import PaidStore
+from transforms.dedupe.inflight import stored_outcome
 from transforms.embed.config import EmbedConfig
-from transforms.embed.quota import TokenBucketLimiter
-from transforms.embed.ratelimit import ConcurrencyLimiter
-from transforms.embed.send import PREFLIGHT, Breaker, Outcome, RequestRunner, resplit
-from transforms.money import journal
-from transforms.money.budget import BudgetGuard
-from transforms.money.caps import AccountWatch
+from transforms.embed.send import PREFLIGHT, Outcome
+from transforms.embed.sender import Sender
 from transforms.money.lineage import embeddings_table, pending_table
-from transforms.read.split import SplitConfig, Splitter
 from transforms.records import StoredItem
-from transforms.worker import coders, collector, runscoped  # noqa: F401  (coders: the coder of pa.Table)
+from transforms.worker import coders, collector  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.worker.progress import Progress
 
 log = logging.getLogger("embedpipe.embed")
 
 REQUESTS, FAILED, PENDING = "requests", "failed", "pending"
 _RECHECK_S = 0.05   # how often a reader waiting for a place looks at the limit again
-
-
-@dataclasses.dataclass
-class Shared:
-    """What every DoFn instance of one worker process shares for a run: one budget guard,
-    breaker and pair of rate limiters (the provider's limits are per key, not
-    per thread)."""
-    guard: BudgetGuard
-    breaker: Breaker
-    concurrency: ConcurrencyLimiter
-    quota: TokenBucketLimiter
-    breaker_logged: bool = False
-    reported: dict = dataclasses.field(default_factory=dict)   # limiter figures in the counters
-    _mutex: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-
-    @classmethod
-    def for_run(cls, cfg: EmbedConfig) -> "Shared":
-        return runscoped.shared(cfg.output.run_id, "embed", lambda: cls._build(cfg))
-
-    @classmethod
-    def _build(cls, cfg: EmbedConfig) -> "Shared":
-        service, budget = cfg.service, cfg.budget
-        # account readings use a client of their own that tries once: a 429 only delays them
-        once = dataclasses.replace(service.retry, max_attempts=1, max_refusals=0)
-        watch = AccountWatch(service.client(retry=once, pool_size=1), budget.poll_s, with_stats=budget.has_caps)
-        return cls(budget.guard(watch.read), Breaker(),
-                   ConcurrencyLimiter(min(service.initial_in_flight, service.max_in_flight),
-                                      maximum=service.max_in_flight, admitted_after_s=service.admitted_after_s),
-                   TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute))
-
-    def limit_changes(self) -> list[tuple[str, int]]:
-        """What the limiter's figures moved since the last report: counters summed over bundles
-        and processes (in summary.json's metrics: the limits of all processes added up)."""
-        lim = self.concurrency
-        now = {"in_flight_limit": lim.settled, "in_flight_peak": int(lim.peak), "limit_decreases": lim.decreases,
-               "latency_decreases": lim.latency_decreases, "limit_drains": lim.drains,
-               "rate_limited": lim.rate_limited_count, "others_left": lim.others_left}
-        with self._mutex:
-            changes = [(k, v - self.reported.get(k, 0)) for k, v in now.items() if v != self.reported.get(k, 0)]
-            self.reported.update(now)
-        return changes
 
 
 class _EmbedDoFn(beam.DoFn):
@@ -96,56 +46,13 @@ class _EmbedDoFn(beam.DoFn):
 
     def setup(self):
         collector.tune_once()
-        cfg, service, out = self._cfg, self._cfg.service, self._cfg.output
-        self._client = service.client()
-        self._shared = shared = Shared.for_run(cfg)
-        # no output directory (the library's EmbedTexts): no progress files; its store is the journal
-        durable = out.output_dir is not None
-        self._progress = Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s) if durable else None
-        self._claims = InFlightClaims.for_run(cfg.claims) if cfg.claims else None
-        encoding = get_encoding()
-        self._runner = RequestRunner(
-            self._client, model=service.model, dimensions=service.dimensions, expected_dims=service.expected_dims,
-            guard=shared.guard, breaker=shared.breaker, run_id=out.run_id,
-            resplit=lambda item: resplit(item, lambda n: Splitter(encoding, SplitConfig(
-                max_tokens=n, boundary_window=cfg.boundary_window))),
-            concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
-            max_refused_s=service.max_refused_s, **(self._store_calls() if cfg.store else self._dir_calls()))
-        self._pool = cf.ThreadPoolExecutor(service.max_in_flight + 1, thread_name_prefix="embed")
-
-    def _dir_calls(self) -> dict:
-        """The journal, intents and known texts of the CLI's DIR (none without one)."""
-        cfg, out = self._cfg, self._cfg.output
-        calls = {"known": (lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None}
-        if out.output_dir is None:
-            return calls
-        return {**calls, "journal": self._journal,
-                "recall": lambda request_id: journal.read_entry(out.output_dir, out.run_id, request_id),
-                "intend": lambda request_id, tokens, worst: journal.write_intent(out.output_dir, out.run_id,
-                                                                                request_id, tokens, worst)}
-
-    def _store_calls(self) -> dict:
-        """The same through the store of paid texts: answers kept there as soon as paid."""
-        cfg, run_id = self._cfg, self._cfg.output.run_id
-        self._store = store = PaidStore.shared(cfg.store, cfg.service.model, cfg.service.expected_dims, run_id)
-
-        def known(sha: str):
-            found = store.lookup([sha]).get(sha)
-            return None if found is None else (found.vector, ReuseRef("", 0, 0, found.request_id, 0, False))
-
-        return {"journal": lambda d, row: store.put(row, [i.text_sha256 for i in d.items],
-                                                    [i.n_tokens for i in d.items], d.vectors, d.shares_micro),
-                "recall": lambda request_id: store.recall(run_id, request_id),
-                "intend": lambda request_id, tokens, worst: store.intend(run_id, request_id, tokens, worst),
-                "known": known}
-
-    def _run(self, request: Sequence) -> Outcome:
-        """One request, and then its rows that wait in this process's claims go on."""
-        try:
-            return self._runner.run(request)
-        finally:
-            if self._claims is not None:
-                self._claims.settle(request)
+        out = self._cfg.output
+        self._sender = Sender(self._cfg)
+        self._shared = self._sender.shared
+        # no output directory (the library's EmbedTexts): no progress files
+        self._progress = (Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s)
+                          if out.output_dir is not None else None)
+        self._pool = cf.ThreadPoolExecutor(self._cfg.service.max_in_flight + 1, thread_name_prefix="embed")
 
     def start_bundle(self):
         # Requests of a bundle that failed may still be running: let them finish (their answers
@@ -155,13 +62,12 @@ class _EmbedDoFn(beam.DoFn):
 
     def process(self, request: Sequence):
         if isinstance(request[0], StoredItem):   # vectors the store holds: paid already
-            hits, vectors, request_ids, lost = stored_outcome(self._store, request)
+            hits, vectors, request_ids, lost = stored_outcome(self._sender.store, request)
             yield from self._emit(Outcome(pending=lost), [(hits, vectors, request_ids)])
             return
         if not self._cfg.budget.fits:  # the preflight said no (and no --allow-partial): send nothing
             yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
-            if self._claims is not None:
-                self._claims.settle(request)
+            self._sender.settle(request)
             return
         self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
         # Answers are written out as soon as this thread comes by: each holds its vectors until
@@ -174,7 +80,7 @@ class _EmbedDoFn(beam.DoFn):
         self._futures -= done
         for fut in done:
             yield from self._emit(fut.result())
-        self._futures.add(self._pool.submit(self._run, request))
+        self._futures.add(self._pool.submit(self._sender.run, request))
 
     def finish_bundle(self):
         for fut in cf.as_completed(self._futures):
@@ -191,13 +97,7 @@ class _EmbedDoFn(beam.DoFn):
     def teardown(self):
         if getattr(self, "_pool", None):
             self._pool.shutdown(wait=True)
-            self._client.close()
-
-    def _journal(self, delivery, request_row):
-        out = self._cfg.output
-        journal.write_entry(out.output_dir, out.run_id, request_row,
-                            [i.text_sha256 for i in delivery.items], [i.n_tokens for i in delivery.items],
-                            delivery.vectors, delivery.shares_micro)
+            self._sender.close()
 
     def _emit(self, outcome: Outcome, stored: Sequence = ()):
         out, now = self._cfg.output, dt.datetime.now(dt.timezone.utc)
