@@ -250,3 +250,27 @@ def test_a_piece_without_a_vector_leaves_its_text_without_one_and_says_which():
     assert combined.detail.startswith("piece 2 of 3: ")
     whole = _combined([parts[0], Answer(-vector, 5, "r2")])
     assert np.allclose(whole.vector, token_weighted_mean([10, 5], [vector, -vector])) and whole.request_id == "r1,r2"
+
+
+def _fail_after_embedding(row):
+    raise RuntimeError(f"a sink that fails after row {row['id']} was paid for")
+
+
+def test_with_a_store_a_pipeline_that_failed_after_paying_is_rerun_without_paying_again(sandbox, key_env, tmp_path):
+    store = tmp_path / "store"
+    rows = [{"id": i, "text": f"row {i} of a pipeline that fails downstream"} for i in range(50)]
+
+    def build(fail):
+        def _build(p):
+            embedded = (p | beam.Create(rows, reshuffle=False) | MLTransform(
+                write_artifact_location=str(tmp_path / f"a-{fail}")).with_transform(
+                embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url, store=str(store))))
+            return {"out": embedded | beam.Map(_fail_after_embedding) if fail else embedded}
+        return _build
+    with pytest.raises(Exception, match="a sink that fails"):
+        run_pipeline(build(True), tmp_path)
+    paid = [sha for c in sandbox.ledger() for sha in c["input_sha256"]]
+    assert len(paid) == 50
+    run_pipeline(build(False), tmp_path)
+    assert [sha for c in sandbox.ledger() for sha in c["input_sha256"]] == paid
+    assert len(collected(tmp_path, "out")["out"]) == 50
