@@ -13,7 +13,9 @@ from pipeline.settings.config import RunSettings
 from service.catalog import ModelSpec, get_model
 from service.client import check_base_url
 from service.credentials import KeySource
-from transforms.embed.config import ServiceConfig
+from transforms import schemas
+from transforms.dedupe.store import StoreSpec
+from transforms.embed.config import EmbedConfig, OutputConfig, ServiceConfig
 from transforms.money.budget import Budget
 from transforms.read.split import SplitConfig
 
@@ -33,6 +35,23 @@ class LibraryConfig:
         """Worst case per token over the catalogue price, until answers show the real price."""
         return self.settings.budget.price_margin / self.model.safety_factor
 
+    def budget(self, max_spend_rub: float | None) -> Budget:
+        """What may be spent: the account read now, in the driver (MissingApiKeyError names where
+        to put the key), less the reserve, within MAX_SPEND_RUB."""
+        with self.service.client(pool_size=1) as client:
+            account = acct.read_account(client)
+        b = self.settings.budget
+        return Budget(account.balance, acct.spendable(account, b.reserve_rub, max_spend_rub), self.model.price_per_token,
+                      self.margin, 1 / self.model.safety_factor, b.balance_poll_s)
+
+    def embed_config(self, run_id: str, budget: Budget, store: StoreSpec, claims: str | None = None) -> EmbedConfig:
+        """The Embed step's (or a Sender's) config for RUN_ID, its answers kept in STORE."""
+        dims, s = self.service.expected_dims, self.settings
+        meta = schemas.metadata(self.model.name, dims, run_id)
+        output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta), schemas.pending([], meta), (),
+                              s.embed.progress_interval_s)
+        return EmbedConfig(self.service, budget, output, s.split.boundary_window, store=store, claims=claims)
+
 
 def resolve(model: str, base_url: str, keys: KeySource, dimensions: int | None = None,
             account_segment: str = "service", models_config: str | None = None,
@@ -45,14 +64,3 @@ def resolve(model: str, base_url: str, keys: KeySource, dimensions: int | None =
         raise ValueError(f"dimensions={dimensions} is not available for {spec.name}")
     return LibraryConfig(spec, settings, steps.service_config(settings, spec, base_url, account_segment, keys,
                                                               dimensions))
-
-
-def read_budget(cfg: LibraryConfig, max_spend_rub: float | None) -> Budget:
-    """What a pipeline may spend, read from the account in the driver while it is built (the CLI
-    does the same): no key is a MissingApiKeyError then, naming where to put it, before any
-    bundle runs. The balance (less the reserve) and the key's budget always bound it."""
-    with cfg.service.client(pool_size=1) as client:
-        account = acct.read_account(client)
-    spendable = acct.spendable(account, cfg.settings.budget.reserve_rub, max_spend_rub)
-    return Budget(account.balance, spendable, cfg.model.price_per_token, cfg.margin,
-                  1 / cfg.model.safety_factor, cfg.settings.budget.balance_poll_s)

@@ -2,7 +2,7 @@
 sends with the job's Sender (transforms/embed/sender.py): its budget guard, adaptive in-flight
 limit, breaker and quota, and its request runner wired to the store of paid texts.
 
-- the driver reads the account while the pipeline is built (embedpipe/_config.read_budget, as
+- the driver reads the account while the pipeline is built (embedpipe/_config.LibraryConfig, as
   EmbedTexts and the CLI do): each worker reserves a request's worst case before sending it,
   within max_spend_rub and the balance; a text the budget stops comes out without a vector and
   with the reason (`budget_exhausted`, `insufficient_balance`), counted in `pending_texts`;
@@ -36,14 +36,13 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, RunInference
 from apache_beam.ml.transforms.base import EmbeddingsManager, EmbeddingTypeAdapter
 
-from embedpipe._config import LibraryConfig, read_budget, resolve
+from embedpipe._config import LibraryConfig, resolve
 from embedpipe.paid import Answer, PaidTexts
 from embedpipe.rag import Embedded, dict_adapter, element_texts, rag_adapter
 from service.credentials import ENV_VAR, KeySource
 from service.tokenizer import get_encoding
-from transforms import schemas
 from transforms.dedupe import store as stores
-from transforms.embed.config import EmbedConfig, OutputConfig
+from transforms.embed.config import EmbedConfig
 from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, UNAUTHORIZED, UNAVAILABLE
 from transforms.embed.sender import Sender
 from transforms.money.apportion import apportion_micro, from_micro
@@ -266,12 +265,7 @@ class ServiceTextEmbeddings(EmbeddingsManager):
         MissingApiKeyError naming where to put it, before any bundle runs)."""
         cfg, store = self._config(), stores.spec(self.store, self.read_stores)
         run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-mlt-" + secrets.token_hex(3)
-        dims, s = cfg.service.expected_dims, cfg.settings
-        meta = schemas.metadata(cfg.model.name, dims, run_id)
-        output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta), schemas.pending([], meta), (),
-                              s.embed.progress_interval_s)
-        return _Job(cfg, EmbedConfig(cfg.service, read_budget(cfg, self.max_spend_rub), output,
-                                     s.split.boundary_window, store=store or None))
+        return _Job(cfg, cfg.embed_config(run_id, cfg.budget(self.max_spend_rub), store))
 
     def get_model_handler(self) -> ServiceModelHandler:
         return ServiceModelHandler(self.job(), self.type_adapter, self.columns)

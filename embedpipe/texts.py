@@ -19,18 +19,13 @@ from typing import NamedTuple, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
-
 from apache_beam.io.filesystems import FileSystems
 
 from embedpipe._config import resolve
-from pipeline.money import account as acct
 from service.credentials import ENV_VAR, KeySource
-from transforms import schemas
 from transforms.dedupe.inflight import StoreDedupe
 from transforms.dedupe.store import spec
-from transforms.embed.config import EmbedConfig, OutputConfig
 from transforms.embed.transform import FAILED, PENDING, REQUESTS
-from transforms.money.budget import Budget
 from transforms.read.dicts import ReadRows
 from transforms.read.transform import ENTRIES, REJECTED
 from transforms.records import Rejected
@@ -87,13 +82,6 @@ class EmbedTexts(beam.PTransform):
         self._max_spend, self._fields = max_spend_rub, (id_field, text_field)
         self._stores = (store, tuple(read_stores))
 
-    def _budget(self, cfg) -> Budget:
-        with cfg.service.client(pool_size=1) as client:   # MissingApiKeyError here names where to put the key
-            account = acct.read_account(client)
-        spendable = acct.spendable(account, cfg.settings.budget.reserve_rub, self._max_spend)
-        return Budget(account.balance, spendable, cfg.model.price_per_token, cfg.margin,
-                      1 / cfg.model.safety_factor, cfg.settings.budget.balance_poll_s)
-
     def expand(self, rows):
         FileSystems.set_options(rows.pipeline.options)   # configs and the store as the workers reach them
         cfg = resolve(keys=self._keys, **self._where)
@@ -101,14 +89,9 @@ class EmbedTexts(beam.PTransform):
         store = spec(*self._stores)
         store = store if store.path else store._replace(spool=True)   # without one, this pipeline's own
         run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-lib-" + secrets.token_hex(3)
-        dims = cfg.service.expected_dims
-        meta = schemas.metadata(cfg.model.name, dims, run_id)
-        output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta), schemas.pending([], meta), (),
-                              s.embed.progress_interval_s)
-        embed = EmbedConfig(cfg.service, self._budget(cfg), output, s.split.boundary_window, store=store,
-                            claims=run_id)
+        embed = cfg.embed_config(run_id, cfg.budget(self._max_spend), store, claims=run_id)
         read = rows | "Read" >> ReadRows(*self._fields, cfg.split, run_id)
-        dedupe = StoreDedupe(run_id, store, cfg.model.name, dims)
+        dedupe = StoreDedupe(run_id, store, cfg.model.name, cfg.service.expected_dims)
         out = read[ENTRIES] | "EmbedChunks" >> EmbedChunks(dedupe, cfg.model, s.pack.fill_target,
                                                            s.pack.max_open_requests, embed)
         failed = (read[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten()   # small records only

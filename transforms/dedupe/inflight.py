@@ -12,10 +12,10 @@ A row's text is, in this process:
 - else the row claims it. A text whose request ended without a vector (failed, pending, cut
   in pieces) is released: its next row claims it again, and the request runner decides again
   (a 400 is not billed, the budget still refuses, pieces come from the store).
-Claims live only while a text is unsent or in flight; what was paid is the store's (~40 bytes
+Claims live only while a text is unsent or in flight; what was paid is the store's (~50 bytes
 a text in each process's index). So a text may be paid once by each bundle that holds it
-claimed at the same moment (bundles of one process run one at a time on the local runner),
-and by each process that meets it before another's answer is in its index (REFRESH_S).
+claimed at the same moment, and by each process that meets it before another's answer is in
+its index (REFRESH_S).
 """
 from __future__ import annotations
 

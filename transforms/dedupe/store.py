@@ -6,8 +6,9 @@ Layout, on any Beam filesystem (a local directory, s3://, gs://):
   STORE/_journal/<run>/<request>.parquet  one answered request, written by the CLI's journal
       (transforms/money/journal.py: a temporary name, then a rename) right after it is paid;
       `<request>.intent.json` beside it before the request leaves
-  STORE/_compacted/<model>-<dims>-<id>.parquet  entries merged by compact(): the columns of an
-      embeddings file that reuse reads (text_sha256, model, request_id, n_tokens, embedding)
+  STORE/_compacted/<id>.parquet  entries merged by compact(), one file per model and length:
+      the columns of an embeddings file that reuse reads (text_sha256, model, request_id,
+      n_tokens, embedding)
 Every name is written once, under a name no other writer uses, so pipelines on one store at
 once never overwrite each other; readers take a file that appears later at their next refresh
 and one that compaction removed by listing again. A CLI output DIR is read the same way (its
@@ -147,14 +148,14 @@ def _missing(exc: Exception) -> bool:
 
 class PaidStore:
     """One process's index of the texts SPEC holds for MODEL at DIMS: digest -> where its vector
-    is (~40 bytes a text), never the vector; vectors are read when asked for, a few files cached."""
+    is (~50 bytes a text), never the vector; vectors are read when asked for, a few files cached."""
 
     CACHED = 4
 
     def __init__(self, spec: StoreSpec, model: str, dims: int, refresh_s: float = REFRESH_S):
         self.spec, self.model, self.dims, self._refresh_s = spec, model, dims, refresh_s
         self._lock = threading.RLock()
-        self._reset()   # the index: digest -> file number, row group, row, request number (int32s)
+        self._reset()   # the index: digest -> file number, row group, row, request number, tokens (int32s)
         self._requests: list[str | None] = []
         self._request_numbers: dict[str | None, int] = {}
         self._listed_at = 0.0
@@ -217,14 +218,15 @@ class PaidStore:
             raise
         self._files.append((path, journaled))
         self._numbers[path] = number
-        for g, row, sha, request_id, _ in found:
-            self._put(key16(sha), number, g, row, request_id)
+        for g, row, sha, request_id, n_tokens in found:
+            self._put(key16(sha), number, g, row, request_id, n_tokens)
 
-    def _put(self, key: bytes, number: int, row_group: int, row: int, request_id: str | None) -> None:
+    def _put(self, key: bytes, number: int, row_group: int, row: int, request_id: str | None,
+             n_tokens: int | None) -> None:
         """The first place of a text wins."""
         if key not in self._index:
-            self._index.put(key, np.array([number, row_group, row, self._request_number(request_id)],
-                                          "<i4").tobytes())
+            self._index.put(key, np.array([number, row_group, row, self._request_number(request_id),
+                                           -1 if n_tokens is None else n_tokens], "<i4").tobytes())
 
     def _request_number(self, request_id: str | None) -> int:
         if request_id not in self._request_numbers:
@@ -252,7 +254,7 @@ class PaidStore:
                     place = self._place(sha)
                     vector = None if place is None else self._vector(*place[:3])
                 if vector is not None:
-                    found[sha] = Found(vector, self._requests[place[3]], None)
+                    found[sha] = Found(vector, self._requests[place[3]], None if place[4] < 0 else place[4])
             return found
 
     def _place(self, sha: str):
@@ -294,8 +296,8 @@ class PaidStore:
                 return
             self._numbers[path] = number = len(self._files)
             self._files.append((path, True))
-            for row, sha in enumerate(shas):
-                self._put(key16(sha), number, 0, row, request_row["request_id"])
+            for row, (sha, n) in enumerate(zip(shas, n_tokens)):
+                self._put(key16(sha), number, 0, row, request_row["request_id"], n)
 
     def recall(self, run_id: str, request_id: str):
         """RUN_ID's answer to REQUEST_ID if an earlier attempt of a bundle paid for it (RequestRunner's recall)."""
