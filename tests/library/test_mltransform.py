@@ -17,7 +17,7 @@ from apache_beam.ml.transforms.base import MLTransform
 import embedpipe
 from embedpipe._config import resolve
 from embedpipe.mltransform import _combined
-from embedpipe.paid import Answer
+from embedpipe.paid import Answer, PaidTexts
 from embedpipe.rag import COST, ERROR, TOKENS
 from service.catalog import load_models
 from service.credentials import KeySource, MissingApiKeyError
@@ -274,3 +274,17 @@ def test_with_a_store_a_pipeline_that_failed_after_paying_is_rerun_without_payin
     run_pipeline(build(False), tmp_path)
     assert [sha for c in sandbox.ledger() for sha in c["input_sha256"]] == paid
     assert len(collected(tmp_path, "out")["out"]) == 50
+
+
+def test_paid_texts_claims_keep_answers_with_vectors_and_release_the_rest():
+    paid, sha, other = PaidTexts(4), "a" * 64, "b" * 64
+    assert paid.claim([sha, other]) == ({}, {}, [sha, other])
+    held, waiting, mine = paid.claim([sha])
+    assert (held, mine) == ({}, []) and not waiting[sha].done()
+    vector = np.arange(4, dtype=np.float32)
+    paid.settle(sha, Answer(vector, 7, "r1"))
+    paid.settle(other, Answer(None, 0, None, "budget_exhausted", "not sent"))
+    assert waiting[sha].result().request_id == "r1"
+    held, waiting, mine = paid.claim([sha, other])
+    assert np.array_equal(held[sha].vector, vector) and held[sha][1:3] == (7, "r1")
+    assert waiting == {} and mine == [other]   # no vector: claimed again, sent again
