@@ -7,12 +7,14 @@ from __future__ import annotations
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline.settings import steps
 from transforms.dedupe.store import Compaction, compact
 
 
-def compact_store(path: str, options: PipelineOptions | None = None) -> Compaction:
+def compact_store(path: str, options: PipelineOptions | None = None, run_config: str | None = None) -> Compaction:
     """Merge PATH's entries (one per paid request) into one file per model and length; OPTIONS
-    reach its filesystem (s3:// endpoint, region, ...) as a pipeline's do."""
+    reach its filesystem (s3:// endpoint, region, ...) as a pipeline's do; RUN_CONFIG replaces
+    configs/pipeline.yaml (store.compact_below_mb)."""
     if options is not None:
         FileSystems.set_options(options)
-    return compact(path)
+    return compact(path, steps.run_settings(run_config).store.compact_below_mb << 20)

@@ -86,7 +86,7 @@ class EmbedTexts(beam.PTransform):
         FileSystems.set_options(rows.pipeline.options)   # configs and the store as the workers reach them
         cfg = resolve(keys=self._keys, **self._where)
         s = cfg.settings
-        store = spec(*self._stores)
+        store = spec(*self._stores, refresh_s=s.store.refresh_s)
         store = store if store.path else store._replace(spool=True)   # without one, this pipeline's own
         run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-lib-" + secrets.token_hex(3)
         embed = cfg.embed_config(run_id, cfg.budget(self._max_spend), store, claims=run_id)

@@ -89,6 +89,12 @@ class LockSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class StoreSettings:
+    refresh_s: float = 60.0
+    compact_below_mb: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
     client: ClientSettings = ClientSettings()
     split: SplitSettings = SplitSettings()
@@ -100,6 +106,7 @@ class RunSettings:
     views: ViewSettings = ViewSettings()
     lock: LockSettings = LockSettings()
     compare: CompareSettings = CompareSettings()
+    store: StoreSettings = StoreSettings()
 
     def replace(self, section: str, **changes: Any) -> "RunSettings":
         return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})

@@ -8,6 +8,7 @@ import time
 
 from transforms.dedupe.inflight import FIRST, JOINED, STORED_ALREADY, InFlightClaims
 from transforms.records import ChunkRef, TextItem
+from transforms.worker.keyindex import key16
 
 SHA = "ab" * 32
 
@@ -16,7 +17,7 @@ def _ref(doc: str) -> ChunkRef:
     return ChunkRef(doc, 0, 1, 0, 3, 3, ())
 
 
-def _never(sha):
+def _never(key):
     return False
 
 
@@ -32,7 +33,7 @@ def test_rows_join_their_bundles_claim_and_a_retried_bundle_claims_again():
 
 
 def test_a_row_whose_text_is_in_flight_waits_for_the_answer():
-    claims, bundle, paid = InFlightClaims(), object(), set()
+    claims, bundle, paid = InFlightClaims(), object(), set()   # of key16s
     assert claims.add(SHA, _ref("a"), bundle, paid.__contains__) == FIRST
     item = claims.seal(TextItem(SHA, "text", 3, (_ref("a"),)))
     got = []
@@ -40,7 +41,7 @@ def test_a_row_whose_text_is_in_flight_waits_for_the_answer():
     waiting.start()
     time.sleep(0.2)
     assert got == []                 # the answer is not in yet
-    paid.add(SHA)                    # the store holds it...
+    paid.add(key16(SHA))             # the store holds it...
     claims.settle([item])            # ...and the request is over
     waiting.join(timeout=5)
     assert got == [STORED_ALREADY]

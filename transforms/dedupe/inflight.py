@@ -15,7 +15,7 @@ A row's text is, in this process:
 Claims live only while a text is unsent or in flight; what was paid is the store's (~50 bytes
 a text in each process's index). So a text may be paid once by each bundle that holds it
 claimed at the same moment, and by each process that meets it before another's answer is in
-its index (REFRESH_S).
+its index (configs/pipeline.yaml store.refresh_s).
 """
 from __future__ import annotations
 
@@ -55,20 +55,19 @@ class InFlightClaims:
 
     def add(self, sha: str, ref: ChunkRef, bundle: object, stored) -> str:
         """FIRST: REF claims the text (the caller sends it); JOINED: REF goes with its bundle's
-        claim not yet sent; STORED_ALREADY: STORED(sha) says the store holds it (after waiting
+        claim not yet sent; STORED_ALREADY: STORED(key16) says the store holds it (after waiting
         for an answer in flight, at most max_wait_s: then the row claims it again)."""
         key = key16(sha)
         with self._cond:
-            self._cond.wait_for(lambda: not self._sent[key], timeout=self._max_wait_s)
-            claims = self._open.setdefault(key, {})
-            if (rows := claims.get(bundle)) is not None:
+            if key in self._sent:
+                self._cond.wait_for(lambda: key not in self._sent, timeout=self._max_wait_s)
+            claims = self._open.get(key)
+            if claims is not None and (rows := claims.get(bundle)) is not None:
                 rows.append(ref)
                 return JOINED
-            if stored(sha):
-                if not claims:
-                    del self._open[key]
+            if stored(key):
                 return STORED_ALREADY
-            claims[bundle] = [ref]
+            self._open.setdefault(key, {})[bundle] = [ref]
             return FIRST
 
     def seal(self, item: TextItem) -> TextItem:
@@ -114,7 +113,7 @@ class _ClaimOrStored(beam.DoFn):
 
     def process(self, entry):
         sha, (text, n_tokens, ref) = entry
-        kind = self._claims.add(sha, ref, self._bundle, self._store.holds)
+        kind = self._claims.add(sha, ref, self._bundle, self._store.holds_key)
         if kind == FIRST:
             self._distinct.inc()
             yield TextItem(sha, text, n_tokens, (ref,))

@@ -20,8 +20,8 @@ Per worker process (`PaidStore.shared(spec, model, dims, run_id)`), for one mode
   store.put(request_row, shas, n_tokens, vectors, shares_micro)  # as soon as it is paid
   store.recall(run_id, request_id)   # a retried bundle's answer, by its request id
 A text paid in this process is found at once; one paid elsewhere, after the next refresh
-(`refresh_s`). Growth: one entry per paid request, never pruned (a text paid once may come
-back); compact() merges entries into large files, safe beside running writers and readers.
+(StoreSpec.refresh_s). Growth: one entry per paid request, never pruned (a text paid once
+may come back); compact() merges entries into large files, safe beside writers and readers.
 """
 from __future__ import annotations
 
@@ -52,7 +52,6 @@ from transforms.worker.keyindex import KeyIndex, key16
 COMPACTED = "_compacted"
 SCOPE = "paid-store"      # the process-wide objects' scope (transforms/worker/runscoped.py)
 CLI_MARKERS = ("_current.json", "summary.json")   # an output DIR of the CLI: read, never written
-REFRESH_S = 60.0          # how stale a worker's view of others' entries may be (a listing each time)
 ROWS_PER_GROUP = 1024     # a compacted file's row group: what one vector read fetches (~6 MB at 1536)
 
 
@@ -67,6 +66,7 @@ class StoreSpec(NamedTuple):
     path: str | None = None
     read: tuple[str, ...] = ()
     spool: bool = False
+    refresh_s: float = 60.0   # configs/pipeline.yaml store.refresh_s: how often a worker lists it again
 
     @property
     def locations(self) -> tuple[str, ...]:
@@ -76,12 +76,12 @@ class StoreSpec(NamedTuple):
         return bool(self.locations) or self.spool
 
 
-def spec(store: str | None, read: Sequence[str] = ()) -> StoreSpec:
+def spec(store: str | None, read: Sequence[str] = (), refresh_s: float = 60.0) -> StoreSpec:
     """The store a transform is given, checked in the driver: a CLI output DIR is read only."""
     if store and any(FileSystems.exists(FileSystems.join(store, m)) for m in CLI_MARKERS):
         raise StoreError(f"store={store} is an output DIR of the CLI: give it in read_stores= to take its "
                          f"vectors, and another location as store=")
-    return StoreSpec(store or None, tuple(read))
+    return StoreSpec(store or None, tuple(read), refresh_s=refresh_s)
 
 
 class Found(NamedTuple):
@@ -152,8 +152,8 @@ class PaidStore:
 
     CACHED = 4
 
-    def __init__(self, spec: StoreSpec, model: str, dims: int, refresh_s: float = REFRESH_S):
-        self.spec, self.model, self.dims, self._refresh_s = spec, model, dims, refresh_s
+    def __init__(self, spec: StoreSpec, model: str, dims: int):
+        self.spec, self.model, self.dims, self._refresh_s = spec, model, dims, spec.refresh_s
         self._lock = threading.RLock()
         self._reset()   # the index: digest -> file number, row group, row, request number, tokens (int32s)
         self._requests: list[str | None] = []
@@ -235,8 +235,12 @@ class PaidStore:
         return self._request_numbers[request_id]
 
     def holds(self, sha: str) -> bool:
+        return self.holds_key(key16(sha))
+
+    def holds_key(self, key: bytes) -> bool:
+        """Whether the text of KEY (transforms/worker/keyindex.key16 of its digest) is held."""
         with self._lock:
-            return key16(sha) in self._index
+            return key in self._index
 
     def lookup(self, shas: Sequence[str]) -> dict[str, Found]:
         """The vectors the stores hold among SHAS (text digests), with the request that paid each."""
@@ -306,7 +310,7 @@ class PaidStore:
 
 # -- compaction ------------------------------------------------------------------------------
 
-SMALL_BYTES = 64 << 20    # compacted files under this size are merged again
+SMALL_BYTES = 64 << 20    # configs/pipeline.yaml store.compact_below_mb: compacted files under it are merged again
 
 
 class Compaction(NamedTuple):
