@@ -1,7 +1,9 @@
 """embedpipe.ServiceTextEmbeddings in MLTransform, against the sandbox over HTTP: requests cut
-by tokens within the model's caps, a 400 bisected and dead-lettered (never retried), each ml.rag
-item's tokens and cost in its metadata summing to the ledger, Beam counters, and the key never
-in MLTransform's artifacts."""
+by tokens within the model's caps, a 400 bisected (never retried), each ml.rag item's tokens and
+cost in its metadata summing to the ledger, Beam counters, the key never in MLTransform's
+artifacts; max_spend_rub stops spending with every row out; a text repeated across batches
+paid once; a text over the limit given the token-weighted mean of its pieces (the CLI's
+document vector); with a store (or a CLI DIR read as one), a second pipeline sends nothing."""
 from __future__ import annotations
 
 import hashlib
@@ -23,6 +25,7 @@ from service.catalog import load_models
 from service.credentials import KeySource, MissingApiKeyError
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
+from tests.e2e.helpers import corpus_rows, read_kind, run, write_corpus
 from tests.library.helpers import MODEL, collected, micro, run_pipeline
 from transforms.write.docvectors import token_weighted_mean
 
@@ -288,3 +291,18 @@ def test_paid_texts_claims_keep_answers_with_vectors_and_release_the_rest():
     held, waiting, mine = paid.claim([sha, other])
     assert np.array_equal(held[sha].vector, vector) and held[sha][1:3] == (7, "r1")
     assert waiting == {} and mine == [other]   # no vector: claimed again, sent again
+
+
+def test_a_cli_dir_read_as_a_store_sends_nothing_and_the_long_text_gets_the_cli_document_vector(
+        sandbox, key_env, tmp_path):
+    rows = [r for r in corpus_rows() if r["id"] in ("en-1", "ru-2", "code-1", "long-1")]
+    out = tmp_path / "out"
+    assert run("--input", str(write_corpus(tmp_path / "in.parquet", rows)), "--output", str(out), "--model", MODEL,
+               "--base-url", sandbox.base_url, "--doc-vectors") == 0
+    charges = sandbox.ledger()
+    embedded, counters, _ = _embed_rows(tmp_path, [{"id": r["id"], "text": r["text"]} for r in rows], sandbox,
+                                        read_stores=[str(out)])
+    assert sandbox.ledger() == charges and counters.get("requests", 0) == 0
+    documents = {d["doc_id"]: d["embedding"] for d in read_kind(out, "documents").to_pylist()}
+    assert np.allclose(embedded["long-1"]["text"], documents["long-1"], atol=1e-6)
+    assert all(np.allclose(embedded[i]["text"], documents[i], atol=1e-6) for i in ("en-1", "ru-2", "code-1"))
