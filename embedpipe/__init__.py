@@ -7,8 +7,10 @@ Public names:
   limit, retries, budget guard, per-row cost lineage and each distinct text paid once; with a
   store, once ever (reruns, retried bundles, later runs).
 - `compact_store(path)`: merges a store's entries into large files (`python -m embedpipe.compact`).
-- `ServiceTextEmbeddings(columns, model, base_url, ...)`: an EmbeddingsManager for
-  MLTransform; with `columns=None`, for Beam's ml.rag items (`rag_adapter()`).
+- `ServiceTextEmbeddings(columns, model, base_url, *, max_spend_rub, store, read_stores, ...)`:
+  an EmbeddingsManager for MLTransform; with `columns=None`, for Beam's ml.rag items
+  (`rag_adapter()`); each text paid once per worker (and once ever with a store), a text over
+  the model's limit split and given the token-weighted mean of its pieces.
 - `Embedded`: what each ml.rag item or dict column gets back; `rag_adapter`, `dict_adapter`.
 - Re-exported from the job: `EmbeddingsClient`, `RetryPolicy`, `EmbeddingsError`,
   `MissingApiKeyError`, `KeySource`, `ModelSpec`, `load_models`, `Splitter`, `SplitConfig`,

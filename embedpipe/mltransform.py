@@ -1,159 +1,274 @@
 """ServiceTextEmbeddings: an EmbeddingsManager for Beam's MLTransform (and ml.rag items) that
-sends through the job's client and request runner (transforms/embed/send.py).
+sends with the job's Sender (transforms/embed/sender.py): its budget guard, adaptive in-flight
+limit, breaker and quota, and its request runner wired to the store of paid texts.
 
-- batches by tokens: BatchElements weighs each element by its cl100k tokens, up to as many full
-  requests as may be in flight; the job's Packer cuts a batch into requests within the model's
-  caps, sent together under the job's adaptive in-flight limit (configs/pipeline.yaml, embed);
-- a 400 is never retried: the runner bisects the request until the bad text stands alone and
-  dead-letters it; the client's one retry loop handles 429s and 5xx, Retry-After included;
-- each text's tokens and cost share come back with it (apportioned as the job does, so a
-  request's shares sum to what the service billed); texts repeated within a batch are sent once;
-- Beam counters in namespace `embedpipe`: tokens, cost_micro_rub, requests, retries, failed_texts;
-- the key is read on the worker (load_model) from the environment or a file: the manager and
-  its model handler hold only where it is, so MLTransform's artifacts never contain it.
+- the driver reads the account while the pipeline is built (embedpipe/_config.LibraryConfig, as
+  EmbedTexts and the CLI do): each worker reserves a request's worst case before sending it,
+  within max_spend_rub and the balance; a text the budget stops comes out without a vector and
+  with the reason (`budget_exhausted`, `insufficient_balance`), counted in `pending_texts`;
+- each distinct text is paid once per worker process, whatever batch it comes in
+  (embedpipe/paid.py): a text met before gets its vector at cost 0; with `store=`, across
+  processes and pipelines too (transforms/dedupe/store.py): a text the store holds is not sent,
+  and each answer is put there as soon as it is paid (by the Sender);
+- a text over the model's input limit is split token-exact, as the job splits (configs/
+  pipeline.yaml, split), and gets the token-weighted mean of its pieces' vectors, re-normalised
+  (what the CLI's --doc-vectors computes, transforms/write/docvectors.py);
+- batches by tokens: as many full requests as may be in flight, cut by the job's Packer;
+- Beam counters in namespace `embedpipe`: tokens, cost_micro_rub, requests, retries,
+  failed_texts, pending_texts, reused_texts;
+- the key is read in the driver (the account) and on the workers, never kept: MLTransform's
+  artifacts hold the manager's settings only, and each pipeline that applies them reads the
+  account again (ServiceEmbed.expand).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
+import dataclasses
+import datetime as dt
 import functools
-import hashlib
 import secrets
 from typing import Any, Sequence
 
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, RunInference
-from apache_beam.ml.transforms.base import EmbeddingsManager, EmbeddingTypeAdapter, _TextEmbeddingHandler
+from apache_beam.ml.transforms.base import EmbeddingsManager, EmbeddingTypeAdapter
 
-from embedpipe._config import resolve
+from embedpipe._config import LibraryConfig, resolve
+from embedpipe.paid import Answer, PaidTexts
 from embedpipe.rag import Embedded, dict_adapter, element_texts, rag_adapter
 from service.credentials import ENV_VAR, KeySource
 from service.tokenizer import get_encoding
-from transforms.embed.ratelimit import ConcurrencyLimiter
-from transforms.embed.send import Breaker, RequestRunner
+from transforms.dedupe import store as stores
+from transforms.embed.config import EmbedConfig
+from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, UNAUTHORIZED, UNAVAILABLE
+from transforms.embed.sender import Sender
 from transforms.money.apportion import apportion_micro, from_micro
-from transforms.money.budget import BudgetGuard
 from transforms.pack import Packer
+from transforms.read.split import Splitter
 from transforms.records import ChunkRef, TextItem
+from transforms.worker import runscoped
+from transforms.write.docvectors import token_weighted_mean
 
-COUNTERS = ("tokens", "cost_micro_rub", "requests", "retries", "failed_texts")
+COUNTERS = ("tokens", "cost_micro_rub", "requests", "retries", "failed_texts", "pending_texts", "reused_texts")
+NOT_SENT = {BUDGET: "not sent: max_spend_rub (or the balance less the reserve) would be exceeded",
+            BALANCE: "not sent: the account's balance ran out (HTTP 402)"}
+EMPTY = "no text to embed (null, empty or not a str)"
+PENDING = (BUDGET, BALANCE, UNAUTHORIZED, FORBIDDEN, UNAVAILABLE, INVALID)   # the runner's reasons to stop sending
 
 
 def _element_tokens(columns: Sequence[str] | None, element: Any) -> int:
     return sum(len(t) for t in get_encoding().encode_ordinary_batch(element_texts(columns, element)))
 
 
-class _Service:
-    """The worker's side (built by load_model): a client with the key, the runner, the counters."""
+def _combined(parts: Sequence[Answer]) -> Answer:
+    """One answer from its pieces' (or one piece's): the token-weighted mean of their vectors."""
+    if len(parts) == 1:
+        return parts[0]
+    for index, p in enumerate(parts):
+        if p.vector is None:
+            return Answer(None, sum(p.n_tokens for p in parts), None, p.error,
+                          f"piece {index + 1} of {len(parts)}: {p.detail}")
+    request_ids = ",".join(dict.fromkeys(p.request_id for p in parts if p.request_id))
+    return Answer(token_weighted_mean([p.n_tokens for p in parts], [p.vector for p in parts]),
+                  sum(p.n_tokens for p in parts), request_ids or None)
 
-    def __init__(self, where: dict):
-        self.cfg = cfg = resolve(**where)
-        self.client = cfg.service.client()
-        guard = BudgetGuard(balance_before=None, spendable_rub=None, price_per_token_rub=cfg.model.price_per_token,
-                            margin=cfg.margin)
-        svc = cfg.service   # the job's adaptive in-flight limit, over the requests of a batch
-        limiter = ConcurrencyLimiter(min(svc.initial_in_flight, svc.max_in_flight), maximum=svc.max_in_flight,
-                                     admitted_after_s=svc.admitted_after_s)
-        self.pool = cf.ThreadPoolExecutor(svc.max_in_flight, thread_name_prefix="embedpipe")
-        self.runner = RequestRunner(self.client, model=cfg.model.name, dimensions=svc.dimensions,
-                                    expected_dims=svc.expected_dims, guard=guard, breaker=Breaker(),
-                                    run_id=f"mlt-{secrets.token_hex(6)}", resplit=lambda item: [item],
-                                    concurrency=limiter, max_refused_s=svc.max_refused_s)
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What the workers are given (built in the driver; no key)."""
+    cfg: LibraryConfig
+    embed: EmbedConfig   # its store: where paid texts are kept (None: none)
+
+
+class _Service:
+    """The worker's side (RunInference's model): the job's Sender (client, shared guard,
+    breaker and limiters, runner wired to the store) and this process's paid texts."""
+
+    def __init__(self, job: _Job):
+        self.cfg, self.run_id = job.cfg, job.embed.output.run_id
+        self.sender = Sender(job.embed)
+        self.store = self.sender.store
+        self.paid = runscoped.shared(self.run_id, "paid", lambda: PaidTexts(job.cfg.service.expected_dims))
+        self.splitter = Splitter(get_encoding(), job.cfg.split)
+        self.pool = cf.ThreadPoolExecutor(job.cfg.service.max_in_flight, thread_name_prefix="embedpipe")
         self.m = {name: Metrics.counter("embedpipe", name) for name in COUNTERS}
 
+    def _held(self, chunks: dict) -> dict[str, Answer]:
+        """What the store holds among CHUNKS (claimed by this batch): costs nothing, not sent."""
+        found = self.store.lookup(list(chunks)) if self.store is not None and chunks else {}
+        return {sha: Answer(f.vector, chunks[sha].n_tokens, f.request_id) for sha, f in found.items()}
+
     def embed(self, texts: Sequence[str]) -> list[Embedded]:
-        model, results = self.cfg.model, [None] * len(texts)
-        counts = [len(t) for t in get_encoding().encode_ordinary_batch(list(texts))]
-        distinct: dict[str, tuple[str, int, list[int]]] = {}
-        for i, (text, n) in enumerate(zip(texts, counts)):
-            if not text.strip():
-                results[i] = Embedded(None, 0, 0.0, None, "empty_text", "no text to embed (null, empty or not a str)")
-            elif n > model.chunk_tokens:
-                results[i] = Embedded(None, n, 0.0, None, "too_long",
-                                      f"{n} tokens; {model.name} takes at most {model.chunk_tokens}: split it first")
-            else:
-                sha = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-                distinct.setdefault(sha, (text, n, []))[2].append(i)
-        packer = Packer(model.max_inputs_per_request, model.request_tokens, self.cfg.settings.pack.fill_target)
-        requests = []
-        for sha, (text, n, rows) in distinct.items():
-            refs = tuple(ChunkRef(str(i), 0, 1, 0, n, n, ()) for i in rows)
-            requests += packer.add(TextItem(sha, text, n, refs), n)
-        for outcome in self.pool.map(self.runner.run, requests + packer.flush()):
-            self._deliver(outcome, results)
-        self.m["failed_texts"].inc(sum(r.vector is None for r in results))
+        """One result per text; its pieces (one, or several for a text over the limit) are sent
+        unless this process holds their answers or another batch is sending them."""
+        pieces = self.splitter.split_many([("", t) for t in texts])   # a blank text: no piece
+        wanted = {c.text_sha256: c for chunks in pieces for c in chunks}
+        held, waiting, mine = self.paid.claim(wanted)
+        try:
+            stored = self._held({sha: wanted[sha] for sha in mine})
+            for sha, answer in stored.items():
+                self.paid.settle(sha, answer)
+            held.update(stored)
+            answers, shares = self._send([wanted[sha] for sha in mine if sha not in stored])
+        finally:   # a batch that failed leaves no claim behind: a retry or another batch sends them
+            for sha in mine:
+                self.paid.settle(sha, Answer(None, 0, None, "not_sent", "its batch failed"))
+        answers.update(held)
+        answers.update((sha, future.result()) for sha, future in waiting.items())
+        self.m["reused_texts"].inc(len(held) + len(waiting))
+        uses = collections.Counter(c.text_sha256 for chunks in pieces for c in chunks)
+        costs = {sha: collections.deque(apportion_micro(shares.get(sha, 0), [1] * n)) for sha, n in uses.items()}
+        results = []
+        for chunks in pieces:
+            if not chunks:
+                results.append(Embedded(None, 0, 0.0, None, "empty_text", EMPTY))
+                continue
+            a = _combined([answers[c.text_sha256] for c in chunks])
+            cost = from_micro(sum(costs[c.text_sha256].popleft() for c in chunks))
+            results.append(Embedded(a.vector, a.n_tokens, cost, a.request_id, a.error, a.detail))
+        self.m["failed_texts"].inc(sum(r.vector is None and r.error not in PENDING for r in results))
+        self.m["pending_texts"].inc(sum(r.error in PENDING for r in results))
         return results
 
-    def _deliver(self, outcome, results: list) -> None:
+    def _send(self, chunks) -> tuple[dict[str, Answer], dict[str, int]]:
+        """CHUNKS packed into requests within the model's caps and sent together under the job's
+        adaptive limit; each text's answer settled as soon as its request is done."""
+        self.sender.shared.guard.poll()   # balance, key budget: now and then, within their rate limit
+        model, s = self.cfg.model, self.cfg.settings
+        packer = Packer(model.max_inputs_per_request, model.request_tokens, s.pack.fill_target)
+        requests = []
+        for c in chunks:
+            ref = ChunkRef(c.text_sha256, 0, 1, 0, c.n_tokens, c.n_tokens, ())
+            requests += packer.add(TextItem(c.text_sha256, c.text, c.n_tokens, (ref,)), c.n_tokens)
+        answers, shares = {}, {}
+        requests += packer.flush()
+        for request, outcome in zip(requests, self.pool.map(self.sender.run, requests)):
+            got = self._outcome(outcome, shares)
+            for item in request:
+                answers[item.text_sha256] = got[item.text_sha256]
+                self.paid.settle(item.text_sha256, answers[item.text_sha256])
+        return answers, shares
+
+    def _outcome(self, outcome, shares: dict[str, int]) -> dict[str, Answer]:
+        """The answer to each text of one request: its vector (the mean of its pieces' when the
+        service found it too long and the runner split it), or why it has none."""
+        parts, errors = collections.defaultdict(list), {}
         for d in outcome.deliveries:
             for item, vector, share in zip(d.items, d.vectors, d.shares_micro):
-                for ref, micro in zip(item.refs, apportion_micro(share, [1] * len(item.refs))):
-                    results[int(ref.doc_id)] = Embedded(vector, item.n_tokens, from_micro(micro), d.request_id)
+                sha = item.refs[0].doc_id
+                parts[sha].append(Answer(vector, item.n_tokens, d.request_id))
+                shares[sha] = shares.get(sha, 0) + share
                 self.m["tokens"].inc(item.n_tokens)
         for rejected in outcome.failed:
-            results[int(rejected.doc_id)] = Embedded(None, 0, 0.0, None, rejected.reason, rejected.detail)
-        for item, reason in outcome.pending:   # breaker or balance: nothing more is sent by this worker
-            for ref in item.refs:
-                results[int(ref.doc_id)] = Embedded(None, item.n_tokens, 0.0, None, reason, "not sent")
+            errors[rejected.doc_id] = (rejected.reason, rejected.detail)
+        for item, reason in outcome.pending:   # the budget, a 402 or the breaker: not sent
+            errors[item.refs[0].doc_id] = (reason, NOT_SENT.get(reason)
+                                           or f"not sent: {self.sender.shared.breaker.message or reason}")
         self.m["requests"].inc(len(outcome.requests))
         self.m["retries"].inc(outcome.retries)
         self.m["cost_micro_rub"].inc(round(sum(r["cost_rub"] for r in outcome.requests) * 1e6))
+        got = {sha: Answer(None, 0, None, *errors[sha]) for sha in errors}
+        got.update((sha, _combined(p)) for sha, p in parts.items() if sha not in errors)
+        return got
 
 
 class ServiceModelHandler(ModelHandler):
-    """RunInference's handler: texts -> Embedded results. Holds only plain settings and where
-    the key is (jsonpickled into MLTransform's artifacts as it is)."""
+    """RunInference's handler: elements -> the same elements with their vectors, through the
+    manager's type adapter. Holds the driver's settings and budget, never the key."""
 
-    def __init__(self, where: dict, columns: Sequence[str] | None, batch_tokens: int):
+    def __init__(self, job: _Job, adapter: EmbeddingTypeAdapter, columns: Sequence[str] | None):
         super().__init__()
-        self._where, self._columns = where, None if columns is None else list(columns)
-        self._batch_tokens = batch_tokens
+        self._job, self._adapter = job, adapter
+        self._columns = None if columns is None else list(columns)
 
     def load_model(self) -> _Service:
-        return _Service(self._where)
+        return _Service(self._job)
 
-    def run_inference(self, batch: Sequence[str], model: _Service, inference_args=None) -> list[Embedded]:
-        return model.embed(batch)
+    def run_inference(self, batch: Sequence[Any], model: _Service, inference_args=None) -> list[Any]:
+        return self._adapter.output_fn(batch, model.embed(self._adapter.input_fn(batch)))
 
     def batch_elements_kwargs(self):
         # weights are tokens: a batch is as many full requests as may be in flight, cut by the
         # Packer within the model's caps and sent under the adaptive limit
-        return {"min_batch_size": self._batch_tokens, "max_batch_size": self._batch_tokens,
+        cfg = self._job.cfg
+        size = cfg.model.request_tokens * cfg.service.max_in_flight
+        return {"min_batch_size": size, "max_batch_size": size,
                 "element_size_fn": functools.partial(_element_tokens, self._columns)}
 
     def get_metrics_namespace(self) -> str:
         return "embedpipe"
 
     def __repr__(self) -> str:
-        return f"ServiceTextEmbeddings({self._where['model']})"
+        return f"ServiceTextEmbeddings({self._job.cfg.model.name})"
+
+
+class ServiceEmbed(beam.PTransform):
+    """What MLTransform applies (and saves into its artifacts: the manager, no budget, no key):
+    reads the account when applied, then RunInference with a ServiceModelHandler."""
+
+    def __init__(self, manager: "ServiceTextEmbeddings", exception_handling: dict | None = None):
+        super().__init__()
+        self._manager, self._exception_handling = manager, exception_handling
+
+    def with_exception_handling(self, **kwargs) -> "ServiceEmbed":
+        """As RunInference's: MLTransform's with_exception_handling() calls it."""
+        return ServiceEmbed(self._manager, kwargs)
+
+    def annotations(self):
+        return {**super().annotations(), "model_handler": f"ServiceTextEmbeddings({self._manager.where['model']})"}
+
+    def expand(self, pcoll):
+        FileSystems.set_options(pcoll.pipeline.options)   # configs and the store as the workers reach them
+        m = self._manager
+        inference = RunInference(ServiceModelHandler(m.job(), m.type_adapter, m.columns),
+                                 inference_args=m.inference_args)
+        if self._exception_handling is not None:
+            inference = inference.with_exception_handling(**self._exception_handling)
+        return pcoll | "RunInference" >> inference
 
 
 class ServiceTextEmbeddings(EmbeddingsManager):
     """MLTransform provider. COLUMNS: the dict columns to embed (each replaced by its vector);
     without them, Beam ml.rag items (EmbeddableItem / Chunk) through `embedpipe.rag_adapter()`,
-    or TYPE_ADAPTER's. The key: API_KEY_ENV or API_KEY_FILE, read where the texts are sent."""
+    or TYPE_ADAPTER's. The key: API_KEY_ENV or API_KEY_FILE, read where the texts are sent.
+    MAX_SPEND_RUB caps what each pipeline that applies it spends; the balance always does.
+    STORE: where paid texts are kept (any Beam filesystem); READ_STORES: more stores or CLI
+    output DIRs, whose texts are taken and never written."""
 
     def __init__(self, columns: Sequence[str] | None = None, model: str | None = None,
                  base_url: str | None = None, *, api_key_env: str = ENV_VAR, api_key_file: str | None = None,
+                 max_spend_rub: float | None = None, store: str | None = None, read_stores: Sequence[str] = (),
                  dimensions: int | None = None, account_segment: str = "service", models_config: str | None = None,
                  run_config: str | None = None, type_adapter: EmbeddingTypeAdapter | None = None, **kwargs):
         if not model or not base_url:
             raise TypeError("ServiceTextEmbeddings needs model= and base_url=")
+        if max_spend_rub is not None and not max_spend_rub >= 0:
+            raise ValueError("max_spend_rub must be an amount >= 0")
         adapter = type_adapter or (dict_adapter(columns) if columns is not None else rag_adapter())
         super().__init__(type_adapter=adapter, **kwargs)
         self.columns = None if columns is None else list(columns)
         self.where = {"model": model, "base_url": base_url, "dimensions": dimensions,
                       "account_segment": account_segment, "models_config": models_config, "run_config": run_config}
         self.api_key_env, self.api_key_file = api_key_env, api_key_file
-        resolve(keys=self._keys(), **self.where)   # a wrong model or URL fails here, in the driver
+        self.max_spend_rub = max_spend_rub
+        self.store, self.read_stores = store, tuple(read_stores)
 
-    def _keys(self) -> KeySource:
-        return KeySource(file=self.api_key_file, env_var=self.api_key_env)
+    def _config(self) -> LibraryConfig:
+        return resolve(keys=KeySource(file=self.api_key_file, env_var=self.api_key_env), **self.where)
+
+    def job(self) -> _Job:
+        """What the workers of one pipeline get: the settings, the store (a CLI output DIR as
+        store=: a StoreError) and the budget read from the account now (no key: a
+        MissingApiKeyError naming where to put it, before any bundle runs)."""
+        cfg, store = self._config(), stores.spec(self.store, self.read_stores)
+        run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-mlt-" + secrets.token_hex(3)
+        return _Job(cfg, cfg.embed_config(run_id, cfg.budget(self.max_spend_rub), store))
 
     def get_model_handler(self) -> ServiceModelHandler:
-        cfg = resolve(keys=self._keys(), **self.where)
-        return ServiceModelHandler({**self.where, "keys": self._keys()}, self.columns,
-                                   cfg.model.request_tokens * cfg.service.max_in_flight)
+        return ServiceModelHandler(self.job(), self.type_adapter, self.columns)
 
-    def get_ptransform_for_processing(self, **kwargs) -> RunInference:
-        self._keys().load()   # no key: a clear error now, before any bundle runs (the value is not kept)
-        return RunInference(model_handler=_TextEmbeddingHandler(self), inference_args=self.inference_args)
+    def get_ptransform_for_processing(self, **kwargs) -> ServiceEmbed:
+        return ServiceEmbed(self)

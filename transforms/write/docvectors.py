@@ -31,13 +31,18 @@ def document_vector(grouped, model: str, run_id: str):
         yield _mean_row(doc_id, parts, model, run_id)
 
 
-def _mean_row(doc_id, parts, model: str, run_id: str) -> dict:
-    weights = np.array([p[2] for p in parts], dtype=np.float64)
-    matrix = np.stack([np.frombuffer(p[3], dtype=np.float32) for p in parts]).astype(np.float64)
-    mean = weights @ matrix / max(weights.sum(), 1)
+def token_weighted_mean(n_tokens, vectors) -> np.ndarray:
+    """The mean of VECTORS weighted by their N_TOKENS, re-normalised (float32)."""
+    weights = np.asarray(n_tokens, dtype=np.float64)
+    mean = weights @ np.stack(vectors).astype(np.float64) / max(weights.sum(), 1)
     norm = np.linalg.norm(mean)
-    return {"doc_id": doc_id, "chunk_count": parts[0][1], "n_tokens": int(weights.sum()), "model": model,
-           "embedding": (mean / norm if norm else mean).astype(np.float32).tolist(), "run_id": run_id}
+    return (mean / norm if norm else mean).astype(np.float32)
+
+
+def _mean_row(doc_id, parts, model: str, run_id: str) -> dict:
+    vectors = [np.frombuffer(p[3], dtype=np.float32) for p in parts]
+    return {"doc_id": doc_id, "chunk_count": parts[0][1], "n_tokens": sum(p[2] for p in parts), "model": model,
+            "embedding": token_weighted_mean([p[2] for p in parts], vectors).tolist(), "run_id": run_id}
 
 
 class DocumentVectors(beam.PTransform):
