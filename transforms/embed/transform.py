@@ -22,6 +22,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
+from service.timeouts import ReadTimeouts
 from service.tokenizer import get_encoding
 from transforms.dedupe.known import known_vector
 from transforms.embed.config import EmbedConfig
@@ -51,6 +52,7 @@ class _Shared:
     breaker: Breaker
     concurrency: ConcurrencyLimiter
     quota: TokenBucketLimiter
+    timeouts: ReadTimeouts   # learnt from every client's answers, counting every request in flight
     breaker_logged: bool = False
     reported: dict = dataclasses.field(default_factory=dict)   # limiter figures in the counters
     _mutex: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -68,7 +70,8 @@ class _Shared:
         return cls(budget.guard(watch.read), Breaker(),
                    ConcurrencyLimiter(min(service.initial_in_flight, service.max_in_flight),
                                       maximum=service.max_in_flight, admitted_after_s=service.admitted_after_s),
-                   TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute))
+                   TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute),
+                   ReadTimeouts(service.retry.read_timeout_s, service.retry.read_timeout_max_s))
 
     def limit_changes(self) -> list[tuple[str, int]]:
         """What the limiter's figures moved since the last report: counters summed over bundles
@@ -88,14 +91,14 @@ class _EmbedDoFn(beam.DoFn):
         self._cfg = cfg
         self._m = {name: Metrics.counter("embedpipe", name) for name in (
             "requests", "embedded_chunks", "tokens", "cost_micro_rub", "retries", "failed_chunks",
-            "pending_chunks", "in_flight_limit", "in_flight_peak", "limit_decreases", "latency_decreases",
+            "pending_chunks", "timed_out_attempts", "in_flight_limit", "in_flight_peak", "limit_decreases", "latency_decreases",
             "limit_drains", "rate_limited", "others_left")}
 
     def setup(self):
         collector.tune_once()
         cfg, service, out = self._cfg, self._cfg.service, self._cfg.output
-        self._client = service.client()
         self._shared = shared = _Shared.for_run(cfg)
+        self._client = service.client(timeouts=shared.timeouts)
         # no output directory (the library's EmbedTexts): no journal, no progress files
         durable = out.output_dir is not None
         self._progress = Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s) if durable else None
@@ -183,6 +186,7 @@ class _EmbedDoFn(beam.DoFn):
         m["tokens"].inc(tokens)
         m["cost_micro_rub"].inc(round(cost * 1e6))
         m["retries"].inc(outcome.retries)
+        m["timed_out_attempts"].inc(outcome.timed_out)
         m["failed_chunks"].inc(len(outcome.failed))
         m["pending_chunks"].inc(sum(len(i.refs) for i, _ in outcome.pending))
         if self._progress:
