@@ -33,7 +33,7 @@ import urllib3.exceptions
 from service.credentials import ApiKey
 from service.errors import (APIConnectionError, APITimeoutError, EmbeddingsError,
                             InvalidResponseError, error_from_response)
-from service.timeouts import ReadTimeouts
+from service.timeouts import Attempt, ReadTimeouts
 
 # Attempts of one request that may time out: each was sent and may be billed, so a text is
 # billed at most twice by one request; the second waits the ceiling (service/timeouts.py).
@@ -525,9 +525,9 @@ class EmbeddingsClient:
         patient = None   # after a timeout: the read timeout of every later attempt
         while True:
             attempts += 1
-            read_s = self._timeouts.begin(patient)
+            attempt = self._timeouts.begin(patient)
             try:
-                outcome = self._attempt(method, url, body, request_id, parse, read_s)
+                outcome = self._attempt(method, url, body, request_id, parse, attempt)
             finally:
                 self._timeouts.end()
             if outcome.error is None and 200 <= outcome.status < 300:
@@ -548,9 +548,9 @@ class EmbeddingsClient:
             elapsed = time.monotonic() - started
             if outcome.timed_out:   # once more at most, waiting longer: max_total_s bounds persistence, not patience
                 timed_out += 1
-                patient = self._timeouts.after_timeout(read_s) if timed_out < MAX_TIMED_OUT else None
+                patient = self._timeouts.after_timeout(attempt)
                 wait = (backoff_delay(self.retry, attempts, None, random.random())
-                        if patient is not None and attempts - refusals < self.retry.max_attempts else None)
+                        if timed_out < MAX_TIMED_OUT and attempts - refusals < self.retry.max_attempts else None)
             else:
                 wait = (next_wait(self.retry, attempts, elapsed, retry_after, random.random(), refusals)
                         if error.retryable else None)
@@ -575,19 +575,19 @@ class EmbeddingsClient:
 
     def _attempt(self, method: str, url: str, body: bytes | None, request_id: str,
                  parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None,
-                 read_s: float) -> _Outcome:
-        """One HTTP exchange, waiting up to READ_S for the answer. A 2xx body is read and PARSEd
-        in one of the decoding slots."""
+                 attempt: Attempt) -> _Outcome:
+        """One HTTP exchange, waiting up to the ATTEMPT's timeout for the answer. A 2xx body is
+        read and PARSEd in one of the decoding slots."""
         headers = {"Accept": "application/json", "X-Request-Id": request_id}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        timeout = (self.retry.connect_timeout_s, read_s)
+        timeout = (self.retry.connect_timeout_s, attempt.timeout_s)
         try:
             sent = time.monotonic()
             response = self._session.request(method, url, data=body, headers=headers,
                                              auth=self._auth, timeout=timeout,
                                              allow_redirects=False, stream=True)
-            self._timeouts.observe(time.monotonic() - sent)
+            self._timeouts.observe(time.monotonic() - sent, attempt.sent_with)
             with response:
                 got = {k.lower(): v for k, v in response.headers.items()}
                 if parse is None or not 200 <= response.status_code < 300:

@@ -345,13 +345,14 @@ def test_the_retry_after_a_timeout_waits_up_to_the_ceiling_and_is_answered(canne
     assert (res.attempts, res.timed_out_attempts) == (1, 0)
 
 
-def test_a_first_attempt_already_at_the_ceiling_is_not_sent_again(canned):
+def test_a_timeout_after_other_failures_still_gets_its_one_retry_and_no_more(canned):
+    canned.script.extend([error_json(503, "busy")] * 2)
     canned.default = lambda req: {**embeddings_answer(req), "delay": 0.6}
-    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=0.2)
+    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=0.3)
     with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
         with pytest.raises(E.APITimeoutError) as info:
             c.embed("m", ["a"])
-    assert (info.value.attempts, info.value.timed_out_attempts) == (1, 1) and len(canned.seen) == 1
+    assert (info.value.attempts, info.value.timed_out_attempts) == (4, 2) and len(canned.seen) == 4
 
 
 def test_body_cut_short_is_retried_and_counted_uncertain(canned, client):

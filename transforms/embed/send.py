@@ -72,7 +72,12 @@ class _RefusalStreak:
 
 
 class _Stopped(Exception):
-    """Raised inside the runner when a request's turn comes after the run stopped sending."""
+    """Raised inside the runner when a request's turn comes after the run stopped sending;
+    TIMED_OUT: attempts of it that timed out before (each may have been billed)."""
+
+    def __init__(self, timed_out: int = 0):
+        super().__init__()
+        self.timed_out = timed_out
 
 
 class Breaker:
@@ -187,8 +192,9 @@ class RequestRunner:
         started = [dt.datetime.now(dt.timezone.utc)]  # reset when it leaves, after waiting its turn
         try:
             result = self._embed([i.text for i in batch], tokens, request_id, reservation, started)
-        except _Stopped:  # the breaker tripped or spending stopped while this one waited its turn
+        except _Stopped as stopped:  # the breaker tripped or spending stopped while this one waited its turn
             self._guard.settle(reservation, None, None)
+            out.timed_out += stopped.timed_out
             out.pending += [(i, self._breaker.reason or self._guard.stop_reason or BUDGET) for i in batch]
             return []
         except errors.EmbeddingsError as exc:
@@ -249,7 +255,7 @@ class RequestRunner:
             self._announce(request_id, tokens, worst_case_micro, started)
             result = self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
                                         on_retry=lambda status: permit.rate_limited() if status == 429 else None,
-                                        on_timeout=permit.timed_out)
+                                        on_timeout=lambda: self._after_timeout(permit))
         except BaseException as exc:
             permit.release(RATE_LIMITED if getattr(exc, "status", None) == 429 else IGNORED)
             raise
@@ -258,6 +264,13 @@ class RequestRunner:
                        cost=None if usage.cost_rub is None else to_micro(usage.cost_rub),
                        balance=None if usage.balance is None else to_micro(usage.balance))
         return result
+
+    def _after_timeout(self, permit) -> None:
+        """Hold a timed-out request's retry until the limiter has a place; none if the run
+        stopped sending meanwhile."""
+        permit.timed_out()
+        if self._breaker.reason or self._guard.stop_reason:
+            raise _Stopped(timed_out=1)
 
     def _announce(self, request_id: str, tokens: int, worst_case_micro: int, started: list[dt.datetime]) -> None:
         if self._intend is not None:  # durable before the request leaves
