@@ -2,18 +2,18 @@
 within [read_timeout_s, read_timeout_max_s] (no Beam).
 
 An attempt that times out was sent, so the service may bill it, and a retry may be billed
-again: a short timeout against a slow service pays for nothing, twice. So an attempt sent with
-N of this process's requests out (itself included) waits:
-- before any answer, N x the floor: nothing says how long one takes, and a service that works
-  on one request at a time (a queue) answers the N-th after N of them (a capacity of 1 at 20 s
-  a request answers the 9th after 180 s);
-- once answers came, `FACTOR` x the larger of the slowest of the last `WINDOW` answers and N x
-  the longest time per request in flight they showed (latency / requests out when it was sent:
-  at a queue, what each request ahead adds), never less than the floor;
-- never more than the ceiling, which the one retry of an attempt that timed out waits:
-  waiting as long again would likely be billed again (service/client.py sends no third). The
-  timeout counts as an answer that slow, for the attempts that follow.
-The ceiling is also how long a service that stopped answering holds a request.
+again: a short timeout against a slow service pays for nothing, twice. So an attempt waits:
+- before any answer, the ceiling: nothing says how long one takes (61 s a request, or a queue:
+  a capacity of 1 at 20 s a request answers the 9th request sent at once after 180 s);
+- once answers came, sent with N of this process's requests out (itself included), `FACTOR` x
+  the larger of the slowest of the last `WINDOW` answers and N x the longest time per request
+  in flight they showed (latency / requests out when it was sent: at a queue, what each
+  request ahead adds), never less than the floor (read_timeout_s), never more than the ceiling;
+- after a timeout, the ceiling: waiting as long again would likely be billed again
+  (service/client.py sends no third). The timeout counts as an answer that slow, for the
+  attempts that follow.
+So a service that stopped answering holds a request for twice the ceiling; once answers came,
+for about the floor and then the ceiling.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class ReadTimeouts:
         n = max(1, in_flight)
         with self._lock:
             if not self._recent:
-                return min(self.ceiling_s, self.floor_s * n)
+                return self.ceiling_s
             slowest = max(latency for latency, _ in self._recent)
             per_request = max(each for _, each in self._recent)
         return min(self.ceiling_s, max(self.floor_s, FACTOR * max(slowest, n * per_request)))

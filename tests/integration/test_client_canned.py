@@ -332,15 +332,24 @@ def test_read_timeout_is_uncertain_and_a_request_times_out_twice_at_most(canned,
     assert len(canned.seen) == 2
 
 
-def test_the_retry_after_a_timeout_waits_up_to_the_ceiling_and_is_answered(canned):
+def test_the_first_answer_is_waited_for_up_to_the_ceiling(canned):
     canned.default = lambda req: {**embeddings_answer(req), "delay": 0.6}
+    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=5)
+    with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
+        res = c.embed("m", ["a"])
+    assert (res.attempts, res.timed_out_attempts) == (1, 0)
+
+
+def test_the_retry_after_a_timeout_waits_up_to_the_ceiling_and_is_answered(canned):
     policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=5)
     timeouts = []
     with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
+        c.embed("m", ["fast"])                     # answers came fast: the floor from now on
+        canned.default = lambda req: {**embeddings_answer(req), "delay": 0.6}
         res = c.embed("m", ["a"], on_timeout=lambda: timeouts.append(len(canned.seen)))
         assert (res.attempts, res.uncertain_attempts, res.timed_out_attempts) == (2, 1, 1)
-        assert timeouts == [1] and len(canned.seen) == 2
-        # answers came after ~0.6 s: the next request's first attempt waits 3x that, not the floor
+        assert timeouts == [2] and len(canned.seen) == 3
+        # an answer came after ~0.6 s: the next request's first attempt waits 3x that, not the floor
         res = c.embed("m", ["b"])
     assert (res.attempts, res.timed_out_attempts) == (1, 0)
 

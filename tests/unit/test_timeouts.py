@@ -1,6 +1,6 @@
 """ReadTimeouts: how long an attempt waits for its answer, from the answers alone (no HTTP, no
-clock): the floor before any answer times the requests in flight, then 3x what the answers
-showed, within [read_timeout_s, read_timeout_max_s]; the one retry after a timeout waits the
+clock): the ceiling before any answer, then 3x what the answers showed (the requests in flight
+included), within [read_timeout_s, read_timeout_max_s]; the one retry after a timeout waits the
 ceiling. Nothing timed."""
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import pytest
 from service.timeouts import FACTOR, WINDOW, Attempt, ReadTimeouts
 
 
-def test_before_any_answer_a_request_waits_the_floor_per_request_in_flight_up_to_the_ceiling():
+def test_before_any_answer_a_request_waits_the_ceiling_and_each_counts_the_ones_out_before_it():
     t = ReadTimeouts(60, 300)
-    assert [t.first(n) for n in (0, 1, 2, 4, 5, 9)] == [60, 60, 120, 240, 300, 300]
-    assert [t.begin() for _ in range(3)] == [(60, 1), (120, 2), (180, 3)]   # each counts the ones out before it
+    assert [t.first(n) for n in (0, 1, 9)] == [300, 300, 300]
+    assert [t.begin() for _ in range(3)] == [(300, 1), (300, 2), (300, 3)]
     for _ in range(3):
         t.end()
+    t.observe(10, 1)
     assert t.begin() == (60, 1)
 
 
