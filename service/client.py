@@ -1,7 +1,9 @@
 """Typed HTTP client of the embeddings service (spec: /work/shared/spec/service-api.md).
 
 One retry loop (`EmbeddingsClient._call`) serves every endpoint: exponential backoff with
-jitter, Retry-After / retry-after-ms honoured, a cap on attempts and on total time. urllib3's
+jitter, Retry-After / retry-after-ms honoured, a cap on attempts and on total time. An
+embeddings attempt waits a read timeout that follows the latency (service/timeouts.py), and a
+request has at most `MAX_TIMED_OUT` timed-out attempts: each may be billed. urllib3's
 own retries are off so nothing else retries behind its back. The same X-Request-Id goes out on
 every attempt of one logical request, so the service's ledger can tie retries together.
 
@@ -325,6 +327,7 @@ class _Outcome:
     sent: bool = True
     answer: _Answer | None = None
     timed_out: bool = False    # a read timeout: sent, and maybe still being worked on (and billed)
+    waited_s: float | None = None   # from sending to the answer's headers
 
 
 @dataclasses.dataclass
@@ -487,7 +490,7 @@ class EmbeddingsClient:
         reply = self._call("POST", "/embeddings", request_id,
                            json.dumps(payload, ensure_ascii=False).encode("utf-8"), on_retry,
                            functools.partial(_parse_answer, n_inputs=len(inputs), dimensions=dimensions),
-                           on_timeout)
+                           on_timeout, billed=True)
         answer = reply.answer
         if answer.problem is not None:
             ignored = answer.undecodable and encoding == "base64"
@@ -518,18 +521,23 @@ class EmbeddingsClient:
     def _call(self, method: str, path: str, request_id: str, body: bytes | None = None,
               on_retry: Callable[[int], None] | None = None,
               parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None = None,
-              on_timeout: Callable[[], None] | None = None) -> _Reply:
+              on_timeout: Callable[[], None] | None = None, billed: bool = False) -> _Reply:
+        """BILLED: an embeddings request, whose timeouts adapt and are counted (an account read
+        waits read_timeout_s: its timeouts cost nothing)."""
         url = self.base_url + path
         started = time.monotonic()
         attempts = uncertain = refusals = timed_out = 0
         patient = None   # after a timeout: the read timeout of every later attempt
         while True:
             attempts += 1
-            attempt = self._timeouts.begin(patient)
+            attempt = self._timeouts.begin(patient) if billed else Attempt(self.retry.read_timeout_s, 1)
             try:
                 outcome = self._attempt(method, url, body, request_id, parse, attempt)
             finally:
-                self._timeouts.end()
+                if billed:
+                    self._timeouts.end()
+            if billed and outcome.waited_s is not None:
+                self._timeouts.observe(outcome.waited_s, attempt.sent_with)
             if outcome.error is None and 200 <= outcome.status < 300:
                 return _Reply(outcome.headers, outcome.body, outcome.status, attempts, uncertain,
                               (time.monotonic() - started) * 1000, outcome.answer, timed_out)
@@ -546,7 +554,7 @@ class EmbeddingsClient:
             refused = outcome.error is None and outcome.status == 429
             refusals += refused
             elapsed = time.monotonic() - started
-            if outcome.timed_out:   # once more at most, waiting longer: max_total_s bounds persistence, not patience
+            if outcome.timed_out and billed:   # once more at most, waiting longer: max_total_s bounds persistence, not patience
                 timed_out += 1
                 patient = self._timeouts.after_timeout(attempt)
                 wait = (backoff_delay(self.retry, attempts, None, random.random())
@@ -569,7 +577,7 @@ class EmbeddingsClient:
                     " as the server asked" if retry_after else "", request_id)
             if on_retry is not None:
                 on_retry(outcome.status if outcome.error is None else 0)
-            if outcome.timed_out and on_timeout is not None:
+            if outcome.timed_out and billed and on_timeout is not None:
                 on_timeout()
             time.sleep(wait)
 
@@ -587,16 +595,17 @@ class EmbeddingsClient:
             response = self._session.request(method, url, data=body, headers=headers,
                                              auth=self._auth, timeout=timeout,
                                              allow_redirects=False, stream=True)
-            self._timeouts.observe(time.monotonic() - sent, attempt.sent_with)
+            waited = time.monotonic() - sent
             with response:
                 got = {k.lower(): v for k, v in response.headers.items()}
                 if parse is None or not 200 <= response.status_code < 300:
-                    return _Outcome(status=response.status_code, body=_read_body(response), headers=got)
+                    return _Outcome(status=response.status_code, body=_read_body(response), headers=got,
+                                    waited_s=waited)
                 with self._decoding:
                     answer = parse(_read_body(response), response.status_code, got)
         except requests.RequestException as exc:
             return _transport_error(exc, url, timeout, request_id)
-        return _Outcome(status=response.status_code, headers=got, answer=answer)
+        return _Outcome(status=response.status_code, headers=got, answer=answer, waited_s=waited)
 
     # -- helpers --------------------------------------------------------------------------
 
