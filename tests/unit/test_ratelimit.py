@@ -561,6 +561,17 @@ def test_a_queueing_service_is_met_near_its_capacity(capacity):
     assert refused == 0 and capacity <= mean <= capacity + 1.5 and max(totals) <= capacity + 3
 
 
+def test_a_queue_of_one_place_as_slow_as_a_timeout_brings_the_ramp_back_to_one_or_two():
+    """Capacity 1 at 20 s a request: the ramp sends 8 before the first answer (a queue says
+    nothing until it answers); the growing latency brings the limit back, and it stays where
+    the queue adds at most one request's wait."""
+    limiters, refused, totals, in_flight, wall = simulate(1, "queue", requests=60, service_s=20.0,
+                                                          admitted_after_s=0.25, noise=0.05)
+    assert limiters[0].peak <= 9 and refused == 0   # the ramp, and one more on the first answer
+    assert max(totals) <= 2 and sum(totals) / len(totals) <= 1.5
+    assert wall <= 1.3 * 60 * 20.0
+
+
 @pytest.mark.parametrize("capacity", [4, 8])
 def test_two_processes_share_a_queueing_service_near_its_capacity(capacity):
     """Each sees the queue the other makes too: together they hold about the capacity."""
