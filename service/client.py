@@ -1,7 +1,9 @@
 """Typed HTTP client of the embeddings service (spec: /work/shared/spec/service-api.md).
 
 One retry loop (`EmbeddingsClient._call`) serves every endpoint: exponential backoff with
-jitter, Retry-After / retry-after-ms honoured, a cap on attempts and on total time. urllib3's
+jitter, Retry-After / retry-after-ms honoured, a cap on attempts and on total time. An
+embeddings attempt waits a read timeout that follows the latency (service/timeouts.py), and a
+request has at most `MAX_TIMED_OUT` timed-out attempts: each may be billed. urllib3's
 own retries are off so nothing else retries behind its back. The same X-Request-Id goes out on
 every attempt of one logical request, so the service's ledger can tie retries together.
 
@@ -33,6 +35,11 @@ import urllib3.exceptions
 from service.credentials import ApiKey
 from service.errors import (APIConnectionError, APITimeoutError, EmbeddingsError,
                             InvalidResponseError, error_from_response)
+from service.timeouts import Attempt, ReadTimeouts
+
+# Attempts of one request that may time out: each was sent and may be billed, so a text is
+# billed at most twice by one request; the second waits the ceiling (service/timeouts.py).
+MAX_TIMED_OUT = 2
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +56,9 @@ class RetryPolicy:
     max_total_s: float = 120.0       # no retry starts if its wait would end after this
     jitter: float = 0.25             # computed waits shrink by up to this fraction; server ones grow
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0     # per socket read, as requests defines it
+    read_timeout_s: float = 60.0     # per socket read, as requests defines it: the floor of the
+                                     # adaptive timeout (service/timeouts.py)
+    read_timeout_max_s: float = 300.0  # its ceiling, and the wait of the one retry after a timeout
 
     def __post_init__(self):
         if self.max_attempts < 1:
@@ -62,6 +71,8 @@ class RetryPolicy:
                      "connect_timeout_s", "read_timeout_s"):
             if getattr(self, name) < 0 or (name.endswith("timeout_s") and getattr(self, name) == 0):
                 raise ValueError(f"{name} must be positive")
+        if self.read_timeout_max_s < self.read_timeout_s:
+            raise ValueError("read_timeout_max_s must be >= read_timeout_s")
 
 
 def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
@@ -130,6 +141,7 @@ class EmbedResult:
     latency_ms: float          # wall time of the whole logical request, retries and waits included
     status: int
     uncertain_attempts: int    # failed after sending (read timeout, reset, 5xx): may be billed
+    timed_out_attempts: int = 0  # of those, read timeouts: the service was still working on them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +326,8 @@ class _Outcome:
     error: EmbeddingsError | None = None
     sent: bool = True
     answer: _Answer | None = None
+    timed_out: bool = False    # a read timeout: sent, and maybe still being worked on (and billed)
+    waited_s: float | None = None   # from sending to the answer's headers
 
 
 @dataclasses.dataclass
@@ -325,6 +339,7 @@ class _Reply:
     uncertain_attempts: int
     latency_ms: float
     answer: _Answer | None = None
+    timed_out_attempts: int = 0
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
@@ -373,8 +388,8 @@ def _transport_error(exc: requests.RequestException, url: str, timeout: tuple[fl
         return _Outcome(error=APIConnectionError(f"cannot connect to {url}: {reason}", **kw), sent=False)
     if read_timeout:
         return _Outcome(error=APITimeoutError(
-            f"no response from {url} within the read timeout ({timeout[1]} s); the request was "
-            "sent and may have been billed", **kw))
+            f"no response from {url} within the read timeout ({timeout[1]:g} s); the request was "
+            "sent and may have been billed", **kw), timed_out=True)
     if isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError,
                         requests.exceptions.ContentDecodingError)):
         return _Outcome(error=APIConnectionError(
@@ -400,7 +415,10 @@ class EmbeddingsClient:
 
     def __init__(self, base_url: str, api_key: ApiKey, *, account_segment: str = "service",
                  retry: RetryPolicy = RetryPolicy(), pool_size: int = 32,
-                 encoding_format: str = "base64", max_decoding: int = 2):
+                 encoding_format: str = "base64", max_decoding: int = 2,
+                 timeouts: ReadTimeouts | None = None):
+        """TIMEOUTS: the adaptive read timeout, shared by the clients of a process (default:
+        this client's own, from RETRY's read_timeout_s and read_timeout_max_s)."""
         if not isinstance(api_key, ApiKey):
             raise TypeError("api_key must be a service.credentials.ApiKey")
         check_base_url(base_url)
@@ -414,7 +432,7 @@ class EmbeddingsClient:
         self.encoding_format = encoding_format
         self._key = api_key
         self._auth = _BearerAuth(api_key)
-        self._timeout = (retry.connect_timeout_s, retry.read_timeout_s)
+        self._timeouts = timeouts or ReadTimeouts(retry.read_timeout_s, retry.read_timeout_max_s)
         self._fallback_lock = threading.Lock()
         # Answers read and decoded at once: each holds its bytes, the parsed JSON and the
         # vectors meanwhile (~15 MB for 2048 vectors of 1536 floats); the others wait unread.
@@ -442,10 +460,13 @@ class EmbeddingsClient:
 
     def embed(self, model: str, inputs: Sequence[str], *, dimensions: int | None = None,
               request_id: str | None = None,
-              on_retry: Callable[[int], None] | None = None) -> EmbedResult:
+              on_retry: Callable[[int], None] | None = None,
+              on_timeout: Callable[[], None] | None = None) -> EmbedResult:
         """Embed `inputs` (a list of non-empty strings) in one logical request. `on_retry` is
         told the status (0 for a transport error) of each failed attempt about to be retried,
-        so a caller can slow down on 429s that the retry loop absorbs."""
+        so a caller can slow down on 429s that the retry loop absorbs; `on_timeout`, before
+        the one retry of an attempt that timed out, so a caller can hold it until its queue
+        at the service is shorter."""
         if isinstance(inputs, (str, bytes)):
             raise TypeError("inputs must be a sequence of strings, not a single string")
         inputs = list(inputs)
@@ -462,24 +483,29 @@ class EmbeddingsClient:
                                        or dimensions < 1):
             raise ValueError(f"dimensions must be a positive integer, got {dimensions!r}")
         request_id = request_id or uuid.uuid4().hex
-        payload: dict[str, Any] = {"model": model, "input": inputs,
-                                   "encoding_format": self.encoding_format}
+        encoding = self.encoding_format   # what this request asks for, whatever others switch to meanwhile
+        payload: dict[str, Any] = {"model": model, "input": inputs, "encoding_format": encoding}
         if dimensions is not None:
             payload["dimensions"] = dimensions
         reply = self._call("POST", "/embeddings", request_id,
                            json.dumps(payload, ensure_ascii=False).encode("utf-8"), on_retry,
-                           functools.partial(_parse_answer, n_inputs=len(inputs), dimensions=dimensions))
+                           functools.partial(_parse_answer, n_inputs=len(inputs), dimensions=dimensions),
+                           on_timeout, billed=True)
         answer = reply.answer
         if answer.problem is not None:
-            if answer.undecodable:
+            ignored = answer.undecodable and encoding == "base64"
+            if ignored:
                 self._use_float("its base64 vectors were not float32 arrays")
-            raise self._invalid(answer.problem, reply, request_id, answer.usage)
-        if answer.encoding == "float" and self.encoding_format == "base64":
+            error = self._invalid(answer.problem, reply, request_id, answer.usage)
+            error.base64_ignored = ignored
+            raise error
+        if answer.encoding == "float" and encoding == "base64":
             self._use_float("it answered a base64 request with float lists")
         return EmbedResult(model=answer.model if isinstance(answer.model, str) else model,
                            vectors=answer.vectors, usage=answer.usage, request_id=request_id,
                            attempts=reply.attempts, latency_ms=reply.latency_ms,
-                           status=reply.status, uncertain_attempts=reply.uncertain_attempts)
+                           status=reply.status, uncertain_attempts=reply.uncertain_attempts,
+                           timed_out_attempts=reply.timed_out_attempts)
 
     def balance(self) -> Balance:
         return self._get("balance", lambda doc: Balance(
@@ -494,16 +520,27 @@ class EmbeddingsClient:
 
     def _call(self, method: str, path: str, request_id: str, body: bytes | None = None,
               on_retry: Callable[[int], None] | None = None,
-              parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None = None) -> _Reply:
+              parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None = None,
+              on_timeout: Callable[[], None] | None = None, billed: bool = False) -> _Reply:
+        """BILLED: an embeddings request, whose timeouts adapt and are counted (an account read
+        waits read_timeout_s: its timeouts cost nothing)."""
         url = self.base_url + path
         started = time.monotonic()
-        attempts = uncertain = refusals = 0
+        attempts = uncertain = refusals = timed_out = 0
+        patient = None   # after a timeout: the read timeout of every later attempt
         while True:
             attempts += 1
-            outcome = self._attempt(method, url, body, request_id, parse)
+            attempt = self._timeouts.begin(patient) if billed else Attempt(self.retry.read_timeout_s, 1)
+            try:
+                outcome = self._attempt(method, url, body, request_id, parse, attempt)
+            finally:
+                if billed:
+                    self._timeouts.end()
+            if billed and outcome.waited_s is not None:
+                self._timeouts.observe(outcome.waited_s, attempt.sent_with)
             if outcome.error is None and 200 <= outcome.status < 300:
                 return _Reply(outcome.headers, outcome.body, outcome.status, attempts, uncertain,
-                              (time.monotonic() - started) * 1000, outcome.answer)
+                              (time.monotonic() - started) * 1000, outcome.answer, timed_out)
             retry_after = None
             if outcome.error is not None:
                 error = outcome.error
@@ -517,10 +554,17 @@ class EmbeddingsClient:
             refused = outcome.error is None and outcome.status == 429
             refusals += refused
             elapsed = time.monotonic() - started
-            wait = (next_wait(self.retry, attempts, elapsed, retry_after, random.random(), refusals)
-                    if error.retryable else None)
+            if outcome.timed_out and billed:   # once more at most, waiting longer: max_total_s bounds persistence, not patience
+                timed_out += 1
+                patient = self._timeouts.after_timeout(attempt)
+                wait = (backoff_delay(self.retry, attempts, None, random.random())
+                        if timed_out < MAX_TIMED_OUT and attempts - refusals < self.retry.max_attempts else None)
+            else:
+                wait = (next_wait(self.retry, attempts, elapsed, retry_after, random.random(), refusals)
+                        if error.retryable else None)
             if wait is None:
                 error.attempts, error.uncertain_attempts = attempts, uncertain
+                error.timed_out_attempts = timed_out
                 error.latency_ms = elapsed * 1000
                 raise error
             reason = (f"HTTP {outcome.status}" + (f" {error.code}" if error.code not in
@@ -533,27 +577,35 @@ class EmbeddingsClient:
                     " as the server asked" if retry_after else "", request_id)
             if on_retry is not None:
                 on_retry(outcome.status if outcome.error is None else 0)
+            if outcome.timed_out and billed and on_timeout is not None:
+                on_timeout()
             time.sleep(wait)
 
     def _attempt(self, method: str, url: str, body: bytes | None, request_id: str,
-                 parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None = None) -> _Outcome:
-        """One HTTP exchange. A 2xx body is read and PARSEd in one of the decoding slots."""
+                 parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None,
+                 attempt: Attempt) -> _Outcome:
+        """One HTTP exchange, waiting up to the ATTEMPT's timeout for the answer. A 2xx body is
+        read and PARSEd in one of the decoding slots."""
         headers = {"Accept": "application/json", "X-Request-Id": request_id}
         if body is not None:
             headers["Content-Type"] = "application/json"
+        timeout = (self.retry.connect_timeout_s, attempt.timeout_s)
         try:
+            sent = time.monotonic()
             response = self._session.request(method, url, data=body, headers=headers,
-                                             auth=self._auth, timeout=self._timeout,
+                                             auth=self._auth, timeout=timeout,
                                              allow_redirects=False, stream=True)
+            waited = time.monotonic() - sent
             with response:
                 got = {k.lower(): v for k, v in response.headers.items()}
                 if parse is None or not 200 <= response.status_code < 300:
-                    return _Outcome(status=response.status_code, body=_read_body(response), headers=got)
+                    return _Outcome(status=response.status_code, body=_read_body(response), headers=got,
+                                    waited_s=waited)
                 with self._decoding:
                     answer = parse(_read_body(response), response.status_code, got)
         except requests.RequestException as exc:
-            return _transport_error(exc, url, self._timeout, request_id)
-        return _Outcome(status=response.status_code, headers=got, answer=answer)
+            return _transport_error(exc, url, timeout, request_id)
+        return _Outcome(status=response.status_code, headers=got, answer=answer, waited_s=waited)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -571,10 +623,12 @@ class EmbeddingsClient:
     @staticmethod
     def _invalid(message: str, reply: _Reply, request_id: str | None,
                  usage: Usage | None) -> InvalidResponseError:
-        return InvalidResponseError(f"invalid response: {message}", usage=usage, status=reply.status,
-                                    request_id=request_id, attempts=reply.attempts,
-                                    uncertain_attempts=reply.uncertain_attempts,
-                                    latency_ms=reply.latency_ms)
+        error = InvalidResponseError(f"invalid response: {message}", usage=usage, status=reply.status,
+                                     request_id=request_id, attempts=reply.attempts,
+                                     uncertain_attempts=reply.uncertain_attempts,
+                                     latency_ms=reply.latency_ms)
+        error.timed_out_attempts = reply.timed_out_attempts
+        return error
 
     def _use_float(self, why: str) -> None:
         with self._fallback_lock:

@@ -17,8 +17,9 @@ _CONTEXT_RE = re.compile(
 
 
 class EmbeddingsError(Exception):
-    """Base class. `attempts`/`uncertain_attempts`/`latency_ms` are filled in by the client's
-    retry loop: uncertain attempts failed after the request was sent, so they may be billed."""
+    """Base class. `attempts`/`uncertain_attempts`/`timed_out_attempts`/`latency_ms` are filled
+    in by the client's retry loop: uncertain attempts failed after the request was sent, so they
+    may be billed; timed-out ones (read timeouts) are among them."""
 
     default_retryable = False
 
@@ -34,6 +35,7 @@ class EmbeddingsError(Exception):
         self.request_id = request_id
         self.attempts = attempts
         self.uncertain_attempts = uncertain_attempts
+        self.timed_out_attempts = 0
         self.latency_ms = latency_ms
         self.retryable = self.default_retryable if retryable is None else retryable
 
@@ -119,11 +121,15 @@ class InternalServerError(APIStatusError):
 
 class InvalidResponseError(EmbeddingsError):
     """A 2xx whose body is not what the spec says (wrong count, ragged vectors, not JSON).
-    Not retried: the request was probably billed. `usage` is kept when it could be parsed."""
+    Not retried: the request was probably billed. `usage` is kept when it could be parsed.
+    `base64_ignored`: this request asked for base64 and its vectors were not float32 arrays
+    (a server that ignores the field): worth sending again as float, whatever the client asks
+    for by then."""
 
-    def __init__(self, message: str, *, usage: Any = None, **kw: Any):
+    def __init__(self, message: str, *, usage: Any = None, base64_ignored: bool = False, **kw: Any):
         super().__init__(message, **kw)
         self.usage = usage
+        self.base64_ignored = base64_ignored
 
 
 _BY_STATUS: dict[int, type[APIStatusError]] = {

@@ -17,7 +17,7 @@ from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 from pipeline.money.reconcile import reconcile
 from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
-from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, UNAUTHORIZED, UNAVAILABLE
+from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, TIMED_OUT, UNAUTHORIZED, UNAVAILABLE
 from transforms.money import journal
 from transforms.money.apportion import from_micro, to_micro
 from transforms.read.changes import counts
@@ -60,7 +60,7 @@ def _reasons(tables) -> dict[str, int]:
 
 
 def exit_code(pending_reasons: dict[str, int]) -> int:
-    if any(r in pending_reasons for r in (UNAUTHORIZED, FORBIDDEN, UNAVAILABLE, INVALID)):
+    if any(r in pending_reasons for r in (UNAUTHORIZED, FORBIDDEN, UNAVAILABLE, INVALID, TIMED_OUT)):
         return EXIT_FAILED
     if PREFLIGHT in pending_reasons:
         return EXIT_DOES_NOT_FIT
@@ -158,6 +158,8 @@ def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metric
     recon["carried_over_from_journal_rub"] = carried
     return {
         **figures, "model": model, "documents": metrics.get("documents", 0), "estimate": estimate,
+        # attempts that timed out after sending: each may have been billed without an answer
+        "timed_out_attempts": metrics.get("timed_out_attempts", 0),
         "changes": _changes(out, run_id, input_ids, removed), "current": _current(out, view),
         "balance_before": account_before.get("balance"), "balance_after": account_after.get("balance"),
         "stats_before": account_before.get("stats"), "stats_after": account_after.get("stats"),

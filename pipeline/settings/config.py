@@ -19,6 +19,7 @@ class ClientSettings:
     jitter: float = 0.25
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
+    read_timeout_max_s: float = 300.0
     pool_size: int = 32
     encoding_format: str = "base64"
     max_decoding: int = 2
@@ -171,6 +172,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "compare.pool": settings.compare.pool}
     if bad := [name for name, value in positive.items() if value <= 0]:
         raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
+    if settings.client.read_timeout_max_s < settings.client.read_timeout_s:
+        raise ConfigError(f"{where}:client.read_timeout_max_s must be >= client.read_timeout_s")
     if settings.budget.price_margin < 1:
         raise ConfigError(f"{where}:budget.price_margin must be >= 1 (it is a safety margin on the price)")
     if not 0 < settings.lock.heartbeat_s < settings.lock.lease_s:

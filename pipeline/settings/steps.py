@@ -36,7 +36,8 @@ def retry_policy(settings: RunSettings) -> RetryPolicy:
     c = settings.client
     return RetryPolicy(max_attempts=c.max_attempts, max_refusals=c.max_refusals, initial_backoff_s=c.initial_backoff_s,
                        max_backoff_s=c.max_backoff_s, max_total_s=c.max_total_s, jitter=c.jitter,
-                       connect_timeout_s=c.connect_timeout_s, read_timeout_s=c.read_timeout_s)
+                       connect_timeout_s=c.connect_timeout_s, read_timeout_s=c.read_timeout_s,
+                       read_timeout_max_s=c.read_timeout_max_s)
 
 
 def service_config(settings: RunSettings, model: ModelSpec, base_url: str, account_segment: str, keys: KeySource,

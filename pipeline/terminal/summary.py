@@ -8,12 +8,18 @@ from pipeline.terminal.figures import count, exact, rub
 
 ADVICE = {
     EXIT_FAILED: "stopped early: {why}. The unsent chunks are pending in {output} (summary.json lists "
-                 "the files); fix the cause and run {again}: nothing is paid twice.",
+                 "the files); fix the cause and run {again}: {paid}.",
     EXIT_DOES_NOT_FIT: "the estimate does not fit the spendable amount ({binding} binds): nothing "
                        "was sent. Raise that limit or the balance, or pass --allow-partial.",
     EXIT_PARTIAL: "the budget ran out: the rest is pending in {output} (summary.json lists the files); run "
                   "{again} when there is more budget (under --daily-cap-rub: on the service's next day).",
 }
+TIMED_OUT_CAUSE = ("the service answered slower than client.read_timeout_max_s: raise it in a YAML file holding "
+                   "`client: {{read_timeout_max_s: SECONDS}}` (or in the --run-config file you pass) and run "
+                   "{again} adding --run-config FILE")
+NOT_TWICE = "nothing is paid twice"
+MAYBE_BILLED = ("{n} timed out after sending and may have been billed (timed_out_attempts in summary.json); "
+                "nothing answered is paid again")
 STATUS = {EXIT_OK: "done", EXIT_FAILED: "stopped early", EXIT_DOES_NOT_FIT: "nothing sent, the estimate does not fit",
           EXIT_PARTIAL: "stopped, the budget ran out"}
 
@@ -31,8 +37,13 @@ def advice(report: dict, output: str, again: str) -> str | None:
                                      done=switch["documents_done"], total=switch["documents_total"],
                                      output=output.rstrip("/"))
     message = ADVICE.get(report["exit_code"])
+    if message and "timed_out" in report["pending_reasons"]:
+        message = message.replace("fix the cause and run {again}", TIMED_OUT_CAUSE)
+    timed_out = report.get("timed_out_attempts") or 0
+    paid = MAYBE_BILLED.format(n=count(timed_out, "attempt")) if timed_out else NOT_TWICE
     return message and message.format(why=", ".join(report["pending_reasons"]) or "see summary.json",
-                                      binding=report["caps"].get("binding_limit"), output=output, again=again)
+                                      binding=report["caps"].get("binding_limit"), output=output, again=again,
+                                      paid=paid)
 
 
 def lines(report: dict, output: str, next_step: str | None = None) -> list[str]:
@@ -53,8 +64,8 @@ def lines(report: dict, output: str, next_step: str | None = None) -> list[str]:
             _row("view", f"{view['documents']:,} documents, {view['chunks']:,} chunks: {view['embedded']:,} "
                          f"embedded, {view['failed']:,} failed, {view['pending']:,} pending{staged}"),
             _row("money", f"{rub(report['cost_rub'])} RUB for {count(report['requests'], 'request')} "
-                          f"({report['prompt_tokens']:,} tokens){_target_money(report.get('switch'))} · "
-                          f"{_reconciliation(report['reconciliation'])}"),
+                          f"({report['prompt_tokens']:,} tokens){_target_money(report.get('switch'))}"
+                          f"{_timed_out(report)} · {_reconciliation(report['reconciliation'])}"),
             _row("files", _files(output))]
     if report.get("switch"):
         rows.insert(4, _row("switch", _switch(report["switch"])))
@@ -68,6 +79,11 @@ def _target_money(switch: dict | None) -> str:
         return ""
     return (f" + {rub(run['cost_rub'])} RUB for {switch['to']['model']} ({count(run['requests'], 'request')}, "
             f"{run['prompt_tokens']:,} tokens)")
+
+
+def _timed_out(report: dict) -> str:
+    n = report.get("timed_out_attempts") or 0
+    return f", {count(n, 'attempt')} timed out (may be billed)" if n else ""
 
 
 def _switch(switch: dict) -> str:

@@ -321,13 +321,47 @@ def test_reset_after_send_is_retried_and_counted_uncertain(canned, client):
 
 @pytest.mark.parametrize("slow", [{"delay": 0.6}, {"cut_after": 40, "stall": 0.6}],
                          ids=["no-headers-in-time", "body-stalls"])
-def test_read_timeout_is_uncertain_on_every_attempt(canned, slow):
+def test_read_timeout_is_uncertain_and_a_request_times_out_twice_at_most(canned, slow):
+    """Each timed-out attempt may be billed: the second waits the ceiling, there is no third."""
     canned.default = lambda req: {**embeddings_answer(req), **slow}
-    policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, read_timeout_s=0.2)
+    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=0.3)
     with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
         with pytest.raises(E.APITimeoutError, match="may have been billed") as info:
             c.embed("m", ["a"])
-    assert (info.value.attempts, info.value.uncertain_attempts) == (2, 2)
+    assert (info.value.attempts, info.value.uncertain_attempts, info.value.timed_out_attempts) == (2, 2, 2)
+    assert len(canned.seen) == 2
+
+
+def test_the_first_answer_is_waited_for_up_to_the_ceiling(canned):
+    canned.default = lambda req: {**embeddings_answer(req), "delay": 0.6}
+    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=5)
+    with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
+        res = c.embed("m", ["a"])
+    assert (res.attempts, res.timed_out_attempts) == (1, 0)
+
+
+def test_the_retry_after_a_timeout_waits_up_to_the_ceiling_and_is_answered(canned):
+    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=5)
+    timeouts = []
+    with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
+        c.embed("m", ["fast"])                     # answers came fast: the floor from now on
+        canned.default = lambda req: {**embeddings_answer(req), "delay": 0.6}
+        res = c.embed("m", ["a"], on_timeout=lambda: timeouts.append(len(canned.seen)))
+        assert (res.attempts, res.uncertain_attempts, res.timed_out_attempts) == (2, 1, 1)
+        assert timeouts == [2] and len(canned.seen) == 3
+        # an answer came after ~0.6 s: the next request's first attempt waits 3x that, not the floor
+        res = c.embed("m", ["b"])
+    assert (res.attempts, res.timed_out_attempts) == (1, 0)
+
+
+def test_a_timeout_after_other_failures_still_gets_its_one_retry_and_no_more(canned):
+    canned.script.extend([error_json(503, "busy")] * 2)
+    canned.default = lambda req: {**embeddings_answer(req), "delay": 0.6}
+    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=0.3)
+    with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
+        with pytest.raises(E.APITimeoutError) as info:
+            c.embed("m", ["a"])
+    assert (info.value.attempts, info.value.timed_out_attempts) == (4, 2) and len(canned.seen) == 4
 
 
 def test_body_cut_short_is_retried_and_counted_uncertain(canned, client):

@@ -137,7 +137,7 @@ def test_fault_profile_transient_retried_and_counted(sandbox_factory):
               "--rate-reset-after-charge", "0.05", "--rate-slow", "0.03", "--slow-s", "1.5"]
     sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0, args=faults)
     policy = RetryPolicy(max_attempts=10, initial_backoff_s=0.01, max_backoff_s=0.05,
-                         max_total_s=60, connect_timeout_s=2, read_timeout_s=0.5)
+                         max_total_s=60, connect_timeout_s=2, read_timeout_s=0.4, read_timeout_max_s=0.4)
     with client_for(sb, retry=policy) as c:
         results = [c.embed(MODEL, [f"text number {i}"]) for i in range(40)]
         with pytest.raises(E.BadRequestError) as info:      # permanent, even under faults

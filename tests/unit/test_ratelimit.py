@@ -195,6 +195,44 @@ def test_a_rate_limited_request_gives_its_place_back_until_the_others_fit():
     assert lim.in_flight == 0
 
 
+def test_a_timeout_takes_the_limit_to_one_place_and_its_retry_waits_for_the_others():
+    """A ramp into a queue answered one at a time: the 429 never comes, the latency signal
+    only with the answers; a timeout says requests wait at the service longer than the client."""
+    lim = ConcurrencyLimiter(8, maximum=32)
+    permits = fill(lim)
+    resumed = threading.Event()
+
+    def retrying():
+        permits[0].timed_out()         # the client's on_timeout hook, before its one retry
+        resumed.set()
+
+    t = threading.Thread(target=retrying)
+    t.start()
+    for p in permits[1:-1]:
+        p.release(OK)
+        assert lim.allowed == 1 and lim.acquire(timeout=0) is None
+    assert not resumed.wait(0.2) and lim.in_flight == 1
+    permits[-1].release(OK)
+    t.join(10)
+    assert resumed.is_set() and lim.in_flight == 1 and lim.timeouts == 1
+    permits[0].release(IGNORED)
+    assert lim.in_flight == 0 and lim.allowed == 1
+
+
+def test_after_a_timeout_the_limit_grows_again_by_the_answers():
+    lim = ConcurrencyLimiter(4, maximum=32)
+    first = fill(lim)
+    for p in first[1:]:
+        answer(p, 1.0)
+    first[0].timed_out()               # the only one out: its retry goes at once
+    assert lim.allowed == 1
+    first[0].release(IGNORED)
+    caller = Caller(lim)
+    for _ in range(3):
+        caller.round_trip(1.0)
+    assert 1 < lim.allowed <= 4        # one per round trip, no slow start again
+
+
 def test_a_refused_retry_is_news_it_went_at_the_lowered_limit():
     lim = ConcurrencyLimiter(4, maximum=4)
     permit = lim.acquire()
@@ -521,6 +559,17 @@ def test_a_queueing_service_is_met_near_its_capacity(capacity):
     limiters, refused, totals, in_flight, _ = simulate(capacity, "queue", requests=1000)
     mean = sum(totals) / len(totals)
     assert refused == 0 and capacity <= mean <= capacity + 1.5 and max(totals) <= capacity + 3
+
+
+def test_a_queue_of_one_place_as_slow_as_a_timeout_brings_the_ramp_back_to_one_or_two():
+    """Capacity 1 at 20 s a request: the ramp sends 8 before the first answer (a queue says
+    nothing until it answers); the growing latency brings the limit back, and it stays where
+    the queue adds at most one request's wait."""
+    limiters, refused, totals, in_flight, wall = simulate(1, "queue", requests=60, service_s=20.0,
+                                                          admitted_after_s=0.25, noise=0.05)
+    assert limiters[0].peak <= 9 and refused == 0   # the ramp, and one more on the first answer
+    assert max(totals) <= 2 and sum(totals) / len(totals) <= 1.5
+    assert wall <= 1.3 * 60 * 20.0
 
 
 @pytest.mark.parametrize("capacity", [4, 8])

@@ -187,3 +187,35 @@ def test_a_process_refused_for_longer_than_max_refused_s_stops_sending(sandbox_f
     assert breaker.reason == UNAVAILABLE and "no answer for over 0.5 s" in breaker.message
     assert "429" in breaker.message
     assert [reason for _, reason in out.pending] == [UNAVAILABLE] and not out.deliveries
+
+
+def test_a_request_that_waited_for_its_place_while_the_client_fell_back_to_float_is_paid_once():
+    """The encoding is the one the request was sent with: a request that waited for a place
+    while another learnt that the server ignores base64 goes out as float; an invalid answer to
+    it (billed) is no reason to send it again."""
+    from tests.integration.test_client_canned import KEY, Canned, embeddings_answer
+    canned = Canned()
+    try:
+        client = EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=RetryPolicy(max_attempts=1))
+        limiter = ConcurrencyLimiter(1, maximum=1)
+        held = limiter.acquire()
+        runner = RequestRunner(client, model="m", dimensions=None, expected_dims=4,
+                               guard=BudgetGuard(balance_before=None, spendable_rub=None,
+                                                 price_per_token_rub=1e-6, margin=1.0),
+                               breaker=Breaker(), run_id="r1", resplit=lambda i: [i], concurrency=limiter)
+        canned.script.append(lambda req: embeddings_answer(req, encoding="float"))   # the other request's
+        canned.script.append(lambda req: embeddings_answer(req, count=1))            # this one's: billed, short
+        batch = [_item("first text"), _item("second text")._replace(text_sha256="sha2")]
+        done = {}
+        waiting = threading.Thread(target=lambda: done.update(out=runner.run(batch)))
+        waiting.start()
+        time.sleep(0.3)                                  # it waits for the place
+        client.embed("m", ["another text"])              # answered with floats to a base64 request
+        assert client.encoding_format == "float"
+        held.release(OK)
+        waiting.join(10)
+        out = done["out"]
+        assert [r["json"]["encoding_format"] for r in canned.seen] == ["base64", "float"]   # sent once
+        assert {f.reason for f in out.failed} == {"invalid_response"} and not out.deliveries
+    finally:
+        canned.close()

@@ -73,6 +73,21 @@ def test_exit_1_names_the_cause_and_the_command_that_continues():
         "fix the cause and run the same command again with --resume: nothing is paid twice.")
 
 
+def test_exit_1_after_timeouts_names_the_setting_and_never_says_nothing_is_paid_twice():
+    doc = report(exit_code=1, embedded=0, pending=50, pending_reasons={"timed_out": 50}, timed_out_attempts=6)
+    lines = rendered(doc)
+    assert "6 attempts timed out (may be billed)" in row(lines, "money")
+    advice = row(lines, "next").split(None, 1)[1]
+    assert advice == (
+        "stopped early: timed_out. The unsent chunks are pending in out (summary.json lists the files); the "
+        "service answered slower than client.read_timeout_max_s: raise it in a YAML file holding "
+        "`client: {read_timeout_max_s: SECONDS}` (or in the --run-config file you pass) and run the same command "
+        "again with --resume adding --run-config FILE: 6 attempts timed out after sending and may have been billed "
+        "(timed_out_attempts in summary.json); nothing answered is paid again.")
+    other = rendered(report(exit_code=1, pending=5, pending_reasons={"service_unavailable": 5}, timed_out_attempts=1))
+    assert "nothing is paid twice" not in row(other, "next") and "1 attempt timed out after sending" in row(other, "next")
+
+
 def test_exit_3_says_nothing_was_sent_and_which_limit_binds():
     doc = report(exit_code=3, embedded=0, pending=354, pending_reasons={"estimate_exceeds_budget": 354},
                  requests=0, prompt_tokens=0, cost_rub=0.0, caps={"binding_limit": "max_spend_rub"},

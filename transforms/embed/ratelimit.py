@@ -19,6 +19,10 @@ ConcurrencyLimiter is a congestion window, per worker process, with no coordinat
   gets slower while answering more is still climbed; one that queues is held near its capacity.
 - Once after slow start, the limit is halved until one request goes (BBR's ProbeRTT): a process
   that started into another's queue measures its latency without its own.
+- A read timeout (through the client's on_timeout hook): requests wait at the service longer
+  than the client waits, a queue the latency signal came too late for (a ramp into a queue
+  answered one at a time): one place, as TCP's window after a retransmission timeout, and the
+  timed-out request's one retry waits until the others are answered.
 - Below one place (more processes than places): `_STRIKES` 429s at one place, each soon after
   the last, halve on, down to `_PACED_FLOOR`; a limit L < 1 is one request, then (1 / L - 1)
   round trips of nothing, and it grows by `_PACED_STEP` per round trip of time, so the smallest
@@ -73,6 +77,12 @@ class Permit:
         self._limiter._throttle(self)
         self._limiter._park(self)
 
+    def timed_out(self) -> None:
+        """The request's attempt timed out: the others slow down at once, and it returns when
+        its retry may go."""
+        self._limiter._timed_out(self)
+        self._limiter._park(self)
+
     def release(self, outcome: str = OK, *, tokens: int | None = None, latency_s: float | None = None,
                 cost: int | None = None, balance: int | None = None) -> None:
         self._limiter.release(self, outcome, tokens=tokens, latency_s=latency_s, cost=cost, balance=balance)
@@ -118,6 +128,7 @@ class ConcurrencyLimiter:
         self.peak = self._limit
         self.decreases = self.latency_decreases = self.drains = self.others_left = 0
         self.rate_limited_count = 0
+        self.timeouts = 0
 
     @property
     def limit(self) -> float:
@@ -358,6 +369,15 @@ class ConcurrencyLimiter:
             self._since_429 = 0
             below = self._limit < 1 or self._strikes >= _STRIKES
             self._decrease(self._limit / 2 if below else max(1.0, self._limit / 2))
+
+    def _timed_out(self, permit: Permit) -> None:
+        with self._cond:
+            self.timeouts += 1
+            self._ramping = False
+            self._end_drain()
+            if self._limit > 1:
+                self._decrease(1.0)
+                self._limit = 1.0   # not only halved (_decrease): a timeout is no noise
 
     def _park(self, permit: Permit) -> None:
         """A rate-limited request gives its place back and waits until the in-flight count is

@@ -7,6 +7,9 @@
 - 402 or a request that no longer fits the budget: stop spending, the rest is pending;
 - transient faults that outlived the client's retry budget: the service is unreachable:
   trip the breaker too (a retry storm against a dead service helps nobody);
+- a request that timed out twice (the client's second attempt waits `read_timeout_max_s`): the
+  service is slower than the run allows; both attempts may be billed, a third would be too:
+  the breaker trips, the rest is pending (timed_out) and the message names the setting;
 - 429s that outlived the client's refusals: the service is busy, not gone (more processes
   than it has places keep some out for a while): sent again after the Retry-After, for up to
   `max_refused_s` from its first such end, while this process gets answers; past that, the
@@ -44,6 +47,7 @@ FORBIDDEN = "forbidden"
 UNAVAILABLE = "service_unavailable"
 PREFLIGHT = "estimate_exceeds_budget"
 INVALID = "invalid_answers"
+TIMED_OUT = "timed_out"
 
 
 # Inputs refused one by one with the same message, no success between: the request itself is
@@ -68,7 +72,12 @@ class _RefusalStreak:
 
 
 class _Stopped(Exception):
-    """Raised inside the runner when a request's turn comes after the run stopped sending."""
+    """Raised inside the runner when a request's turn comes after the run stopped sending;
+    TIMED_OUT: attempts of it that timed out before (each may have been billed)."""
+
+    def __init__(self, timed_out: int = 0):
+        super().__init__()
+        self.timed_out = timed_out
 
 
 class Breaker:
@@ -108,6 +117,7 @@ class Outcome:
     failed: list[Rejected] = dataclasses.field(default_factory=list)
     pending: list[tuple[TextItem, str]] = dataclasses.field(default_factory=list)
     retries: int = 0
+    timed_out: int = 0   # attempts that timed out after sending: each may have been billed
 
 
 def request_key(run_id: str, model: str, dimensions: int | None, batch: Sequence[TextItem]) -> str:
@@ -180,11 +190,11 @@ class RequestRunner:
             request_id = request_key(self._run_id, self._model, self._dimensions, batch)
         tokens = sum(i.n_tokens for i in batch)
         started = [dt.datetime.now(dt.timezone.utc)]  # reset when it leaves, after waiting its turn
-        encoding = self._client.encoding_format
         try:
             result = self._embed([i.text for i in batch], tokens, request_id, reservation, started)
-        except _Stopped:  # the breaker tripped or spending stopped while this one waited its turn
+        except _Stopped as stopped:  # the breaker tripped or spending stopped while this one waited its turn
             self._guard.settle(reservation, None, None)
+            out.timed_out += stopped.timed_out
             out.pending += [(i, self._breaker.reason or self._guard.stop_reason or BUDGET) for i in batch]
             return []
         except errors.EmbeddingsError as exc:
@@ -192,11 +202,12 @@ class RequestRunner:
             self._guard.settle(reservation, billed.cost_rub if billed else None,
                                billed.balance if billed else None)
             out.retries += max(0, exc.attempts - 1)
+            out.timed_out += exc.timed_out_attempts
             if self._refused_again(exc, request_id):
                 out.retries += 1   # one logical request: the row is its last round's
                 return [batch]
             out.requests.append(self._request_row(request_id, batch, started[0], error=exc))
-            if isinstance(exc, errors.InvalidResponseError) and self._client.encoding_format != encoding:
+            if isinstance(exc, errors.InvalidResponseError) and exc.base64_ignored:
                 return [batch]  # the server ignored base64: the client now asks for floats
             return self._on_error(exc, batch, out)
         except BaseException:
@@ -209,6 +220,7 @@ class RequestRunner:
         row = self._request_row(request_id, batch, started[0], result=result)
         out.requests.append(row)
         out.retries += result.attempts - 1
+        out.timed_out += result.timed_out_attempts
         if result.vectors.shape[1] != self._expected_dims:
             detail = (f"the service answered vectors of length {result.vectors.shape[1]}, "
                       f"expected {self._expected_dims} (request {request_id}, billed)")
@@ -242,7 +254,8 @@ class RequestRunner:
             self._check_running()
             self._announce(request_id, tokens, worst_case_micro, started)
             result = self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
-                                        on_retry=lambda status: permit.rate_limited() if status == 429 else None)
+                                        on_retry=lambda status: permit.rate_limited() if status == 429 else None,
+                                        on_timeout=lambda: self._after_timeout(permit))
         except BaseException as exc:
             permit.release(RATE_LIMITED if getattr(exc, "status", None) == 429 else IGNORED)
             raise
@@ -251,6 +264,13 @@ class RequestRunner:
                        cost=None if usage.cost_rub is None else to_micro(usage.cost_rub),
                        balance=None if usage.balance is None else to_micro(usage.balance))
         return result
+
+    def _after_timeout(self, permit) -> None:
+        """Hold a timed-out request's retry until the limiter has a place; none if the run
+        stopped sending meanwhile."""
+        permit.timed_out()
+        if self._breaker.reason or self._guard.stop_reason:
+            raise _Stopped(timed_out=1)
 
     def _announce(self, request_id: str, tokens: int, worst_case_micro: int, started: list[dt.datetime]) -> None:
         if self._intend is not None:  # durable before the request leaves
@@ -290,6 +310,13 @@ class RequestRunner:
             for item in batch:
                 out.failed += rejections(item, "invalid_response", exc.message)
             self._breaker.trip(INVALID, exc.message)
+        elif isinstance(exc, errors.APITimeoutError) and exc.timed_out_attempts:
+            ceiling = self._client.retry.read_timeout_max_s
+            self._breaker.trip(TIMED_OUT, f"no answer within the read timeout, the last wait {ceiling:g} s "
+                                          "(client.read_timeout_max_s): the service is slower than that; "
+                                          f"{exc.timed_out_attempts} attempt{'s' * (exc.timed_out_attempts != 1)} "
+                                          "of one request timed out after sending and may have been billed")
+            out.pending += [(i, TIMED_OUT) for i in batch]
         elif isinstance(exc, errors.RateLimitError) and self._answered_lately():
             out.pending += [(i, UNAVAILABLE) for i in batch]   # refused this long on its own: the others go on
         elif exc.retryable:

@@ -9,6 +9,7 @@ import dataclasses
 import threading
 from typing import Sequence
 
+from service.timeouts import ReadTimeouts
 from service.tokenizer import get_encoding
 from transforms.dedupe.inflight import InFlightClaims
 from transforms.dedupe.known import ReuseRef, known_vector
@@ -33,6 +34,7 @@ class Shared:
     breaker: Breaker
     concurrency: ConcurrencyLimiter
     quota: TokenBucketLimiter
+    timeouts: ReadTimeouts   # learnt from every client's answers, counting every request in flight
     breaker_logged: bool = False
     reported: dict = dataclasses.field(default_factory=dict)   # limiter figures in the counters
     _mutex: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -50,7 +52,8 @@ class Shared:
         return cls(budget.guard(watch.read), Breaker(),
                    ConcurrencyLimiter(min(service.initial_in_flight, service.max_in_flight),
                                       maximum=service.max_in_flight, admitted_after_s=service.admitted_after_s),
-                   TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute))
+                   TokenBucketLimiter(service.requests_per_minute, service.tokens_per_minute),
+                   ReadTimeouts(service.retry.read_timeout_s, service.retry.read_timeout_max_s))
 
     def limit_changes(self) -> list[tuple[str, int]]:
         """What the limiter's figures moved since the last report: counters summed over bundles
@@ -75,9 +78,9 @@ class Sender:
 
     def __init__(self, cfg: EmbedConfig):
         service, out = cfg.service, cfg.output
-        self._cfg, self.client = cfg, service.client()
-        self._thread = threading.local()   # the request a pool thread works on: its journal space
         self.shared = shared = Shared.for_run(cfg)
+        self._cfg, self.client = cfg, service.client(timeouts=shared.timeouts)
+        self._thread = threading.local()   # the request a pool thread works on: its journal space
         self._claims = InFlightClaims.for_run(cfg.claims) if cfg.claims else None
         self.store = (PaidStore.shared(cfg.store, service.model, service.expected_dims, out.run_id)
                       if cfg.store else None)

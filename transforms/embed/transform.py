@@ -41,8 +41,8 @@ class _EmbedDoFn(beam.DoFn):
         self._cfg = cfg
         self._m = {name: Metrics.counter("embedpipe", name) for name in (
             "requests", "embedded_chunks", "tokens", "cost_micro_rub", "retries", "failed_chunks",
-            "pending_chunks", "in_flight_limit", "in_flight_peak", "limit_decreases", "latency_decreases",
-            "limit_drains", "rate_limited", "others_left")}
+            "pending_chunks", "timed_out_attempts", "in_flight_limit", "in_flight_peak", "limit_decreases",
+            "latency_decreases", "limit_drains", "rate_limited", "others_left")}
 
     def setup(self):
         collector.tune_once()
@@ -128,6 +128,7 @@ class _EmbedDoFn(beam.DoFn):
         m["retries"].inc(outcome.retries)
         m["failed_chunks"].inc(len(outcome.failed))
         m["pending_chunks"].inc(sum(len(i.refs) for i, _ in outcome.pending))
+        m["timed_out_attempts"].inc(outcome.timed_out)
         if self._progress:
             self._progress.add(chunks=rows, tokens=tokens, requests=len(outcome.requests),
                                cost_micro=round(cost * 1e6))
