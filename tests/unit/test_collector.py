@@ -30,7 +30,8 @@ def test_what_is_alive_at_set_up_is_frozen_once_and_the_young_generation_grows(f
     assert frozen >= len(alive) and gc.get_threshold() == (collector.YOUNG_THRESHOLD, 10, 10)
     later = [[] for _ in range(100)]
     collector.tune_once()                       # once per process: nothing more is frozen
-    assert gc.get_freeze_count() == frozen and later
+    # (frozen objects that another test's lingering threads free leave the count: it may only fall)
+    assert gc.get_freeze_count() <= frozen and later
 
 
 def test_cycles_made_after_set_up_are_still_collected(fresh_collector):
