@@ -55,6 +55,9 @@ class S3:
         host, port = self._server.get_host_and_port()
         self.client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
         self.client.create_bucket(Bucket=BUCKET)
+        # moto keeps its buckets in the process, across servers: empty what an earlier test left
+        for key in self.keys(""):
+            self.client.delete_object(Bucket=BUCKET, Key=key)
         self.flags = ["--s3_endpoint_url", f"http://{host}:{port}", "--s3_region_name", "us-east-1"]
 
     def put(self, local: Path, key: str) -> str:
