@@ -28,7 +28,7 @@ from transforms.dedupe.store import spec
 from transforms.embed.transform import FAILED, PENDING, REQUESTS
 from transforms.read.dicts import ReadRows
 from transforms.read.transform import ENTRIES, REJECTED
-from transforms.records import Rejected
+from transforms.records import Rejected, Row
 from transforms.requests import EMBEDDINGS, EmbedChunks
 
 
@@ -42,16 +42,13 @@ class EmbedResult(NamedTuple):
 
 
 def embedding_rows(table: pa.Table):
-    """An embeddings table of the job -> one dict per row, `embedding` a float32 numpy array
-    (a view into the table's vectors: no copy per row)."""
+    """An embeddings table of the job -> one dict (a Row: its coder sizes it without pickling)
+    per row, `embedding` a float32 numpy array (a view into the table's vectors: no copy per row)."""
     column = table.column("embedding").combine_chunks()
     vectors = column.values.to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
-    names = [n for n in table.schema.names if n != "embedding"]
-    values = [table.column(n).to_pylist() for n in names]
-    for i in range(table.num_rows):
-        row = {n: v[i] for n, v in zip(names, values)}
-        row["embedding"] = vectors[i]
-        yield row
+    names = [n for n in table.schema.names if n != "embedding"] + ["embedding"]
+    for fields in zip(*(table.column(n).to_pylist() for n in names[:-1]), vectors):
+        yield Row(zip(names, fields))
 
 
 def failed_row(rejected: Rejected) -> dict:
@@ -96,7 +93,7 @@ class EmbedTexts(beam.PTransform):
                                                            s.pack.max_open_requests, embed)
         failed = (read[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten()   # small records only
         return EmbedResult(
-            embeddings=out[EMBEDDINGS] | "EmbeddingRows" >> beam.FlatMap(embedding_rows),
+            embeddings=out[EMBEDDINGS] | "EmbeddingRows" >> beam.FlatMap(embedding_rows).with_output_types(Row),
             failed=failed | "FailedRows" >> beam.Map(failed_row),
             pending=out[PENDING] | "PendingRows" >> beam.FlatMap(lambda t: t.to_pylist()),
             requests=out[REQUESTS])

@@ -40,6 +40,11 @@ class Request(tuple):
     __slots__ = ()
 
 
+class Row(dict):
+    """A row of the library's outputs: a plain dict, typed so that its PCollections get a coder
+    that sizes a row from its fields (transforms/worker/coders.py) instead of pickling it."""
+
+
 class Rejected(NamedTuple):
     """A row or chunk that will not be embedded, with a short reason code."""
     doc_id: str | None

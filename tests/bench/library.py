@@ -46,9 +46,12 @@ def _write_rows(rows: list[dict], out_dir: str) -> int:
                        "cost_rub": [r["cost_rub"] for r in rows],
                        "embedding": pa.FixedSizeListArray.from_arrays(
                            pa.array(np.stack([r["embedding"] for r in rows]).reshape(-1)), len(rows[0]["embedding"]))})
-    # as the CLI writes (configs/pipeline.yaml, write): float32 vectors uncompressed, the rest zstd
+    # as the CLI writes (configs/pipeline.yaml write:, transforms/write/transform.py open_writer) and
+    # docs/library.md advises: float32 vectors uncompressed, with no dictionary or statistics; the rest zstd
     codecs = {name: "none" if name == "embedding" else "zstd" for name in table_.column_names}
-    pq.write_table(table_, os.path.join(out_dir, f"part-{uuid.uuid4().hex}.parquet"), compression=codecs)
+    scalars = [name for name in table_.column_names if name != "embedding"]
+    pq.write_table(table_, os.path.join(out_dir, f"part-{uuid.uuid4().hex}.parquet"), compression=codecs,
+                   use_dictionary=scalars, write_statistics=scalars)
     return len(rows)
 
 

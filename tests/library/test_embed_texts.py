@@ -250,3 +250,17 @@ def test_the_first_request_leaves_before_the_input_ends(sandbox, key_env, tmp_pa
 def test_an_empty_input_spends_nothing(sandbox, key_env, tmp_path):
     assert _run(tmp_path, [], sandbox) == {kind: [] for kind in KINDS}
     assert sandbox.ledger() == []
+
+
+def test_the_embeddings_and_a_users_batches_of_them_are_sized_by_the_row_coder(sandbox, key_env):
+    """Beam sizes sampled elements by encoding them: rows of a vector and a datetime each are
+    sized from their fields, in EmbedTexts's output and in a user's BatchElements after it."""
+    from transforms.records import Row
+    from transforms.worker.coders import RowCoder
+    p = beam.Pipeline()
+    rows = (p | beam.Create([{"id": "a", "text": "a text"}])
+            | embedpipe.EmbedTexts(MODEL, sandbox.base_url)).embeddings
+    batches = rows | beam.BatchElements(min_batch_size=10)
+    assert rows.element_type is Row and isinstance(beam.coders.registry.get_coder(rows.element_type), RowCoder)
+    batch_coder = beam.coders.registry.get_coder(batches.element_type)
+    assert "RowCoder" in repr(batch_coder)

@@ -1,6 +1,8 @@
-"""The coders of tables and requests: exact round trips where an element crosses a stage
+"""The coders of tables, requests and the library's rows: exact round trips where an element crosses a stage
 boundary, and sizes taken from what an element holds, never from encoding it."""
 from __future__ import annotations
+
+import datetime as dt
 
 import apache_beam as beam
 import numpy as np
@@ -8,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from transforms import schemas
-from transforms.records import ChunkRef, Request, TextItem
+from transforms.records import ChunkRef, Request, Row, TextItem
 from transforms.worker import coders
 
 
@@ -29,9 +31,23 @@ def _request() -> Request:
     return Request(TextItem(f"{i:064x}", "текст " * (i + 1), 3, (ref,)) for i in range(3))
 
 
+def _row() -> Row:
+    return Row(doc_id="a", chunk_index=0, cost_rub=0.25, request_id=None,
+               embedded_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), embedding=np.arange(4, dtype=np.float32))
+
+
 def test_the_registry_gives_these_coders():
     assert isinstance(beam.coders.registry.get_coder(pa.Table), coders.ArrowTableCoder)
     assert isinstance(beam.coders.registry.get_coder(Request), coders.RequestCoder)
+    assert isinstance(beam.coders.registry.get_coder(Row), coders.RowCoder)
+
+
+def test_a_row_survives_the_round_trip_as_a_row():
+    row, coder = _row(), coders.RowCoder()
+    back = coder.decode(coder.encode(row))
+    assert type(back) is Row and back.keys() == row.keys() and np.array_equal(back.pop("embedding"),
+                                                                             row.pop("embedding"))
+    assert back == row
 
 
 def test_a_table_survives_the_round_trip_with_its_schema():
@@ -55,12 +71,14 @@ def test_sizes_come_from_the_contents_without_encoding(monkeypatch):
 
     monkeypatch.setattr(coders.ArrowTableCoder, "encode", refuse)
     monkeypatch.setattr(coders.RequestCoder, "encode", refuse)
+    monkeypatch.setattr(coders.RowCoder, "encode", refuse)
     assert coders.ArrowTableCoder().estimate_size(table) == table.nbytes
     texts = sum(len(i.text) for i in request)
     assert coders.RequestCoder().estimate_size(request) == texts + 3 * coders.TEXT_ITEM_OVERHEAD
+    assert coders.RowCoder().estimate_size(_row()) == 6 * coders.FIELD_BYTES + len("a") + 4 * 4
 
 
-@pytest.mark.parametrize("element", [_table(), _request()], ids=["table", "request"])
+@pytest.mark.parametrize("element", [_table(), _request(), _row()], ids=["table", "request", "row"])
 def test_beams_own_sampling_uses_the_cheap_size(element, monkeypatch):
     """What the runner calls on every sampled element: the coder impl's size estimate."""
     coder = beam.coders.registry.get_coder(type(element))

@@ -9,6 +9,8 @@ import threading
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
 
 from service.tokenizer import get_encoding
 from transforms.read.rows import check_row
@@ -34,13 +36,26 @@ class _Ids:
             return True
 
 
-class _CheckRows(beam.DoFn):
-    def __init__(self, id_field: str, text_field: str, scope: str):
-        self._fields, self._scope = (id_field, text_field), scope
+_GLOBAL = GlobalWindow()
+_END = _GLOBAL.max_timestamp()
+
+
+class _ReadRows(beam.DoFn):
+    """Dicts -> entries and rejections: each row checked, the valid ones split BATCH_SIZE at a
+    time (the splitter's batched encode) in one step, a batch held across the bundle (the
+    global window's, as PackRequests' requests are)."""
+
+    def __init__(self, id_field: str, text_field: str, split: SplitConfig, scope: str, batch_size: int):
+        self._fields, self._split, self._scope, self._batch_size = (id_field, text_field), split, scope, batch_size
         self._rows = Metrics.counter("embedpipe", "documents")
+        self._chunks = Metrics.counter("embedpipe", "chunks")
 
     def setup(self):
         self._ids = runscoped.shared(self._scope, "ids", _Ids)
+        self._splitter = Splitter(get_encoding(), self._split)
+
+    def start_bundle(self):
+        self._batch: list[tuple[str, str]] = []
 
     def process(self, element):
         self._rows.inc()
@@ -52,20 +67,17 @@ class _CheckRows(beam.DoFn):
         elif isinstance(checked, Rejected):
             yield beam.pvalue.TaggedOutput(REJECTED, checked)
         else:
-            yield checked
+            self._batch.append(checked)
+            if len(self._batch) >= self._batch_size:
+                batch, self._batch = self._batch, []
+                yield from self._entries(batch)
 
+    def finish_bundle(self):
+        batch, self._batch = self._batch, []
+        for entry in self._entries(batch):
+            yield WindowedValue(entry, _END, (_GLOBAL,))
 
-class _SplitRows(beam.DoFn):
-    """A batch of (doc_id, text) -> entries, as _SplitTable's."""
-
-    def __init__(self, split: SplitConfig):
-        self._split = split
-        self._chunks = Metrics.counter("embedpipe", "chunks")
-
-    def setup(self):
-        self._splitter = Splitter(get_encoding(), self._split)
-
-    def process(self, batch):
+    def _entries(self, batch):
         for (doc_id, _), chunks in zip(batch, self._splitter.split_many(batch)):
             self._chunks.inc(len(chunks))
             yield from chunk_entries(doc_id, chunks)
@@ -77,12 +89,8 @@ class ReadRows(beam.PTransform):
 
     def __init__(self, id_field: str, text_field: str, split: SplitConfig, scope: str, batch_size: int = 256):
         super().__init__()
-        self._fields, self._split, self._scope, self._batch_size = (id_field, text_field), split, scope, batch_size
+        self._args = (id_field, text_field, split, scope, batch_size)
 
     def expand(self, rows):
-        checked = rows | "CheckRows" >> beam.ParDo(_CheckRows(*self._fields, self._scope)).with_outputs(
-            REJECTED, main="valid")
-        entries = (checked.valid
-                   | "Batch" >> beam.BatchElements(min_batch_size=self._batch_size, max_batch_size=self._batch_size)
-                   | "Split" >> beam.ParDo(_SplitRows(self._split)))
-        return {ENTRIES: entries, REJECTED: checked[REJECTED]}
+        read = rows | "CheckAndSplit" >> beam.ParDo(_ReadRows(*self._args)).with_outputs(REJECTED, main=ENTRIES)
+        return {ENTRIES: read[ENTRIES], REJECTED: read[REJECTED]}

@@ -1,4 +1,5 @@
-"""Coders of the large elements between steps: Arrow tables and packed requests.
+"""Coders of the large elements between steps: Arrow tables, packed requests, and the library's
+output rows (a numpy vector and a datetime each, which the default coder pickles).
 
 Beam samples the byte size of the elements passing each step (the first ten of every
 PCollection, then ever more sparsely) by encoding them, and its default coder pickles: a whole
@@ -13,9 +14,12 @@ import pickle
 import apache_beam as beam
 import pyarrow as pa
 
-from transforms.records import Request
+import numpy as np
+
+from transforms.records import Request, Row
 
 TEXT_ITEM_OVERHEAD = 200   # bytes of a TextItem besides its text: digest, counts, row refs
+FIELD_BYTES = 16           # a Row's field besides a string's or vector's own bytes: name, number, timestamp
 
 
 class ArrowTableCoder(beam.coders.Coder):
@@ -55,5 +59,24 @@ class RequestCoder(beam.coders.Coder):
         return Request
 
 
+class RowCoder(beam.coders.Coder):
+    def encode(self, row: Row) -> bytes:
+        return pickle.dumps(dict(row), pickle.HIGHEST_PROTOCOL)
+
+    def decode(self, data: bytes) -> Row:
+        return Row(pickle.loads(data))
+
+    def estimate_size(self, row: Row) -> int:
+        return sum(FIELD_BYTES + (v.nbytes if isinstance(v, np.ndarray) else len(v) if isinstance(v, str) else 0)
+                   for v in row.values())
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def to_type_hint(self):
+        return Row
+
+
 beam.coders.registry.register_coder(pa.Table, ArrowTableCoder)
+beam.coders.registry.register_coder(Row, RowCoder)
 beam.coders.registry.register_coder(Request, RequestCoder)
