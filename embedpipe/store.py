@@ -8,7 +8,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.settings import steps
-from transforms.dedupe.store import Compaction, compact
+from transforms.dedupe.compaction import Compaction, compact
 
 
 def compact_store(path: str, options: PipelineOptions | None = None, run_config: str | None = None) -> Compaction:

@@ -26,7 +26,8 @@ from tests.e2e.test_object_stores import S3
 from tests.library.helpers import MODEL, collected, micro, run_pipeline
 from tests.library.test_embed_texts import MODEL_FIELDS
 from tests.side_venv import REPO
-from transforms.dedupe.store import SCOPE, PaidStore, StoreSpec, compact
+from transforms.dedupe.compaction import compact
+from transforms.dedupe.store import SCOPE, PaidStore, StoreSpec
 from transforms.worker import runscoped
 
 KINDS = ("embeddings", "failed", "pending", "requests")

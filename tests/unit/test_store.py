@@ -9,7 +9,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from transforms.dedupe.store import PaidStore, StoreError, StoreSpec, compact, spec
+from transforms.dedupe.compaction import compact
+from transforms.dedupe.store import PaidStore, StoreError, StoreSpec, spec
 
 MODEL, DIMS = "text-embedding-3-small", 8
 

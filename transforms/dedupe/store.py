@@ -6,7 +6,7 @@ Layout, on any Beam filesystem (a local directory, s3://, gs://):
   STORE/_journal/<run>/<request>.parquet  one answered request, written by the CLI's journal
       (transforms/money/journal.py: a temporary name, then a rename) right after it is paid;
       `<request>.intent.json` beside it before the request leaves
-  STORE/_compacted/<id>.parquet  entries merged by compact(), one file per model and length:
+  STORE/_compacted/<id>.parquet  entries merged by compaction.py, one file per model and length:
       the columns of an embeddings file that reuse reads (text_sha256, model, request_id,
       n_tokens, embedding)
 Every name is written once, under a name no other writer uses, so pipelines on one store at
@@ -21,38 +21,31 @@ Per worker process (`PaidStore.shared(spec, model, dims, run_id)`), for one mode
   store.recall(run_id, request_id)   # a retried bundle's answer, by its request id
 A text paid in this process is found at once; one paid elsewhere, after the next refresh
 (StoreSpec.refresh_s). Growth: one entry per paid request, never pruned (a text paid once
-may come back); compact() merges entries into large files, safe beside writers and readers.
+may come back); compaction.py merges entries into large files, safe beside writers and readers.
 """
 from __future__ import annotations
 
 import atexit
 import collections
 import json
-import os
 import shutil
 import tempfile
 import threading
 import time
-import uuid
 from typing import NamedTuple, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.dedupe.known import read_vectors
 from transforms.money import journal
 from transforms.read.parquet import open_parquet, parquet_file
-from transforms.schemas import required
 from transforms.worker import runscoped
 from transforms.worker.keyindex import KeyIndex, key16
 
 COMPACTED = "_compacted"
 SCOPE = "paid-store"      # the process-wide objects' scope (transforms/worker/runscoped.py)
 CLI_MARKERS = ("_current.json", "summary.json")   # an output DIR of the CLI: read, never written
-ROWS_PER_GROUP = 1024     # a compacted file's row group: what one vector read fetches (~6 MB at 1536)
 
 
 class StoreError(Exception):
@@ -96,7 +89,7 @@ def _spool() -> str:
     return path
 
 
-def _listing(location: str) -> tuple[list[str], list[str]]:
+def listing(location: str) -> tuple[list[str], list[str]]:
     """(files read as embeddings files, journal entries) under LOCATION; none if it is missing."""
     patterns = ([FileSystems.join(location, COMPACTED, "*.parquet"),
                  FileSystems.join(location, "history", "*", "embeddings-*.parquet")],
@@ -139,7 +132,7 @@ def _entry_rows(path: str, model: str, dims: int):
         yield 0, row, sha, request["request_id"], n
 
 
-def _missing(exc: Exception) -> bool:
+def missing(exc: Exception) -> bool:
     """Whether EXC says a file is not there (each filesystem words it its own way)."""
     text = str(exc).lower()
     return isinstance(exc, FileNotFoundError) or any(w in text for w in ("not found", "no such", "no files found",
@@ -190,7 +183,7 @@ class PaidStore:
         index the stores again from scratch."""
         with self._lock:
             self._listed_at = time.monotonic()
-            listed = [_listing(location) for location in self.spec.locations]
+            listed = [listing(location) for location in self.spec.locations]
             paths = {p for files, entries in listed for p in files + entries}
             if any(path not in paths for path, _ in self._files):
                 self._reset()
@@ -213,7 +206,7 @@ class PaidStore:
         try:
             found = list(rows(path, self.model, self.dims))
         except Exception as exc:   # removed by a compaction since the listing: its rows are in its file
-            if _missing(exc):
+            if missing(exc):
                 return
             raise
         self._files.append((path, journaled))
@@ -276,7 +269,7 @@ class PaidStore:
             try:
                 self._cache[key] = read_vectors(path, row_group, journaled)
             except Exception as exc:
-                if not _missing(exc):
+                if not missing(exc):
                     raise
                 return None
             if len(self._cache) > self.CACHED:
@@ -310,116 +303,3 @@ class PaidStore:
     def recall(self, run_id: str, request_id: str):
         """RUN_ID's answer to REQUEST_ID if an earlier attempt of a bundle paid for it (RequestRunner's recall)."""
         return journal.read_entry(self.spec.path, run_id, request_id) if self.spec.path else None
-
-
-# -- compaction ------------------------------------------------------------------------------
-
-SMALL_BYTES = 64 << 20    # configs/pipeline.yaml store.compact_below_mb: compacted files under it are merged again
-
-
-class Compaction(NamedTuple):
-    entries: int      # journal entries merged
-    files: int        # compacted files merged
-    written: int      # compacted files written
-    texts: int        # distinct texts in them
-
-
-def _compacted_schema(dims: int) -> pa.Schema:
-    return pa.schema([required("text_sha256", pa.string()), required("model", pa.string()),
-                      pa.field("request_id", pa.string()), required("n_tokens", pa.int32()),
-                      required("embedding", pa.list_(pa.float32(), dims))])
-
-
-def _entry_table(path: str) -> tuple[str, int, pa.Table]:
-    """(model, dims, compacted-schema table) of one journal entry."""
-    request, table = journal.read_path(path)
-    vectors = journal.entry_vectors(table)
-    n, dims = vectors.shape
-    return request["model"], dims, pa.Table.from_arrays([
-        table.column("text_sha256"), pa.array([request["model"]] * n, pa.string()),
-        pa.array([request["request_id"]] * n, pa.string()), table.column("n_tokens"),
-        pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), dims)],
-        schema=_compacted_schema(dims))
-
-
-def _compacted_tables(path: str):
-    with open_parquet(path) as fh:
-        parquet = parquet_file(fh)
-        dims = parquet.schema_arrow.field("embedding").type.list_size
-        for g in range(parquet.metadata.num_row_groups):
-            table = parquet.read_row_group(g).cast(_compacted_schema(dims))
-            for model in set(table.column("model").to_pylist()):
-                yield model, dims, table.filter(pc.equal(table.column("model"), model))
-
-
-class _Writers:
-    """One compacted file per (model, dims), written under a temporary name, renamed when whole."""
-
-    def __init__(self, store: str):
-        self._store, self._open, self.seen, self.texts = store, {}, {}, 0
-
-    def write(self, model: str, dims: int, table: pa.Table) -> None:
-        seen = self.seen.setdefault((model, dims), set())
-        keep = [i for i, sha in enumerate(table.column("text_sha256").to_pylist()) if not (sha in seen or seen.add(sha))]
-        if not keep:
-            return
-        if (model, dims) not in self._open:
-            final = FileSystems.join(self._store, COMPACTED, f"{uuid.uuid4().hex}.parquet")
-            temp = f"{final}.tmp-{uuid.uuid4().hex}"
-            fh = FileSystems.create(temp)
-            self._open[(model, dims)] = (temp, final, fh, pq.ParquetWriter(fh, _compacted_schema(dims)))
-        self._open[(model, dims)][3].write_table(table.take(keep), row_group_size=ROWS_PER_GROUP)
-        self.texts += len(keep)
-
-    def close(self) -> int:
-        for temp, final, fh, writer in self._open.values():
-            writer.close()
-            fh.close()
-            FileSystems.rename([temp], [final])
-        return len(self._open)
-
-
-def _delete(paths: list[str]) -> None:
-    """Delete what exists of PATHS (another compaction may have removed some)."""
-    for path in paths:
-        try:
-            FileSystems.delete([path])
-        except Exception as exc:
-            if not _missing(exc):
-                raise
-
-
-def compact(store: str, small_bytes: int = SMALL_BYTES) -> Compaction:
-    """Merge STORE's journal entries (and its compacted files under SMALL_BYTES) into one file
-    per model and length. Safe beside running pipelines: the new file is whole (renamed) before
-    anything it holds is deleted, an entry written meanwhile is not touched, and a reader that
-    finds a file gone lists the store again. Intents of merged entries go with them."""
-    files = [m for r in FileSystems.match([FileSystems.join(store, COMPACTED, "*.parquet")]) for m in r.metadata_list]
-    small = sorted(m.path for m in files if m.size_in_bytes < small_bytes)
-    entries = _listing(store)[1]
-    if not entries and len(small) <= 1:   # nothing to merge
-        return Compaction(0, 0, 0, 0)
-    writers, merged, merged_files = _Writers(store), [], []
-    for path in small:
-        try:
-            for model, dims, table in _compacted_tables(path):
-                writers.write(model, dims, table)
-        except Exception as exc:
-            if not _missing(exc):
-                raise
-            continue
-        merged_files.append(path)
-    for path in entries:
-        try:
-            writers.write(*_entry_table(path))
-        except Exception as exc:
-            if not _missing(exc):
-                raise
-            continue
-        merged.append(path)
-    written = writers.close()
-    _delete(merged_files + merged + [p[:-len(".parquet")] + journal.INTENT_SUFFIX for p in merged])
-    for folder in {FileSystems.split(p)[0] for p in merged}:   # a local disk keeps empty directories
-        if os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
-    return Compaction(len(merged), len(merged_files), written, writers.texts)
