@@ -11,6 +11,7 @@ from transforms.records import ChunkRef, TextItem
 from transforms.worker.keyindex import key16
 
 SHA = "ab" * 32
+WAIT_S = 5.0   # a row waits at most this long in these tests (a request takes a moment)
 
 
 def _ref(doc: str) -> ChunkRef:
@@ -22,7 +23,7 @@ def _never(key):
 
 
 def test_rows_join_their_bundles_claim_and_a_retried_bundle_claims_again():
-    claims, failed, retry = InFlightClaims(), object(), object()
+    claims, failed, retry = InFlightClaims(WAIT_S), object(), object()
     assert claims.add(SHA, _ref("a"), failed, _never) == FIRST
     assert claims.add(SHA, _ref("b"), failed, _never) == JOINED
     # the bundle failed before its request left; the runner's retry of it claims anew
@@ -33,7 +34,7 @@ def test_rows_join_their_bundles_claim_and_a_retried_bundle_claims_again():
 
 
 def test_a_row_whose_text_is_in_flight_waits_for_the_answer():
-    claims, bundle, paid = InFlightClaims(), object(), set()   # of key16s
+    claims, bundle, paid = InFlightClaims(WAIT_S), object(), set()   # of key16s
     assert claims.add(SHA, _ref("a"), bundle, paid.__contains__) == FIRST
     item = claims.seal(TextItem(SHA, "text", 3, (_ref("a"),)))
     got = []
@@ -48,7 +49,7 @@ def test_a_row_whose_text_is_in_flight_waits_for_the_answer():
 
 
 def test_a_text_whose_request_ended_without_a_vector_is_claimed_again():
-    claims = InFlightClaims()
+    claims = InFlightClaims(WAIT_S)
     claims.add(SHA, _ref("a"), object(), _never)
     claims.settle([claims.seal(TextItem(SHA, "text", 3, (_ref("a"),)))])
     assert claims.add(SHA, _ref("b"), object(), _never) == FIRST

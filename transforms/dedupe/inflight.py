@@ -34,24 +34,23 @@ from transforms.worker.keyindex import key16
 
 STORE_CHANGED = "store_changed"   # pending: the store lost a text between its lookup and its read
 FIRST, JOINED, STORED_ALREADY = "first", "joined", "stored"
-MAX_WAIT_S = 600.0   # a row waits this long at most for its text's answer in flight (a request
-                     # takes the client's max_total_s, 120 s, at most; a lost one must not hang it)
-
-
 class InFlightClaims:
     """The texts one process has claimed and not yet seen answered (pure logic, thread-safe).
     An open claim is its bundle's (BUNDLE: a token of the claiming DoFn's bundle): a bundle
     that fails takes its claims' rows with it, and the runner's retry claims them again."""
 
-    def __init__(self, max_wait_s: float = MAX_WAIT_S):
+    def __init__(self, max_wait_s: float):
+        """MAX_WAIT_S: how long a row waits at most for its text's answer in flight, the longest a
+        request can take (transforms/embed/config.py `ServiceConfig.longest_request_s`): a row
+        that stopped waiting earlier would send its text again while the first may be billed."""
         self._cond = threading.Condition()
         self._open: dict[bytes, dict[object, list[ChunkRef]]] = {}   # claimed, not sent: rows per bundle
         self._sent: collections.Counter = collections.Counter()      # in requests in flight
         self._max_wait_s = max_wait_s
 
     @classmethod
-    def for_run(cls, scope: str) -> "InFlightClaims":
-        return runscoped.shared(scope, "inflight", cls)
+    def for_run(cls, scope: str, max_wait_s: float) -> "InFlightClaims":
+        return runscoped.shared(scope, "inflight", lambda: cls(max_wait_s))
 
     def add(self, sha: str, ref: ChunkRef, bundle: object, stored) -> str:
         """FIRST: REF claims the text (the caller sends it); JOINED: REF goes with its bundle's
@@ -98,14 +97,14 @@ class InFlightClaims:
 
 
 class _ClaimOrStored(beam.DoFn):
-    def __init__(self, scope: str, store: StoreSpec, model: str, dims: int):
-        self._scope, self._where = scope, (store, model, dims)
+    def __init__(self, scope: str, store: StoreSpec, model: str, dims: int, max_wait_s: float):
+        self._scope, self._where, self._max_wait_s = scope, (store, model, dims), max_wait_s
         self._distinct = Metrics.counter("embedpipe", "distinct_chunks")
         self._deduplicated = Metrics.counter("embedpipe", "chunks_deduplicated")
         self._reused = Metrics.counter("embedpipe", "chunks_reused")
 
     def setup(self):
-        self._claims = InFlightClaims.for_run(self._scope)
+        self._claims = InFlightClaims.for_run(self._scope, self._max_wait_s)
         self._store = PaidStore.shared(*self._where, self._scope)
 
     def start_bundle(self):
@@ -130,29 +129,30 @@ class StoreDedupe(beam.PTransform):
     StoredItem per row whose text the store holds; Pack batches the latter apart and Embed
     takes their vectors from the store (stored_tables)."""
 
-    def __init__(self, scope: str, store: StoreSpec, model: str, dims: int):
+    def __init__(self, scope: str, store: StoreSpec, model: str, dims: int, max_wait_s: float):
         super().__init__()
-        self._scope, self._fn = scope, _ClaimOrStored(scope, store, model, dims)
+        self._scope, self._max_wait_s = scope, max_wait_s
+        self._fn = _ClaimOrStored(scope, store, model, dims, max_wait_s)
 
     def expand(self, entries):
         return {"items": entries | "Claim" >> beam.ParDo(self._fn)}
 
     def seal(self) -> beam.PTransform:
-        return SealInFlight(self._scope)
+        return SealInFlight(self._scope, self._max_wait_s)
 
 
 class SealInFlight(beam.PTransform):
     """Packed requests -> the same, each text with every row that claimed it before it left."""
 
-    def __init__(self, scope: str):
+    def __init__(self, scope: str, max_wait_s: float):
         super().__init__()
-        self._scope = scope
+        self._scope, self._max_wait_s = scope, max_wait_s
 
     def expand(self, requests):
-        scope = self._scope
+        scope, max_wait_s = self._scope, self._max_wait_s
 
         def seal(request: Request) -> Request:
-            claims = InFlightClaims.for_run(scope)
+            claims = InFlightClaims.for_run(scope, max_wait_s)
             return Request(claims.seal(item) for item in request)
 
         return requests | "Seal" >> beam.Map(seal).with_output_types(Request)

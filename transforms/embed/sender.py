@@ -81,7 +81,7 @@ class Sender:
         self.shared = shared = Shared.for_run(cfg)
         self._cfg, self.client = cfg, service.client(timeouts=shared.timeouts)
         self._thread = threading.local()   # the request a pool thread works on: its journal space
-        self._claims = InFlightClaims.for_run(cfg.claims) if cfg.claims else None
+        self._claims = InFlightClaims.for_run(cfg.claims, service.longest_request_s) if cfg.claims else None
         self.store = (PaidStore.shared(cfg.store, service.model, service.expected_dims, out.run_id)
                       if cfg.store else None)
         encoding = get_encoding()
