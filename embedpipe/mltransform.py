@@ -28,7 +28,8 @@ import dataclasses
 import datetime as dt
 import functools
 import secrets
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -209,11 +210,11 @@ class ServiceEmbed(beam.PTransform):
     """What MLTransform applies (and saves into its artifacts: the manager, no budget, no key):
     reads the account when applied, then RunInference with a ServiceModelHandler."""
 
-    def __init__(self, manager: "ServiceTextEmbeddings", exception_handling: dict | None = None):
+    def __init__(self, manager: ServiceTextEmbeddings, exception_handling: dict | None = None):
         super().__init__()
         self._manager, self._exception_handling = manager, exception_handling
 
-    def with_exception_handling(self, **kwargs) -> "ServiceEmbed":
+    def with_exception_handling(self, **kwargs) -> ServiceEmbed:
         """As RunInference's: MLTransform's with_exception_handling() calls it."""
         return ServiceEmbed(self._manager, kwargs)
 
@@ -264,7 +265,7 @@ class ServiceTextEmbeddings(EmbeddingsManager):
         store=: a StoreError) and the budget read from the account now (no key: a
         MissingApiKeyError naming where to put it, before any bundle runs)."""
         cfg, store = self._config(), stores.spec(self.store, self.read_stores)
-        run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-mlt-" + secrets.token_hex(3)
+        run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-mlt-" + secrets.token_hex(3)
         return _Job(cfg, cfg.embed_config(run_id, cfg.budget(self.max_spend_rub), store))
 
     def get_model_handler(self) -> ServiceModelHandler:

@@ -17,7 +17,8 @@ import os
 import struct
 import tempfile
 import threading
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Iterable
 
 import numpy as np
 

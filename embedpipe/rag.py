@@ -9,7 +9,8 @@ None there and the reason in `<column>_error`. Module-level functions: MLTransfo
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 import apache_beam as beam
 import numpy as np

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -85,7 +86,7 @@ class EmbedTexts(beam.PTransform):
         s = cfg.settings
         store = spec(*self._stores, refresh_s=s.store.refresh_s)
         store = store if store.path else store._replace(spool=True)   # without one, this pipeline's own
-        run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-lib-" + secrets.token_hex(3)
+        run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-lib-" + secrets.token_hex(3)
         embed = cfg.embed_config(run_id, cfg.budget(self._max_spend), store, claims=run_id)
         read = rows | "Read" >> ReadRows(*self._fields, cfg.split, run_id)
         dedupe = StoreDedupe(run_id, store, cfg.model.name, cfg.service.expected_dims, cfg.service.longest_request_s)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-from typing import Iterator, Mapping, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
 
 import apache_beam as beam
 
@@ -153,7 +154,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
                "Changes": (changed, Output("changes", CHANGES_SCHEMA))}
     if reused is not None:
         reused_tables_ = reused | "FetchReused" >> FetchReused(model.name, job.run_id, emb_schema, kept,
-                                                               dt.datetime.now(dt.timezone.utc), REUSED_PER_TABLE)
+                                                               dt.datetime.now(dt.UTC), REUSED_PER_TABLE)
         # files of their own: a Flatten with the sent vectors is held whole on the local runner
         outputs["Reused"] = reused_tables_, Output("embeddings", emb_schema, part="reused")
         if opts.doc_vectors:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 

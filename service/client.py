@@ -23,7 +23,8 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 _MAX_MESSAGE_CHARS = 500
 # OpenAI's wording, also used by the sandbox for an over-length input.

@@ -15,7 +15,7 @@ import math
 import re
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copyreg
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems

@@ -8,7 +8,7 @@ ids column alone is read (a few bytes a row) and the texts are not read at all.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -8,7 +8,7 @@ import argparse
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow.parquet as pq

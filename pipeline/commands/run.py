@@ -62,7 +62,7 @@ def _account_after(job: Job) -> acct.Account:
 
 
 def execute(job: Job) -> tuple[int, dict]:
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     out = OutputDir(job.opts.output)
     space.quiet_worker_logs()
     read: dict = {}   # the input's scan, once made: what a full disk's message asks to free

@@ -100,7 +100,7 @@ def process_started_at() -> dt.datetime | None:
         since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
     except (OSError, ValueError, IndexError, AttributeError):
         return None
-    return dt.datetime.fromtimestamp(time.time() - since_boot + ticks / os.sysconf("SC_CLK_TCK"), dt.timezone.utc)
+    return dt.datetime.fromtimestamp(time.time() - since_boot + ticks / os.sysconf("SC_CLK_TCK"), dt.UTC)
 
 
 def _timing(requests: list, started: dt.datetime) -> dict:

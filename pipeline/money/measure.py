@@ -4,7 +4,8 @@ nothing sent)."""
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics

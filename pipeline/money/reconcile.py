@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Collection
+from collections.abc import Collection
 
 from pipeline.outdir.records import read_records
 from transforms.money import journal
@@ -45,7 +45,7 @@ def _time(value) -> float | None:
     if isinstance(value, str):
         value = dt.datetime.fromisoformat(value)
     if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
+        value = value.replace(tzinfo=dt.UTC)
     return value.timestamp()
 
 
@@ -224,7 +224,7 @@ def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict]
                      f"{from_micro(delta - req_micro):.6f} RUB not covered by requests cannot be placed")
         recon.update(others_rub=None, unexplained_rub=from_micro(delta - req_micro), notes=notes)
         return recon
-    now = dt.datetime.now(dt.timezone.utc).timestamp()
+    now = dt.datetime.now(dt.UTC).timestamp()
     points = [Point(to_micro(r["balance"]), to_micro(r["balance"]), _time(r["started_at"]))
               for r in records if r.get("balance") is not None]
     points += [Point(to_micro(r["balance_after"]) + to_micro(r["cost_rub"]), to_micro(r["balance_after"]),

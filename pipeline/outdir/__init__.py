@@ -62,7 +62,7 @@ class OutputDir:
     def __init__(self, path: str, slot: layout.Slot = layout.CURRENT):
         self.path, self.slot = path, slot
 
-    def target(self) -> "OutputDir":
+    def target(self) -> OutputDir:
         return OutputDir(self.path, layout.TARGET)
 
     def join(self, relative: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -54,10 +54,10 @@ class OutputLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.holder = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
-                       "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                        "heartbeat": time.time()}
 
-    def __enter__(self) -> "OutputLock":
+    def __enter__(self) -> OutputLock:
         (self._acquire_local if self._local else self._acquire_lease)()
         self._thread = threading.Thread(target=self._beat, name="output-lock", daemon=True)
         self._thread.start()

@@ -21,7 +21,7 @@ def record_start(output_dir: str, run_id: str, model: str, mode: str, account: d
     """Durable before the run's first paid request: DIR's reconciliation starts here."""
     write_json(_path(output_dir, run_id), {
         "run_id": run_id, "model": model, "mode": mode, "host": socket.gethostname(), "pid": os.getpid(),
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(), **account})
+        "started_at": dt.datetime.now(dt.UTC).isoformat(), **account})
 
 
 def record_finish(output_dir: str, run_id: str, account_after: dict, unanswered: list[dict]) -> None:
@@ -29,7 +29,7 @@ def record_finish(output_dir: str, run_id: str, account_after: dict, unanswered:
     journal): the history still knows what they may have cost."""
     path = _path(output_dir, run_id)
     record = read_json(path)
-    record.update(finished_at=dt.datetime.now(dt.timezone.utc).isoformat(), after=account_after,
+    record.update(finished_at=dt.datetime.now(dt.UTC).isoformat(), after=account_after,
                   unanswered=unanswered)
     write_json(path, record)
 

@@ -39,8 +39,8 @@ class Switch:
         return self.to_model, self.to_dimensions
 
     @classmethod
-    def start(cls, view: View, model: str, dimensions: int) -> "Switch":
-        return cls(view.model, view.dimensions, model, dimensions, dt.datetime.now(dt.timezone.utc).isoformat())
+    def start(cls, view: View, model: str, dimensions: int) -> Switch:
+        return cls(view.model, view.dimensions, model, dimensions, dt.datetime.now(dt.UTC).isoformat())
 
 
 def load(out: OutputDir) -> Switch | None:

@@ -57,7 +57,7 @@ class View:
                 "files": {k: [list(f) for f in v] for k, v in self.files.items()}}
 
     @classmethod
-    def from_json(cls, doc: dict) -> "View":
+    def from_json(cls, doc: dict) -> View:
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in doc.items() if k in fields}
         values["files"] = {k: tuple((p, int(n)) for p, n in v) for k, v in doc["files"].items()}
@@ -76,7 +76,7 @@ def load(output_dir: str, slot: layout.Slot = layout.CURRENT) -> View | None:
 
 def save(output_dir: str, view: View, slot: layout.Slot = layout.CURRENT) -> View:
     """Make VIEW the one SLOT serves: its manifest, then the pointer (the commit point)."""
-    view = dataclasses.replace(view, committed_at=dt.datetime.now(dt.timezone.utc).isoformat())
+    view = dataclasses.replace(view, committed_at=dt.datetime.now(dt.UTC).isoformat())
     write_json(layout.join(output_dir, layout.view_manifest(view.view)), view.to_json())
     write_json(layout.join(output_dir, slot.pointer), view.to_json())
     return view

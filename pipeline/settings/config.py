@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from service.catalog import ConfigError, parse_yaml_mapping
 
@@ -109,7 +110,7 @@ class RunSettings:
     compare: CompareSettings = CompareSettings()
     store: StoreSettings = StoreSettings()
 
-    def replace(self, section: str, **changes: Any) -> "RunSettings":
+    def replace(self, section: str, **changes: Any) -> RunSettings:
         return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
 
 

@@ -42,12 +42,12 @@ class Job:
     def switching(self) -> bool:
         return bool(self.opts.switch_model)
 
-    def for_model(self, model: ModelSpec, dimensions: int) -> "Job":
+    def for_model(self, model: ModelSpec, dimensions: int) -> Job:
         """The same run for another model and length (a switch's served view)."""
         return dataclasses.replace(self, model=model,
                                    asked_dimensions=None if dimensions == model.dimensions else dimensions)
 
-    def next_run(self) -> "Job":
+    def next_run(self) -> Job:
         """The same job as a run of its own, after this one (a switch's target)."""
         return dataclasses.replace(self, run_id=new_run_id())
 
@@ -101,7 +101,7 @@ class Job:
 
 
 def new_run_id() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
 def catalogue(opts: EmbedPipeOptions) -> dict[str, ModelSpec]:

@@ -9,7 +9,7 @@ import logging
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm

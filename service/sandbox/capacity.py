@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 QUEUE, REFUSE = "queue", "429"
 MODES = (QUEUE, REFUSE)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml

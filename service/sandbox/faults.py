@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 
@@ -78,7 +79,7 @@ class FaultConfig:
         return tuple((k, getattr(self, "rate_" + k.removeprefix("status_"))) for k in _RATE_KINDS)
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], where: str) -> "FaultConfig":
+    def from_mapping(cls, raw: Mapping[str, Any], where: str) -> FaultConfig:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - set(fields))
         if unknown:
@@ -94,7 +95,7 @@ class FaultConfig:
             raise ConfigError(f"{where}: {exc}") from None
 
     @classmethod
-    def from_args(cls, args) -> "FaultConfig":
+    def from_args(cls, args) -> FaultConfig:
         raw: dict[str, Any] = {}
         if args.faults:
             try:

@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from .store import read_ledger
 
@@ -69,7 +69,7 @@ class SandboxProcess:
                 argv += ["--budget", repr(float(self._budget))]
         return argv + self._args
 
-    def start(self) -> "SandboxProcess":
+    def start(self) -> SandboxProcess:
         if self.running():
             raise SandboxError("the sandbox is already running")
         port = self.port if self.port is not None else self._requested_port
@@ -126,7 +126,7 @@ class SandboxProcess:
             self._proc.wait(10)
         self._close_log()
 
-    def restart(self) -> "SandboxProcess":
+    def restart(self) -> SandboxProcess:
         """Stop if running, then start again on the same port and database."""
         self.stop()
         return self.start()
@@ -148,7 +148,7 @@ class SandboxProcess:
         """The ledger rows, as `python -m service.sandbox ledger` prints them."""
         return list(read_ledger(self.db))
 
-    def __enter__(self) -> "SandboxProcess":
+    def __enter__(self) -> SandboxProcess:
         return self if self.running() else self.start()
 
     def __exit__(self, *exc) -> None:

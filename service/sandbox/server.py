@@ -23,7 +23,8 @@ import time
 import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from service.catalog import ModelSpec
 from service.tokenizer import get_encoding

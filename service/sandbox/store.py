@@ -19,7 +19,7 @@ import datetime as dt
 import json
 import sqlite3
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 from zoneinfo import ZoneInfo
 
 from .money import from_micro
@@ -56,11 +56,11 @@ _BALANCE_SQL = ("SELECT a.account, a.balance_micro, k.budget_micro FROM keys k J
 
 
 def utc_timestamp(when: dt.datetime) -> str:
-    return when.astimezone(dt.timezone.utc).strftime(_TS_FORMAT)
+    return when.astimezone(dt.UTC).strftime(_TS_FORMAT)
 
 
 def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def offset_clock(path: str) -> Callable[[], dt.datetime]:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

@@ -72,7 +72,7 @@ class CpuSampler:
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
         self._rusage0 = None
 
-    def start(self) -> "CpuSampler":
+    def start(self) -> CpuSampler:
         self._rusage0 = resource.getrusage(resource.RUSAGE_SELF)
         for t in threading.enumerate():   # threads seen later count from their start (0)
             self._last[t.native_id] = self._thread_cpu(t.native_id) or 0.0

@@ -216,7 +216,7 @@ def test_day_boundary_during_a_run_frees_the_new_day_room_without_counting_twice
 
 def _spent_days_ago(db, days: int, rub: float) -> None:
     """The other key's spending DAYS ago, written straight into the sandbox's ledger."""
-    when = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days)
+    when = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
     store = Store(str(db), clock=lambda: when)
     store.ensure_account("shared", 100_000_000)
     store.ensure_key(key_fingerprint(OTHER_KEY), "shared", None)

@@ -198,7 +198,7 @@ def test_request_id_and_ledger_fields(account):
     assert first["balance_after"] == r1.json()["usage"]["balance"]
     created = dt.datetime.fromisoformat(first["created_at"])
     assert created.utcoffset() == dt.timedelta(0)
-    assert abs(dt.datetime.now(dt.timezone.utc) - created) < dt.timedelta(minutes=5)
+    assert abs(dt.datetime.now(dt.UTC) - created) < dt.timedelta(minutes=5)
 
 
 def _long_text(n_tokens: int) -> str:

@@ -66,7 +66,7 @@ def test_kill_9_mid_load_loses_no_charge(sandbox_factory):
 
     before = _stats(sb)
     assert to_micro(before["monthly_usage"]) == spent
-    today = dt.datetime.now(dt.timezone.utc).date()
+    today = dt.datetime.now(dt.UTC).date()
     today_spent = sum(to_micro(r["cost_rub"]) for r in ledger
                       if dt.datetime.fromisoformat(r["created_at"]).date() == today)
     assert to_micro(before["daily_usage"]) in (today_spent, spent)   # (spent: the clock passed midnight)

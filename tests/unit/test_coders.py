@@ -33,7 +33,7 @@ def _request() -> Request:
 
 def _row() -> Row:
     return Row(doc_id="a", chunk_index=0, cost_rub=0.25, request_id=None,
-               embedded_at=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), embedding=np.arange(4, dtype=np.float32))
+               embedded_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), embedding=np.arange(4, dtype=np.float32))
 
 
 def test_the_registry_gives_these_coders():

@@ -76,5 +76,5 @@ def test_rows_of_any_length():
 def test_keys_of_hex_digests_and_of_other_strings():
     sha = hashlib.sha256(b"x").hexdigest()
     assert key16(sha) == bytes.fromhex(sha)[:16]
-    assert key16("doc-1\x000") == hashlib.sha256("doc-1\x000".encode()).digest()[:16]
+    assert key16("doc-1\x000") == hashlib.sha256(b"doc-1\x000").digest()[:16]
     assert key16("z" * 64) == hashlib.sha256(b"z" * 64).digest()[:16]   # 64 characters, not hex

@@ -33,7 +33,7 @@ def write_embeddings(path, texts, request_id, model=MODEL, dims=DIMS, row_group_
     items = [item(t, f"doc-{t}") for t in texts]
     vectors = np.arange(len(texts) * dims, dtype=np.float32).reshape(len(texts), dims) + 100 * len(request_id)
     table = embeddings_table(items, vectors, [request_id] * len(items), [7] * len(items), schema, model,
-                             "old-run", [], dt.datetime.now(dt.timezone.utc))
+                             "old-run", [], dt.datetime.now(dt.UTC))
     pq.write_table(table, path, row_group_size=row_group_size)
     return vectors
 

@@ -19,7 +19,7 @@ from transforms.records import ChunkRef, TextItem
 DIMS = 4
 KEPT = (pa.field("lang", pa.string()),)
 SCHEMA = schemas.embeddings(DIMS, KEPT, schemas.metadata("m", None, "run-1"))
-WHEN = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+WHEN = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
 @st.composite

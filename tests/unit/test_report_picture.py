@@ -14,7 +14,7 @@ from matplotlib.dates import ConciseDateFormatter, num2date  # noqa: E402
 
 from pipeline.commands import report  # noqa: E402
 
-T0 = dt.datetime(2026, 11, 24, 9, 0, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 11, 24, 9, 0, tzinfo=dt.UTC)
 # (model, seconds after T0, RUB, latency ms, attempts)
 REQUESTS = [("small", 0, 0.10, 30.0, 1), ("large", 5, 0.40, 45.0, 1), ("small", 20, 0.25, 520.0, 2),
             ("small", 95, 0.05, 35.0, 1), ("large", 100, 0.20, 60.0, 1)]

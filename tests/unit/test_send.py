@@ -61,7 +61,7 @@ def test_a_request_already_in_this_runs_journal_is_not_paid_again(tmp_path):
     vectors = np.eye(2, 4, dtype=np.float32)
     row = {"request_id": rid, "model": "m", "n_inputs": 2, "prompt_tokens": 5, "total_tokens": 5,
            "cost_rub": 0.00001, "balance_after": 9.0, "attempts": 1, "latency_ms": 3.0, "status": 200,
-           "started_at": dt.datetime.now(dt.timezone.utc), "run_id": "r1"}
+           "started_at": dt.datetime.now(dt.UTC), "run_id": "r1"}
     journal.write_entry(str(tmp_path), "r1", row, [i.text_sha256 for i in batch], [3, 2], vectors, [6, 4])
     # nothing listens on port 9: a request actually sent would fail
     client = EmbeddingsClient("http://127.0.0.1:9/v1", ApiKey("k"), retry=RetryPolicy(max_attempts=1))
@@ -87,7 +87,7 @@ def test_started_at_is_taken_after_the_intent_so_that_it_plus_the_latency_is_whe
 
     def intend(request_id, tokens, worst_case_micro):
         time.sleep(0.3)   # a slow disk
-        written.append(dt.datetime.now(dt.timezone.utc))
+        written.append(dt.datetime.now(dt.UTC))
 
     with EmbeddingsClient(sandbox.base_url, ApiKey(SANDBOX_KEY)) as client:
         runner = RequestRunner(client, model="text-embedding-3-small", dimensions=None, expected_dims=1536,
@@ -95,7 +95,7 @@ def test_started_at_is_taken_after_the_intent_so_that_it_plus_the_latency_is_whe
                                                  price_per_token_rub=2e-8, margin=1.0),
                                breaker=Breaker(), run_id="r1", resplit=lambda i: [i], intend=intend)
         out = runner.run([_item("a text to embed")])
-    answered = dt.datetime.now(dt.timezone.utc)
+    answered = dt.datetime.now(dt.UTC)
     (row,) = out.requests
     assert row["status"] == 200 and written
     assert written[0] <= row["started_at"]

@@ -23,7 +23,7 @@ def _put(store: PaidStore, run_id: str, request_id: str, texts: list[str]) -> np
     vectors = np.random.default_rng(len(request_id)).random((len(texts), DIMS), dtype=np.float32)
     row = {"request_id": request_id, "model": MODEL, "n_inputs": len(texts), "prompt_tokens": 3, "total_tokens": 3,
            "cost_rub": 0.1, "balance_after": 1.0, "attempts": 1, "latency_ms": 5, "status": 200,
-           "started_at": dt.datetime.now(dt.timezone.utc), "run_id": run_id}
+           "started_at": dt.datetime.now(dt.UTC), "run_id": run_id}
     store.put(row, [_sha(t) for t in texts], [3] * len(texts), vectors, [1] * len(texts))
     return vectors
 

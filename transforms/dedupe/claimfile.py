@@ -28,7 +28,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 _BUSY_TIMEOUT_S = 60.0   # another process's write holds the file for microseconds
 _PREFIX = "embedpipe-claims-"
@@ -89,7 +89,7 @@ class ClaimFile:
         self.__init__(state["path"])
 
     @classmethod
-    def create(cls, path: str) -> "ClaimFile":
+    def create(cls, path: str) -> ClaimFile:
         db = sqlite3.connect(path, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")   # readers do not wait for writers, nor writers for readers

@@ -88,7 +88,7 @@ class Claims:
         self.late: list[LateRef] = []                  # in SHARED instead, when there is one
 
     @classmethod
-    def for_run(cls, run_id: str, shared: ClaimFile | None = None) -> "Claims":
+    def for_run(cls, run_id: str, shared: ClaimFile | None = None) -> Claims:
         return runscoped.shared(run_id, "claims", lambda: cls(shared))
 
     def add(self, sha: str, ref: ChunkRef) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 import apache_beam as beam
 import numpy as np
@@ -49,7 +49,7 @@ class InFlightClaims:
         self._max_wait_s = max_wait_s
 
     @classmethod
-    def for_run(cls, scope: str, max_wait_s: float) -> "InFlightClaims":
+    def for_run(cls, scope: str, max_wait_s: float) -> InFlightClaims:
         return runscoped.shared(scope, "inflight", lambda: cls(max_wait_s))
 
     def add(self, sha: str, ref: ChunkRef, bundle: object, stored) -> str:

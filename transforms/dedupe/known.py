@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import collections
 import struct
-from typing import Iterator, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np

@@ -32,7 +32,8 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -156,7 +157,7 @@ class PaidStore:
         self.refresh()
 
     @classmethod
-    def shared(cls, spec: StoreSpec, model: str, dims: int, run_id: str) -> "PaidStore":
+    def shared(cls, spec: StoreSpec, model: str, dims: int, run_id: str) -> PaidStore:
         """This process's PaidStore of SPEC for MODEL at DIMS (built on first use), listed again
         when another run (RUN_ID: a pipeline, or a worker's model) first asks for it."""
         if spec.spool and not spec.path:   # this pipeline's own, in this process

@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from transforms.embed.sharing import AccountSharing
 
@@ -69,7 +69,7 @@ class Permit:
     the retry may go."""
     __slots__ = ("_limiter", "epoch", "level", "sent_with", "released")
 
-    def __init__(self, limiter: "ConcurrencyLimiter", epoch: int, level: int, sent_with: int):
+    def __init__(self, limiter: ConcurrencyLimiter, epoch: int, level: int, sent_with: int):
         self._limiter, self.epoch, self.level, self.sent_with = limiter, epoch, level, sent_with
         self.released = False
 

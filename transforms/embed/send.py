@@ -23,7 +23,8 @@ import hashlib
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -150,7 +151,7 @@ class RequestRunner:
                  recall: Callable[[str], tuple[dict, list[str], list[int], np.ndarray] | None] | None = None,
                  intend: Callable[[str, int, int], None] | None = None,
                  concurrency: ConcurrencyLimiter | None = None, quota: TokenBucketLimiter | None = None,
-                 known: Callable[[str], "tuple[np.ndarray, ReuseRef] | None"] | None = None,
+                 known: Callable[[str], tuple[np.ndarray, ReuseRef] | None] | None = None,
                  max_refused_s: float = 0.0):
         self._client, self._model, self._dimensions = client, model, dimensions
         self._expected_dims = expected_dims
@@ -189,7 +190,7 @@ class RequestRunner:
             batch = batch[:n]
             request_id = request_key(self._run_id, self._model, self._dimensions, batch)
         tokens = sum(i.n_tokens for i in batch)
-        started = [dt.datetime.now(dt.timezone.utc)]  # reset when it leaves, after waiting its turn
+        started = [dt.datetime.now(dt.UTC)]  # reset when it leaves, after waiting its turn
         try:
             result = self._embed([i.text for i in batch], tokens, request_id, reservation, started)
         except _Stopped as stopped:  # the breaker tripped or spending stopped while this one waited its turn
@@ -277,7 +278,7 @@ class RequestRunner:
             self._intend(request_id, tokens, worst_case_micro)
         # after the intent: started_at + latency_ms is when the answer came, which the
         # reconciliation orders charges by; before it, a slow write made that too early
-        started[0] = dt.datetime.now(dt.timezone.utc)
+        started[0] = dt.datetime.now(dt.UTC)
 
     def _check_running(self) -> None:
         if self._breaker.reason or self._guard.stop_reason:

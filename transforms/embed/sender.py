@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from service.timeouts import ReadTimeouts
 from service.tokenizer import get_encoding
@@ -40,11 +40,11 @@ class Shared:
     _mutex: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     @classmethod
-    def for_run(cls, cfg: EmbedConfig) -> "Shared":
+    def for_run(cls, cfg: EmbedConfig) -> Shared:
         return runscoped.shared(cfg.output.run_id, "embed", lambda: cls._build(cfg))
 
     @classmethod
-    def _build(cls, cfg: EmbedConfig) -> "Shared":
+    def _build(cls, cfg: EmbedConfig) -> Shared:
         service, budget = cfg.service, cfg.budget
         # account readings use a client of their own that tries once: a 429 only delays them
         once = dataclasses.replace(service.retry, max_attempts=1, max_refusals=0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import datetime as dt
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -100,7 +100,7 @@ class _EmbedDoFn(beam.DoFn):
             self._sender.close()
 
     def _emit(self, outcome: Outcome, stored: Sequence = ()):
-        out, now = self._cfg.output, dt.datetime.now(dt.timezone.utc)
+        out, now = self._cfg.output, dt.datetime.now(dt.UTC)
         rows = tokens = 0
         for d in outcome.deliveries:
             table = embeddings_table(d.items, d.vectors, [d.request_id] * len(d.items), d.shares_micro,

@@ -6,7 +6,7 @@ appear only at the edges (the service's usage.cost_rub in, Parquet float64 out).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 MICRO_PER_RUB = 1_000_000
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from transforms.money.apportion import to_micro
 from transforms.money.caps import USAGE, AccountReading, CapUsage, Spendable

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from service import errors
 from service.client import EmbeddingsClient

@@ -139,7 +139,7 @@ def write_intent(output_dir: str, run_id: str, request_id: str, tokens: int, wor
     """Written straight to its name (no rename: an object store copies on rename, and this is
     on the path of every request); a torn intent still names its request."""
     intent = {"request_id": request_id, "run_id": run_id, "tokens": tokens, "worst_case_micro": worst_case_micro,
-              "at": dt.datetime.now(dt.timezone.utc).isoformat()}
+              "at": dt.datetime.now(dt.UTC).isoformat()}
     with FileSystems.create(FileSystems.join(journal_dir(output_dir, run_id), request_id + INTENT_SUFFIX)) as fh:
         fh.write(json.dumps(intent).encode())
 

@@ -7,7 +7,7 @@ cost the service reported.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa

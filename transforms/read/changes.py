@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 

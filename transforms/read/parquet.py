@@ -15,7 +15,8 @@ else UnreadableInput naming the file and row group, never a bare pyarrow error.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -207,7 +208,7 @@ def pulled(_puller: int, entries: Sequence[tuple[str, dict]], pool: Any, columns
             yield from _read_shared(ref, columns, pool, stamps)
 
 
-def _key(ref: tuple[str, int, dict], part: "int | str") -> bytes:
+def _key(ref: tuple[str, int, dict], part: int | str) -> bytes:
     return f"{ref[0]}\0{ref[1]}\0{part}".encode()
 
 
@@ -225,7 +226,7 @@ class ReadParquetTables(beam.PTransform):
     the driver listed it; a file that is not that any more when opened fails the job."""
 
     def __init__(self, files: Sequence[str], columns: Sequence[str],
-                 partitions: Sequence[Partition] | None = None, spread: "bool | Pull" = True,
+                 partitions: Sequence[Partition] | None = None, spread: bool | Pull = True,
                  stamps: Mapping[str, Stamp] | None = None):
         super().__init__()
         if partitions is not None and len(partitions) != len(files):

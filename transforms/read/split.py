@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import unicodedata
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import tiktoken

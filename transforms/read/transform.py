@@ -8,7 +8,8 @@ hashed, never tokenised.
 """
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Mapping, Sequence
 
 import apache_beam as beam
 import pyarrow as pa

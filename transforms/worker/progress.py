@@ -28,7 +28,7 @@ class Counts:
     requests: int = 0
     cost_micro: int = 0
 
-    def __add__(self, other: "Counts") -> "Counts":
+    def __add__(self, other: Counts) -> Counts:
         return Counts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
@@ -50,7 +50,7 @@ class Progress:
         self.counts = Counts()
 
     @classmethod
-    def for_run(cls, output_dir: str, run_id: str, interval_s: float) -> "Progress":
+    def for_run(cls, output_dir: str, run_id: str, interval_s: float) -> Progress:
         with cls._lock:
             if run_id not in cls._by_run:
                 cls._by_run[run_id] = cls(output_dir, run_id, interval_s)

@@ -8,7 +8,8 @@ own; worker processes of their own end with the job).
 from __future__ import annotations
 
 import threading
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 T = TypeVar("T")
 

@@ -9,7 +9,8 @@ written again: the rows that stay to one file, the rows that move to another.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import apache_beam as beam
 import pyarrow as pa

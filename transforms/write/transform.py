@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from typing import Mapping, Tuple
+from collections.abc import Mapping
 
 import apache_beam as beam
 import pyarrow as pa
@@ -176,7 +176,7 @@ class _NameFiles(beam.DoFn):
         try:
             if gone:
                 FileSystems.delete(gone)
-        except IOError as exc:   # as Beam's sinks do: a leftover temporary file is not worth a failed job
+        except OSError as exc:   # as Beam's sinks do: a leftover temporary file is not worth a failed job
             log.warning("could not remove the temporary files in %s: %s", self._temp_dir, exc)
 
 
@@ -197,7 +197,7 @@ class WriteOutputs(beam.PTransform):
             raise ValueError(f"outputs {sorted(self._outputs)} and collections {sorted(pcolls)} differ")
         # declared types: Beam would otherwise infer them from the bytecode, ~10 ms a step
         written = [pcolls[label] | label >> beam.ParDo(_WriteBundles(o, prefix, self._temp_dir, self._codec))
-                   .with_output_types(Tuple[str, str]) for label, (prefix, o) in self._outputs.items()]
+                   .with_output_types(tuple[str, str]) for label, (prefix, o) in self._outputs.items()]
         files = written | "Written" >> beam.Flatten()
         outputs = {prefix: o for prefix, o in self._outputs.values()}
         return (files.pipeline | "AfterTheJob" >> beam.Impulse()
