@@ -2,35 +2,30 @@
 a known quota: quota.py). docs/scale.md explains it for users, with a picture against a capacity.
 
 ConcurrencyLimiter is a congestion window, per worker process, with no coordinator:
-- Start: low (`initial`), +1 per answer while full (slow start: doubling per round trip) until
-  the first sign of a queue or a 429, then +1 per round trip. Before the first answer a request
-  out for `admitted_after_s` without a 429 counts as let in (a refusal comes back at once), so
-  the limit may ramp up to `_RAMP_FACTOR` x its start.
-- 429 (through the client's on_retry hook, or the final error): halve, at most once per window
-  (requests already out were sent at the old level); the request gives its place back until
-  the rest fit. The level that drew it is a plateau (climbed back to just under), probed after
-  `_PROBE_ANSWERS` x the level answers, `_PROBE_LATER` x that once a probe was refused: a
+- Start: low (`initial`), +1 per answer while full (slow start) until the first sign of a queue
+  or a 429, then +1 per round trip. Before the first answer a request out `admitted_after_s`
+  without a 429 counts as let in, so the limit may ramp to `_RAMP_FACTOR` x its start.
+- 429 (the client's on_retry hook, or the final error): halve, at most once per window; the
+  request gives its place back until the rest fit. The level that drew it is a plateau, probed
+  after `_PROBE_ANSWERS` x the level answers (`_PROBE_LATER` x that once a probe was refused): a
   refusing service says nothing when places free, and each probe costs a 429.
-- Latency: an answer against the fastest recent one of at least its size (size alone only
-  makes it longer), as a ratio. In slow start one answer `_QUEUED` x slower brings the limit to
-  what it says fits (Gradient2); after it, one decision per round trip: a mean of `_SLOWER`
-  brings it down the same way, else a step up is kept only if answers per second grew by
-  `_WORTH` of the concurrency it added (a Vegas-like rate test), else +1. A service that only
-  gets slower while answering more is still climbed; one that queues is held near its capacity.
+- Latency: an answer against the fastest recent one of at least its size, as a ratio. In slow
+  start one answer `_QUEUED` x slower brings the limit to what fits (Gradient2); after it, one
+  decision per round trip: a mean of `_SLOWER` brings it down the same way, else a step up is
+  kept only if answers per second grew by `_WORTH` of the concurrency it added (Vegas-like),
+  else +1. A service that only gets slower while answering more is still climbed.
 - Once after slow start, the limit is halved until one request goes (BBR's ProbeRTT): a process
   that started into another's queue measures its latency without its own.
-- A read timeout (through the client's on_timeout hook): requests wait at the service longer
-  than the client waits, a queue the latency signal came too late for (a ramp into a queue
-  answered one at a time): one place, as TCP's window after a retransmission timeout, and the
-  timed-out request's one retry waits until the others are answered.
-- Below one place (more processes than places): `_STRIKES` 429s at one place, each soon after
-  the last, halve on, down to `_PACED_FLOOR`; a limit L < 1 is one request, then (1 / L - 1)
-  round trips of nothing, and it grows by `_PACED_STEP` per round trip of time, so the smallest
-  share does not climb slowest.
-- When the account's balance shows nobody else spends any more (transforms/embed/sharing.py),
-  the plateau, its wait and the strikes go: the last process left climbs to the capacity.
-The concurrency a round trip measured is the mean in-flight count its requests were sent with.
-Growth needs the limit full when an answer comes: an unused limit proves nothing.
+- A read timeout (the client's on_timeout hook): a queue the latency signal came too late for;
+  one place, as TCP's window after a retransmission timeout, and the timed-out request's one
+  retry waits until the others are answered.
+- Below one place (more processes than places): `_STRIKES` 429s at one place, each soon after the
+  last, halve on down to `_PACED_FLOOR`; a limit L < 1 is one request, then (1 / L - 1) round
+  trips of nothing, growing by `_PACED_STEP` per round trip, so the smallest share climbs too.
+- When the balance shows nobody else spends any more (sharing.py), the plateau, its wait and
+  the strikes go: the last process left climbs to the capacity.
+The concurrency a round trip measured is the mean in-flight count its requests were sent with;
+growth needs the limit full when an answer comes (an unused limit proves nothing).
 """
 from __future__ import annotations
 
