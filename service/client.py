@@ -538,7 +538,7 @@ class EmbeddingsClient:
                 if billed:
                     self._timeouts.end()
             if billed and outcome.waited_s is not None:
-                self._timeouts.observe(outcome.waited_s, attempt.sent_with)
+                self._timeouts.observe(outcome.status, outcome.waited_s, attempt.sent_with)
             if outcome.error is None and 200 <= outcome.status < 300:
                 return _Reply(outcome.headers, outcome.body, outcome.status, attempts, uncertain,
                               (time.monotonic() - started) * 1000, outcome.answer, timed_out)
