@@ -219,3 +219,37 @@ def test_a_request_that_waited_for_its_place_while_the_client_fell_back_to_float
         assert {f.reason for f in out.failed} == {"invalid_response"} and not out.deliveries
     finally:
         canned.close()
+
+
+def _idle(sandbox) -> None:
+    """Until the sandbox works on nothing: an attempt the client gave up on is charged at its end."""
+    deadline = time.monotonic() + 30
+    while _capacity(sandbox)["in_progress"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_an_attempt_that_timed_out_counts_as_spent_and_its_retry_goes_only_if_the_budget_holds_it(sandbox_factory):
+    """1.5 s a request, read timeouts of 0.5 s, a cap of 1000 micro-roubles, a text whose worst
+    case is 800: the attempt times out and is billed at its end. Its reservation freed, its
+    retry went and was billed too (1600 spent, the scaled-down 1.6 RUB of a 1.0 RUB cap), and a
+    later request could take the room again. Counted as spent, it leaves no room for either."""
+    from service.catalog import load_models
+    sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0, args=["--latency-ms", "1500"])
+    price = load_models()["text-embedding-3-small"].price_per_token
+    text = _item(" ".join(f"word{i}" for i in range(160)))
+    assert 500 < text.n_tokens * price * 1e6 <= 1000   # one fits in 1000, two do not
+    policy = RetryPolicy(initial_backoff_s=0.01, read_timeout_s=0.5, read_timeout_max_s=0.5)
+    with EmbeddingsClient(sb.base_url, ApiKey(SANDBOX_KEY), retry=policy) as client:
+        runner = RequestRunner(client, model="text-embedding-3-small", dimensions=None, expected_dims=1536,
+                               guard=BudgetGuard(balance_before=100.0, spendable_rub=0.001,
+                                                 price_per_token_rub=price, margin=1.0),
+                               breaker=Breaker(), run_id="r1", resplit=lambda i: [i],
+                               concurrency=ConcurrencyLimiter(1, maximum=1))
+        first = runner.run([text])
+        second = runner.run([text._replace(text_sha256="sha2")])
+    _idle(sb)
+    charged = sum(row["cost_rub"] for row in sb.ledger())
+    assert charged <= 0.001, f"{charged} RUB charged under a cap of 0.001"
+    assert [reason for _, reason in first.pending] == ["budget_exhausted"] and first.timed_out == 1
+    assert [reason for _, reason in second.pending] == ["budget_exhausted"] and len(sb.ledger()) == 1
