@@ -18,9 +18,10 @@ from service.credentials import ApiKey
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from transforms.embed.ratelimit import OK, ConcurrencyLimiter
-from transforms.embed.send import UNAVAILABLE, Breaker, RequestRunner, request_key, resplit
+from transforms.embed.send import Breaker, RequestRunner, request_key, resplit
 from transforms.money import journal
 from transforms.money.budget import BudgetGuard
+from transforms.pending import BUDGET, UNAVAILABLE
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, TextItem
 
@@ -251,5 +252,5 @@ def test_an_attempt_that_timed_out_counts_as_spent_and_its_retry_goes_only_if_th
     _idle(sb)
     charged = sum(row["cost_rub"] for row in sb.ledger())
     assert charged <= 0.001, f"{charged} RUB charged under a cap of 0.001"
-    assert [reason for _, reason in first.pending] == ["budget_exhausted"] and first.timed_out == 1
-    assert [reason for _, reason in second.pending] == ["budget_exhausted"] and len(sb.ledger()) == 1
+    assert [reason for _, reason in first.pending] == [BUDGET] and first.timed_out == 1
+    assert [reason for _, reason in second.pending] == [BUDGET] and len(sb.ledger()) == 1

@@ -38,21 +38,12 @@ from transforms.embed.quota import TokenBucketLimiter
 from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter
 from transforms.money.apportion import apportion_micro, from_micro, to_micro
 from transforms.money.budget import BudgetGuard
+from transforms.pending import BALANCE, BUDGET, FORBIDDEN, INVALID, TIMED_OUT, UNAUTHORIZED, UNAVAILABLE
 from transforms.read.split import MIN_MAX_TOKENS, Splitter
 from transforms.records import Rejected, TextItem
 
 if TYPE_CHECKING:  # transforms/dedupe/known.py is a Beam step; this module needs only its record
     from transforms.dedupe.known import ReuseRef
-
-# Pending reasons: resumable, and each one maps to the job's exit code in the summary.
-BUDGET = "budget_exhausted"
-BALANCE = "insufficient_balance"
-UNAUTHORIZED = "unauthorized"
-FORBIDDEN = "forbidden"
-UNAVAILABLE = "service_unavailable"
-PREFLIGHT = "estimate_exceeds_budget"
-INVALID = "invalid_answers"
-TIMED_OUT = "timed_out"
 
 
 # Inputs refused one by one with the same message, no success between: the request itself is
