@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import ApiKey
@@ -230,13 +231,18 @@ def _idle(sandbox) -> None:
         time.sleep(0.05)
 
 
-def test_an_attempt_that_timed_out_counts_as_spent_and_its_retry_goes_only_if_the_budget_holds_it(sandbox_factory):
-    """1.5 s a request, read timeouts of 0.5 s, a cap of 1000 micro-roubles, a text whose worst
-    case is 800: the attempt times out and is billed at its end. Its reservation freed, its
-    retry went and was billed too (1600 spent, the scaled-down 1.6 RUB of a 1.0 RUB cap), and a
-    later request could take the room again. Counted as spent, it leaves no room for either."""
+@pytest.mark.parametrize("fault, timed_out", [(["--latency-ms", "1500"], 1),
+                                              (["--rate-reset-after-charge", "1"], 0)],
+                         ids=["timed-out", "reset-after-charge"])
+def test_an_attempt_without_an_answer_counts_as_spent_and_its_retry_goes_only_if_the_budget_holds_it(
+        sandbox_factory, fault, timed_out):
+    """A cap of 1000 micro-roubles, a text whose worst case is 800. 1.5 s a request against read
+    timeouts of 0.5 s: the attempt times out and is billed at its end; freed, its retry went and
+    was billed too (1600, the scaled-down 1.6 RUB of a 1.0 RUB cap), and a later request could
+    take the room again. A connection cut after the charge: each of the 6 attempts billed.
+    Counted as spent, the attempt leaves no room for a retry or another request."""
     from service.catalog import load_models
-    sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0, args=["--latency-ms", "1500"])
+    sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0, args=fault)
     price = load_models()["text-embedding-3-small"].price_per_token
     text = _item(" ".join(f"word{i}" for i in range(160)))
     assert 500 < text.n_tokens * price * 1e6 <= 1000   # one fits in 1000, two do not
@@ -252,5 +258,5 @@ def test_an_attempt_that_timed_out_counts_as_spent_and_its_retry_goes_only_if_th
     _idle(sb)
     charged = sum(row["cost_rub"] for row in sb.ledger())
     assert charged <= 0.001, f"{charged} RUB charged under a cap of 0.001"
-    assert [reason for _, reason in first.pending] == [BUDGET] and first.timed_out == 1
+    assert [reason for _, reason in first.pending] == [BUDGET] and first.timed_out == timed_out
     assert [reason for _, reason in second.pending] == [BUDGET] and len(sb.ledger()) == 1
