@@ -16,9 +16,9 @@ import pyarrow.compute as pc
 from pipeline.money.reconcile import reconcile
 from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
-from transforms.pending import exit_code
 from transforms.money import journal
 from transforms.money.apportion import from_micro, to_micro
+from transforms.pending import exit_code
 from transforms.read.changes import counts
 from transforms.read.parquet import read_tables
 
