@@ -35,7 +35,8 @@ class Reason:
     name: str
     exit_code: int
     words: str               # what it means, in a sentence that is true of every row it is given to
-    advice: str | None = None   # what to do next ({again}: the command to run again), if not the generic
+    advice: str | None = None   # what to do next where the generic advice would be wrong: a str.format
+                                # template ({again}: the command to run again)
 
 
 REASONS: dict[str, Reason] = {r.name: r for r in (

@@ -9,7 +9,7 @@ request whose attempt timed out: it and its retry may be billed after any balanc
 read). All money is held in integer micro-roubles (1e-6 RUB), the service's billing precision.
 
 An attempt sent without an answer (a read timeout, a broken connection, a 5xx) may have been
-billed, a timed-out one maybe after the balances read since: it counts as spent at its
+billed, a timed-out one perhaps only after the balances read since: it counts as spent at its
 request's worst case until the balance shows at least as much spent (what this worker's answers
 cost and such attempts could have cost). Its retry is another attempt the service may bill: it
 goes only while the room still holds it (`unanswered`).
