@@ -4,8 +4,8 @@ limit, breaker and quota, and its request runner wired to the store of paid text
 
 - the driver reads the account while the pipeline is built (embedpipe/_config.LibraryConfig, as
   EmbedTexts and the CLI do): each worker reserves a request's worst case before sending it,
-  within max_spend_rub and the balance; a text the budget stops comes out without a vector and
-  with the reason (`budget_exhausted`, `insufficient_balance`), counted in `pending_texts`;
+  within max_spend_rub and the balance; a text the budget, the breaker or a timeout stops comes
+  out without a vector, with its pending reason (transforms/pending.py), counted in `pending_texts`;
 - each distinct text is paid once per worker process, whatever batch it comes in
   (embedpipe/paid.py): a text met before gets its vector at cost 0; with `store=`, across
   processes and pipelines too (transforms/dedupe/store.py): a text the store holds is not sent,
@@ -44,20 +44,17 @@ from service.credentials import ENV_VAR, KeySource
 from service.tokenizer import get_encoding
 from transforms.dedupe import store as stores
 from transforms.embed.config import EmbedConfig
-from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, UNAUTHORIZED, UNAVAILABLE
 from transforms.embed.sender import Sender
 from transforms.money.apportion import apportion_micro, from_micro
 from transforms.pack import Packer
+from transforms.pending import REASONS, detail
 from transforms.read.split import Splitter
 from transforms.records import ChunkRef, TextItem
 from transforms.worker import runscoped
 from transforms.write.docvectors import token_weighted_mean
 
 COUNTERS = ("tokens", "cost_micro_rub", "requests", "retries", "failed_texts", "pending_texts", "reused_texts")
-NOT_SENT = {BUDGET: "not sent: max_spend_rub (or the balance less the reserve) would be exceeded",
-            BALANCE: "not sent: the account's balance ran out (HTTP 402)"}
 EMPTY = "no text to embed (null, empty or not a str)"
-PENDING = (BUDGET, BALANCE, UNAUTHORIZED, FORBIDDEN, UNAVAILABLE, INVALID)   # the runner's reasons to stop sending
 
 
 def _element_tokens(columns: Sequence[str] | None, element: Any) -> int:
@@ -130,8 +127,8 @@ class _Service:
             a = _combined([answers[c.text_sha256] for c in chunks])
             cost = from_micro(sum(costs[c.text_sha256].popleft() for c in chunks))
             results.append(Embedded(a.vector, a.n_tokens, cost, a.request_id, a.error, a.detail))
-        self.m["failed_texts"].inc(sum(r.vector is None and r.error not in PENDING for r in results))
-        self.m["pending_texts"].inc(sum(r.error in PENDING for r in results))
+        self.m["failed_texts"].inc(sum(r.vector is None and r.error not in REASONS for r in results))
+        self.m["pending_texts"].inc(sum(r.error in REASONS for r in results))
         return results
 
     def _send(self, chunks) -> tuple[dict[str, Answer], dict[str, int]]:
@@ -165,9 +162,9 @@ class _Service:
                 self.m["tokens"].inc(item.n_tokens)
         for rejected in outcome.failed:
             errors[rejected.doc_id] = (rejected.reason, rejected.detail)
-        for item, reason in outcome.pending:   # the budget, a 402 or the breaker: not sent
-            errors[item.refs[0].doc_id] = (reason, NOT_SENT.get(reason)
-                                           or f"not sent: {self.sender.shared.breaker.message or reason}")
+        breaker = self.sender.shared.breaker
+        for item, reason in outcome.pending:   # the budget, a 402, the breaker, a timeout: not embedded
+            errors[item.refs[0].doc_id] = (reason, detail(reason, breaker.message if reason == breaker.reason else None))
         self.m["requests"].inc(len(outcome.requests))
         self.m["retries"].inc(outcome.retries)
         self.m["cost_micro_rub"].inc(round(sum(r["cost_rub"] for r in outcome.requests) * 1e6))

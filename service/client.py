@@ -462,12 +462,16 @@ class EmbeddingsClient:
     def embed(self, model: str, inputs: Sequence[str], *, dimensions: int | None = None,
               request_id: str | None = None,
               on_retry: Callable[[int], None] | None = None,
-              on_timeout: Callable[[], None] | None = None) -> EmbedResult:
+              on_timeout: Callable[[], None] | None = None,
+              on_unanswered: Callable[[bool], None] | None = None) -> EmbedResult:
         """Embed `inputs` (a list of non-empty strings) in one logical request. `on_retry` is
         told the status (0 for a transport error) of each failed attempt about to be retried,
         so a caller can slow down on 429s that the retry loop absorbs; `on_timeout`, before
         the one retry of an attempt that timed out, so a caller can hold it until its queue
-        at the service is shorter."""
+        at the service is shorter; `on_unanswered`, before the retry of an attempt sent
+        without an answer (True: a read timeout; else a broken connection or a 5xx), which
+        may have been billed, so a caller can count it as spent before another attempt goes.
+        A hook that raises stops the request: the exception comes out of embed."""
         if isinstance(inputs, (str, bytes)):
             raise TypeError("inputs must be a sequence of strings, not a single string")
         inputs = list(inputs)
@@ -491,7 +495,7 @@ class EmbeddingsClient:
         reply = self._call("POST", "/embeddings", request_id,
                            json.dumps(payload, ensure_ascii=False).encode("utf-8"), on_retry,
                            functools.partial(_parse_answer, n_inputs=len(inputs), dimensions=dimensions),
-                           on_timeout, billed=True)
+                           on_timeout, on_unanswered, billed=True)
         answer = reply.answer
         if answer.problem is not None:
             ignored = answer.undecodable and encoding == "base64"
@@ -522,7 +526,8 @@ class EmbeddingsClient:
     def _call(self, method: str, path: str, request_id: str, body: bytes | None = None,
               on_retry: Callable[[int], None] | None = None,
               parse: Callable[[bytes, int, Mapping[str, str]], _Answer] | None = None,
-              on_timeout: Callable[[], None] | None = None, billed: bool = False) -> _Reply:
+              on_timeout: Callable[[], None] | None = None,
+              on_unanswered: Callable[[bool], None] | None = None, billed: bool = False) -> _Reply:
         """BILLED: an embeddings request, whose timeouts adapt and are counted (an account read
         waits read_timeout_s: its timeouts cost nothing)."""
         url = self.base_url + path
@@ -538,7 +543,7 @@ class EmbeddingsClient:
                 if billed:
                     self._timeouts.end()
             if billed and outcome.waited_s is not None:
-                self._timeouts.observe(outcome.waited_s, attempt.sent_with)
+                self._timeouts.observe(outcome.status, outcome.waited_s, attempt.sent_with)
             if outcome.error is None and 200 <= outcome.status < 300:
                 return _Reply(outcome.headers, outcome.body, outcome.status, attempts, uncertain,
                               (time.monotonic() - started) * 1000, outcome.answer, timed_out)
@@ -550,8 +555,8 @@ class EmbeddingsClient:
                 error = error_from_response(outcome.status, outcome.headers, outcome.body,
                                             request_id=request_id, retry_after=retry_after,
                                             secret=self._key.reveal())
-            if outcome.sent and (outcome.error is not None or outcome.status >= 500):
-                uncertain += 1
+            unanswered = outcome.sent and (outcome.error is not None or outcome.status >= 500)
+            uncertain += unanswered
             refused = outcome.error is None and outcome.status == 429
             refusals += refused
             elapsed = time.monotonic() - started
@@ -578,6 +583,8 @@ class EmbeddingsClient:
                     " as the server asked" if retry_after else "", request_id)
             if on_retry is not None:
                 on_retry(outcome.status if outcome.error is None else 0)
+            if unanswered and billed and on_unanswered is not None:
+                on_unanswered(outcome.timed_out)
             if outcome.timed_out and billed and on_timeout is not None:
                 on_timeout()
             time.sleep(wait)

@@ -2,8 +2,11 @@
 within [read_timeout_s, read_timeout_max_s] (no Beam).
 
 An attempt that times out was sent, so the service may bill it, and a retry may be billed
-again: a short timeout against a slow service pays for nothing, twice. So an attempt waits:
-- before any answer, the ceiling: nothing says how long one takes (61 s a request, or a queue:
+again: a short timeout against a slow service pays for nothing, twice. Only answers (2xx) tell
+how long the service works on a request: a refusal (429) or an error comes back at once, without
+the work; taught by those, the timeout would fall to the floor while the service is busy, and a
+request it then admits would time out and be billed twice. So an attempt waits:
+- before any answer (2xx), the ceiling: nothing says how long one takes (61 s a request, or a queue:
   a capacity of 1 at 20 s a request answers the 9th request sent at once after 180 s);
 - once answers came, sent with N of this process's requests out (itself included), `FACTOR` x
   the larger of the slowest of the last `WINDOW` answers and N x the longest time per request
@@ -55,11 +58,16 @@ class ReadTimeouts:
 
     def after_timeout(self, attempt: Attempt) -> float:
         """The timeout of the one retry of ATTEMPT, which timed out: the ceiling."""
-        self.observe(attempt.timeout_s, attempt.sent_with)
+        self._remember(attempt.timeout_s, attempt.sent_with)
         return self.ceiling_s
 
-    def observe(self, latency_s: float, sent_with: int = 1) -> None:
-        """An answer (any HTTP status) came LATENCY_S after its attempt left with SENT_WITH out."""
+    def observe(self, status: int, latency_s: float, sent_with: int = 1) -> None:
+        """An HTTP STATUS came LATENCY_S after its attempt left with SENT_WITH out: only an
+        answer (2xx) teaches the timeout."""
+        if 200 <= status < 300:
+            self._remember(latency_s, sent_with)
+
+    def _remember(self, latency_s: float, sent_with: int) -> None:
         with self._lock:
             self._recent.append((latency_s, latency_s / max(1, sent_with)))
 

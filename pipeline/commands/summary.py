@@ -13,13 +13,12 @@ import time
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 from pipeline.money.reconcile import reconcile
 from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
-from transforms.embed.send import BALANCE, BUDGET, FORBIDDEN, INVALID, PREFLIGHT, TIMED_OUT, UNAUTHORIZED, UNAVAILABLE
 from transforms.money import journal
 from transforms.money.apportion import from_micro, to_micro
+from transforms.pending import exit_code
 from transforms.read.changes import counts
 from transforms.read.parquet import read_tables
 
@@ -57,16 +56,6 @@ def _reasons(tables) -> dict[str, int]:
     for t in tables:
         counts.update(t.column("reason").to_pylist())
     return dict(sorted(counts.items()))
-
-
-def exit_code(pending_reasons: dict[str, int]) -> int:
-    if any(r in pending_reasons for r in (UNAUTHORIZED, FORBIDDEN, UNAVAILABLE, INVALID, TIMED_OUT)):
-        return EXIT_FAILED
-    if PREFLIGHT in pending_reasons:
-        return EXIT_DOES_NOT_FIT
-    if BUDGET in pending_reasons or BALANCE in pending_reasons:
-        return EXIT_PARTIAL
-    return EXIT_OK
 
 
 def _changes(out: OutputDir, run_id: str, documents: int | None, removed: int) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 from pipeline.outdir.view import is_local
 from pipeline.terminal.figures import count, exact, rub
+from transforms.pending import REASONS
 
 ADVICE = {
     EXIT_FAILED: "stopped early: {why}. The unsent chunks are pending in {output} (summary.json lists "
@@ -14,9 +15,6 @@ ADVICE = {
     EXIT_PARTIAL: "the budget ran out: the rest is pending in {output} (summary.json lists the files); run "
                   "{again} when there is more budget (under --daily-cap-rub: on the service's next day).",
 }
-TIMED_OUT_CAUSE = ("the service answered slower than client.read_timeout_max_s: raise it in a YAML file holding "
-                   "`client: {{read_timeout_max_s: SECONDS}}` (or in the --run-config file you pass) and run "
-                   "{again} adding --run-config FILE")
 NOT_TWICE = "nothing is paid twice"
 MAYBE_BILLED = ("{n} timed out after sending and may have been billed (timed_out_attempts in summary.json); "
                 "nothing answered is paid again")
@@ -37,8 +35,9 @@ def advice(report: dict, output: str, again: str) -> str | None:
                                      done=switch["documents_done"], total=switch["documents_total"],
                                      output=output.rstrip("/"))
     message = ADVICE.get(report["exit_code"])
-    if message and "timed_out" in report["pending_reasons"]:
-        message = message.replace("fix the cause and run {again}", TIMED_OUT_CAUSE)
+    cause = next((REASONS[r].advice for r in report["pending_reasons"] if r in REASONS and REASONS[r].advice), None)
+    if message and cause:   # what the reason's own advice says to do, instead of "fix the cause"
+        message = message.replace("fix the cause and run {again}", cause)
     timed_out = report.get("timed_out_attempts") or 0
     paid = MAYBE_BILLED.format(n=count(timed_out, "attempt")) if timed_out else NOT_TWICE
     return message and message.format(why=", ".join(report["pending_reasons"]) or "see summary.json",

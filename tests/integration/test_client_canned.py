@@ -364,6 +364,29 @@ def test_a_timeout_after_other_failures_still_gets_its_one_retry_and_no_more(can
     assert (info.value.attempts, info.value.timed_out_attempts) == (4, 2) and len(canned.seen) == 4
 
 
+def test_each_attempt_that_may_be_billed_is_told_before_its_retry_and_a_hook_may_stop_it(canned):
+    """A 429 and a 400 are not billed; a 502, a reset after sending and a read timeout may be:
+    the caller counts each before another attempt goes, and stops the request by raising."""
+    canned.script.extend([error_json(429, "slow down"), error_json(502, "gateway"), {"drop": True},
+                          lambda req: {**embeddings_answer(req), "delay": 0.6}])
+    policy = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, read_timeout_s=0.2, read_timeout_max_s=0.3)
+    told = []
+    with EmbeddingsClient(canned.base_url, ApiKey(KEY), retry=policy) as c:
+        res = c.embed("m", ["a"], on_unanswered=told.append)
+        assert (res.attempts, res.uncertain_attempts) == (5, 3) and told == [False, False, True]
+
+        class Enough(Exception):
+            pass
+
+        def stop(timed_out):
+            raise Enough
+
+        canned.script.append(error_json(503, "busy"))
+        with pytest.raises(Enough):
+            c.embed("m", ["b"], on_unanswered=stop)
+    assert len(canned.seen) == 6   # the 503's retry never left
+
+
 def test_body_cut_short_is_retried_and_counted_uncertain(canned, client):
     canned.script.append(lambda req: {**embeddings_answer(req), "cut_after": 40})
     res = client.embed("m", ["a", "b"])

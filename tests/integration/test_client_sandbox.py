@@ -216,3 +216,34 @@ def test_the_key_never_appears_on_any_sandbox_error_path(sandbox_factory, caplog
         assert not any("requests" in type(v).__module__ for v in vars(e).values())
     assert any("retrying" in r.getMessage() for r in caplog.records)
     assert not any(key in r.getMessage() or key in repr(r.args) for r in caplog.records)
+
+
+def _capacity(sb) -> dict:
+    return requests.get(f"http://127.0.0.1:{sb.port}/healthz", timeout=5).json()["capacity"]
+
+
+def test_refusals_do_not_shorten_the_read_timeout_of_the_attempt_the_service_admits(sandbox_factory):
+    """Capacity 1 refused with 429, 3 s a request, the place held by another client on the key,
+    timeouts 1 s / 10 s. The 429s come back at once: counted as answers, they took the timeout
+    to its 1 s floor, the attempt the service admitted timed out after 1 s, was billed, and its
+    retry was billed again. No 2xx came, so each attempt waits the ceiling: billed once."""
+    sb = sandbox_factory(key=SANDBOX_KEY, balance=10.0,
+                         args=["--capacity", "1", "--capacity-mode", "429", "--latency-ms", "3000"])
+    other = client_for(sb)
+    holder = ThreadPoolExecutor(1)
+    held = holder.submit(other.embed, MODEL, ["another job on the same key"])
+    deadline = time.monotonic() + 30
+    while _capacity(sb)["in_progress"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    policy = RetryPolicy(max_attempts=6, max_refusals=20, initial_backoff_s=0.01, max_total_s=60,
+                         read_timeout_s=1.0, read_timeout_max_s=10.0)
+    with client_for(sb, retry=policy) as c:
+        res = c.embed(MODEL, ["admitted after a few refusals"])
+    held.result(timeout=30)
+    holder.shutdown()
+    other.close()
+    assert _capacity(sb)["refused"] >= 1 and res.attempts >= 2   # it was refused first
+    charges = [row for row in sb.ledger() if row["request_id"] == res.request_id]
+    assert len(charges) == 1
+    assert (res.timed_out_attempts, res.uncertain_attempts) == (0, 0)

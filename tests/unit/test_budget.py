@@ -77,3 +77,43 @@ def test_a_request_waits_for_reservations_in_flight_before_giving_up():
     g.settle(first, cost_rub=0.002, balance_after=99.998)
     waiter.join(5)
     assert result["r"] == (1, 2000) and not g.exhausted
+
+
+def test_an_attempt_without_an_answer_counts_as_spent_at_its_worst_case_until_the_balance_shows_it():
+    """A timed-out attempt may be billed after any balance read so far: freeing its reservation
+    let the next request take the room (a 1.0 RUB cap, 1.6 RUB spent in one process)."""
+    g = _guard(spendable=1.0)
+    n, r = g.reserve_prefix([200_000])            # 0.4 RUB at worst
+    g.settle(r, cost_rub=None, balance_after=None, unanswered=1)   # timed out: no answer
+    assert g.reserve_prefix([100_000, 100_000, 100_000, 1]) == (3, 600_000)   # 0.6 left, not 1.0
+    g.settle(600_000, cost_rub=0.6, balance_after=99.4)   # the balance shows the 0.6, not the 0.4 yet
+    assert g.reserve_prefix([1])[0] == 0
+
+
+def test_a_balance_that_shows_as_much_spent_covers_the_attempts_without_an_answer():
+    """The balance and the worst case are not added: what fell covers the worst case (the
+    charge, or others' spending, which the guard counts as the run's anyway)."""
+    g = _guard(spendable=1.0)
+    n, r = g.reserve_prefix([200_000])
+    g.settle(r, cost_rub=None, balance_after=None, unanswered=1)   # 0.4 at worst
+    for balance, left in ((99.9, 600_000), (99.6, 600_000), (99.3, 300_000)):
+        g.observe_account(balance=balance, key_budget=None)
+        assert g.reserve_prefix([left // 2]) == (1, left)
+        g.settle(left, cost_rub=None, balance_after=None)
+
+
+def test_the_retry_of_an_attempt_without_an_answer_goes_only_while_the_budget_holds_it():
+    g = _guard(spendable=1.0)
+    n, r = g.reserve_prefix([200_000])   # 0.4 at worst: the attempt and its retry fit in 1.0
+    assert g.unanswered(r)
+    assert not g.unanswered(r)           # a third 0.4 does not
+    g.settle(r, cost_rub=None, balance_after=None)
+    assert g.reserve_prefix([100_000, 1]) == (1, 200_000)   # 0.8 counted, 0.2 left
+
+
+def test_a_cap_counts_attempts_without_an_answer_too():
+    from transforms.money.caps import DAILY_CAP, CapUsage
+    g = _guard(spendable=50.0, caps=[CapUsage(DAILY_CAP, 1.0, 0.0, 100.0)])
+    n, r = g.reserve_prefix([200_000])
+    g.settle(r, cost_rub=None, balance_after=None, unanswered=1)
+    assert g.reserve_prefix([150_000, 150_000, 1]) == (2, 600_000)   # 0.6 left under the cap

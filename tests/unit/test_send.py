@@ -12,15 +12,17 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import ApiKey
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from transforms.embed.ratelimit import OK, ConcurrencyLimiter
-from transforms.embed.send import UNAVAILABLE, Breaker, RequestRunner, request_key, resplit
+from transforms.embed.send import Breaker, RequestRunner, request_key, resplit
 from transforms.money import journal
 from transforms.money.budget import BudgetGuard
+from transforms.pending import BUDGET, UNAVAILABLE
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, TextItem
 
@@ -219,3 +221,42 @@ def test_a_request_that_waited_for_its_place_while_the_client_fell_back_to_float
         assert {f.reason for f in out.failed} == {"invalid_response"} and not out.deliveries
     finally:
         canned.close()
+
+
+def _idle(sandbox) -> None:
+    """Until the sandbox works on nothing: an attempt the client gave up on is charged at its end."""
+    deadline = time.monotonic() + 30
+    while _capacity(sandbox)["in_progress"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("fault, timed_out", [(["--latency-ms", "1500"], 1),
+                                              (["--rate-reset-after-charge", "1"], 0)],
+                         ids=["timed-out", "reset-after-charge"])
+def test_an_attempt_without_an_answer_counts_as_spent_and_its_retry_goes_only_if_the_budget_holds_it(
+        sandbox_factory, fault, timed_out):
+    """A cap of 1000 micro-roubles, a text whose worst case is 800. 1.5 s a request against read
+    timeouts of 0.5 s: the attempt times out and is billed at its end; freed, its retry went and
+    was billed too (1600, the scaled-down 1.6 RUB of a 1.0 RUB cap), and a later request could
+    take the room again. A connection cut after the charge: each of the 6 attempts billed.
+    Counted as spent, the attempt leaves no room for a retry or another request."""
+    from service.catalog import load_models
+    sb = sandbox_factory(key=SANDBOX_KEY, balance=100.0, args=fault)
+    price = load_models()["text-embedding-3-small"].price_per_token
+    text = _item(" ".join(f"word{i}" for i in range(160)))
+    assert 500 < text.n_tokens * price * 1e6 <= 1000   # one fits in 1000, two do not
+    policy = RetryPolicy(initial_backoff_s=0.01, read_timeout_s=0.5, read_timeout_max_s=0.5)
+    with EmbeddingsClient(sb.base_url, ApiKey(SANDBOX_KEY), retry=policy) as client:
+        runner = RequestRunner(client, model="text-embedding-3-small", dimensions=None, expected_dims=1536,
+                               guard=BudgetGuard(balance_before=100.0, spendable_rub=0.001,
+                                                 price_per_token_rub=price, margin=1.0),
+                               breaker=Breaker(), run_id="r1", resplit=lambda i: [i],
+                               concurrency=ConcurrencyLimiter(1, maximum=1))
+        first = runner.run([text])
+        second = runner.run([text._replace(text_sha256="sha2")])
+    _idle(sb)
+    charged = sum(row["cost_rub"] for row in sb.ledger())
+    assert charged <= 0.001, f"{charged} RUB charged under a cap of 0.001"
+    assert [reason for _, reason in first.pending] == [BUDGET] and first.timed_out == timed_out
+    assert [reason for _, reason in second.pending] == [BUDGET] and len(sb.ledger()) == 1

@@ -28,11 +28,11 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms.dedupe.store import PaidStore, StoreSpec
+from transforms.pending import STORE_CHANGED   # the store lost a text between its lookup and its read
 from transforms.records import ChunkRef, Request, StoredItem, TextItem
 from transforms.worker import coders, runscoped  # noqa: F401  (coders: the coder of Request, pa.Table)
 from transforms.worker.keyindex import key16
 
-STORE_CHANGED = "store_changed"   # pending: the store lost a text between its lookup and its read
 FIRST, JOINED, STORED_ALREADY = "first", "joined", "stored"
 class InFlightClaims:
     """The texts one process has claimed and not yet seen answered (pure logic, thread-safe).

@@ -7,6 +7,9 @@
 - 402 or a request that no longer fits the budget: stop spending, the rest is pending;
 - transient faults that outlived the client's retry budget: the service is unreachable:
   trip the breaker too (a retry storm against a dead service helps nobody);
+- an attempt sent without an answer (timed out, cut off, 5xx) may have been billed: the budget
+  guard counts it as spent at the request's worst case before the retry goes, and the retry
+  goes only if the budget still holds it (else the request is pending: budget);
 - a request that timed out twice (the client's second attempt waits `read_timeout_max_s`): the
   service is slower than the run allows; both attempts may be billed, a third would be too:
   the breaker trips, the rest is pending (timed_out) and the message names the setting;
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import random
 import threading
@@ -34,21 +38,12 @@ from transforms.embed.quota import TokenBucketLimiter
 from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter
 from transforms.money.apportion import apportion_micro, from_micro, to_micro
 from transforms.money.budget import BudgetGuard
+from transforms.pending import BALANCE, BUDGET, FORBIDDEN, INVALID, TIMED_OUT, UNAUTHORIZED, UNAVAILABLE
 from transforms.read.split import MIN_MAX_TOKENS, Splitter
 from transforms.records import Rejected, TextItem
 
 if TYPE_CHECKING:  # transforms/dedupe/known.py is a Beam step; this module needs only its record
     from transforms.dedupe.known import ReuseRef
-
-# Pending reasons: resumable, and each one maps to the job's exit code in the summary.
-BUDGET = "budget_exhausted"
-BALANCE = "insufficient_balance"
-UNAUTHORIZED = "unauthorized"
-FORBIDDEN = "forbidden"
-UNAVAILABLE = "service_unavailable"
-PREFLIGHT = "estimate_exceeds_budget"
-INVALID = "invalid_answers"
-TIMED_OUT = "timed_out"
 
 
 # Inputs refused one by one with the same message, no success between: the request itself is
@@ -73,12 +68,16 @@ class _RefusalStreak:
 
 
 class _Stopped(Exception):
-    """Raised inside the runner when a request's turn comes after the run stopped sending;
-    TIMED_OUT: attempts of it that timed out before (each may have been billed)."""
+    """Raised inside the runner when a request's turn (or its retry's) comes after the run
+    stopped sending, or when its retry no longer fits the budget."""
 
-    def __init__(self, timed_out: int = 0):
-        super().__init__()
-        self.timed_out = timed_out
+
+@dataclasses.dataclass
+class _Unanswered:
+    """One request's attempts sent without an answer that the guard counted before their
+    retries (each may have been billed), and how many of them timed out."""
+    counted: int = 0
+    timed_out: int = 0
 
 
 class Breaker:
@@ -191,17 +190,18 @@ class RequestRunner:
             request_id = request_key(self._run_id, self._model, self._dimensions, batch)
         tokens = sum(i.n_tokens for i in batch)
         started = [dt.datetime.now(dt.UTC)]  # reset when it leaves, after waiting its turn
+        unanswered = _Unanswered()
         try:
-            result = self._embed([i.text for i in batch], tokens, request_id, reservation, started)
-        except _Stopped as stopped:  # the breaker tripped or spending stopped while this one waited its turn
-            self._guard.settle(reservation, None, None)
-            out.timed_out += stopped.timed_out
+            result = self._embed([i.text for i in batch], tokens, request_id, reservation, started, unanswered)
+        except _Stopped:  # the breaker tripped or spending stopped while this one waited its turn (or its retry's)
+            self._guard.settle(reservation, None, None)   # what its attempts may cost is counted already
+            out.timed_out += unanswered.timed_out
             out.pending += [(i, self._breaker.reason or self._guard.stop_reason or BUDGET) for i in batch]
             return []
         except errors.EmbeddingsError as exc:
             billed = getattr(exc, "usage", None)  # a malformed 200 was still billed
             self._guard.settle(reservation, billed.cost_rub if billed else None,
-                               billed.balance if billed else None)
+                               billed.balance if billed else None, exc.uncertain_attempts - unanswered.counted)
             out.retries += max(0, exc.attempts - 1)
             out.timed_out += exc.timed_out_attempts
             if self._refused_again(exc, request_id):
@@ -214,7 +214,8 @@ class RequestRunner:
         except BaseException:
             self._guard.settle(reservation, None, None)  # never leave a reservation behind
             raise
-        self._guard.settle(reservation, result.usage.cost_rub, result.usage.balance)
+        self._guard.settle(reservation, result.usage.cost_rub, result.usage.balance,
+                           result.uncertain_attempts - unanswered.counted)
         self._refused_since.pop(request_id, None)
         if result.usage.cost_rub is not None:
             self._guard.learn_price(result.usage.cost_rub, result.usage.total_tokens)
@@ -239,24 +240,26 @@ class RequestRunner:
         return []
 
     def _embed(self, texts: list[str], tokens: int, request_id: str, worst_case_micro: int,
-               started: list[dt.datetime]):
+               started: list[dt.datetime], unanswered: _Unanswered):
         """The call itself, paced by the client-side quota and the adaptive concurrency limit,
         which learns from every 429 (even one the client's retry loop absorbs), from the
         latency of each answer that took one attempt, and from the balance after each (whether
         others still spend on the account)."""
         if self._quota is not None:
             self._quota.acquire(tokens)
+        count = functools.partial(self._count_unanswered, worst_case_micro, unanswered)
         if self._concurrency is None:
             self._check_running()
             self._announce(request_id, tokens, worst_case_micro, started)
-            return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id)
+            return self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
+                                      on_unanswered=count)
         permit = self._concurrency.acquire()
         try:
             self._check_running()
             self._announce(request_id, tokens, worst_case_micro, started)
             result = self._client.embed(self._model, texts, dimensions=self._dimensions, request_id=request_id,
                                         on_retry=lambda status: permit.rate_limited() if status == 429 else None,
-                                        on_timeout=lambda: self._after_timeout(permit))
+                                        on_timeout=lambda: self._after_timeout(permit), on_unanswered=count)
         except BaseException as exc:
             permit.release(RATE_LIMITED if getattr(exc, "status", None) == 429 else IGNORED)
             raise
@@ -266,12 +269,19 @@ class RequestRunner:
                        balance=None if usage.balance is None else to_micro(usage.balance))
         return result
 
+    def _count_unanswered(self, worst_case_micro: int, unanswered: _Unanswered, timed_out: bool) -> None:
+        """An attempt got no answer and may have been billed: spent at the request's worst case
+        for the guard before its retry goes; no retry if the budget no longer holds one."""
+        unanswered.counted += 1
+        unanswered.timed_out += timed_out
+        if not self._guard.unanswered(worst_case_micro):
+            raise _Stopped()
+
     def _after_timeout(self, permit) -> None:
         """Hold a timed-out request's retry until the limiter has a place; none if the run
         stopped sending meanwhile."""
         permit.timed_out()
-        if self._breaker.reason or self._guard.stop_reason:
-            raise _Stopped(timed_out=1)
+        self._check_running()
 
     def _announce(self, request_id: str, tokens: int, worst_case_micro: int, started: list[dt.datetime]) -> None:
         if self._intend is not None:  # durable before the request leaves

@@ -23,9 +23,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms.dedupe.inflight import stored_outcome
 from transforms.embed.config import EmbedConfig
-from transforms.embed.send import PREFLIGHT, Outcome
+from transforms.embed.send import Outcome
 from transforms.embed.sender import Sender
 from transforms.money.lineage import embeddings_table, pending_table
+from transforms.pending import PREFLIGHT
 from transforms.records import StoredItem
 from transforms.worker import coders, collector  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.worker.progress import Progress

@@ -4,8 +4,15 @@ Workers share no coordinator. The account balance that every embeddings response
 (`usage.balance`) is the shared counter: each worker's view of what the run has spent is
 `balance_before - lowest balance seen`, plus its own requests still in flight. A worker
 cannot see the other workers' in-flight requests, so the run can overshoot its cap by at
-most (in-flight requests per worker x workers x the largest request's cost). All money is
-held in integer micro-roubles (1e-6 RUB), the service's billing precision.
+most (in-flight requests per worker x workers x the largest request's cost, twice for a
+request whose attempt timed out: it and its retry may be billed after any balance the others
+read). All money is held in integer micro-roubles (1e-6 RUB), the service's billing precision.
+
+An attempt sent without an answer (a read timeout, a broken connection, a 5xx) may have been
+billed, a timed-out one perhaps only after the balances read since: it counts as spent at its
+request's worst case until the balance shows at least as much spent (what this worker's answers
+cost and such attempts could have cost). Its retry is another attempt the service may bill: it
+goes only while the room still holds it (`unanswered`).
 
 The worst case of a request is tokens x price x margin. Until a response has shown the real
 price, the margin covers a wrong price estimate too (`margin`); afterwards only the client's
@@ -52,6 +59,7 @@ class BudgetGuard:
         self._lowest_balance = self._before
         self._key_budget = None
         self._settled = 0
+        self._unanswered = 0   # worst cases of attempts that may have been billed without an answer
         self._in_flight = 0
         self.exhausted = False
         self.stop_reason: str | None = None  # why stop() was called; None when the cap was reached
@@ -63,20 +71,25 @@ class BudgetGuard:
     def worst_case(self, n_tokens: int) -> int:
         return worst_case_micro(n_tokens, self._price, self._margin)
 
+    def _charged(self) -> int:
+        """What this worker may have been billed: its answers' costs and the worst case of each
+        attempt without one."""
+        return self._settled + self._unanswered
+
     def _spent(self) -> int:
         seen = 0 if self._before is None or self._lowest_balance is None else self._before - self._lowest_balance
-        return max(seen, self._settled)
+        return max(seen, self._charged())
 
     def _room(self) -> float:
         room = math.inf if self._cap is None else self._cap - self._spent() - self._in_flight
         if self._key_budget is not None:
             room = min(room, self._key_budget - self._in_flight)
-        for cap in self._caps:
-            room = min(room, cap.room(self._settled) - self._in_flight)
+        for cap in self._caps:   # a reading of the statistics may show an unanswered attempt: counted twice then
+            room = min(room, cap.room(self._charged()) - self._in_flight)
         return room
 
     def _short_under_a_cap(self, need: int) -> bool:
-        return any(cap.room(self._settled) - self._in_flight < need for cap in self._caps)
+        return any(cap.room(self._charged()) - self._in_flight < need for cap in self._caps)
 
     def reserve_prefix(self, token_counts: Sequence[int]) -> tuple[int, int]:
         """Reserve the worst case of the longest prefix of TOKEN_COUNTS that fits: (items,
@@ -110,10 +123,21 @@ class BudgetGuard:
         self._in_flight += need
         return n, need
 
-    def settle(self, reservation: int, cost_rub: float | None, balance_after: float | None) -> None:
-        """A response came back (cost known) or the request failed (cost None: nothing billed)."""
+    def unanswered(self, reservation: int) -> bool:
+        """An attempt of the request that holds RESERVATION got no answer and may have been
+        billed: it counts as spent at that worst case. Whether the request's retry, on the same
+        reservation, still fits."""
+        with self._cond:
+            self._unanswered += reservation
+            return self._room() >= 0
+
+    def settle(self, reservation: int, cost_rub: float | None, balance_after: float | None,
+               unanswered: int = 0) -> None:
+        """A response came back (cost known) or the request failed (cost None: no answer billed);
+        UNANSWERED: its attempts not counted yet that may have been billed without an answer."""
         with self._cond:
             self._in_flight -= reservation
+            self._unanswered += unanswered * reservation
             if cost_rub is not None:
                 self._settled += to_micro(cost_rub)
                 if self._key_budget is not None:
