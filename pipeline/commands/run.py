@@ -259,7 +259,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tupl
         account_before=account.as_dict(), account_after=after.as_dict(),
         estimate={"price_rub_per_1m_tokens": served.price * 1e6, "spendable_rub": spendable.rub,
                   "preflight": decided_by},
-        catalogue_price=served.job.model.price_per_token,
+        catalogue={name: m.price_per_token for name, m in catalogue(job.opts).items()},
         caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started,
         other_runs=others)
     report["timing"]["commit_s"] = commit_s
