@@ -180,3 +180,21 @@ def test_a_full_temporary_directory_is_named_not_the_output(tmp_path, disk, sand
     os.remove(filler)
     assert run(corpus, out, sb, models, "--resume", *PROCESSES) == 0
     assert summary(out)["pending"] == 0 and billed_twice(ledger(sb)) == {}
+
+
+def test_a_killed_commits_files_are_removed_when_the_next_run_starts(tmp_path, disk, sandbox_factory, env_key):
+    """A commit killed half-way leaves its segments (no view holds them): the next run removes
+    them before its own commit needs the room, not only after it succeeded."""
+    rows = corpus_rows(n_short=600, n_long=0)
+    corpus, models = write_corpus(tmp_path / "corpus.parquet", rows), wide_models(tmp_path / "models.yaml", 1536)
+    sb = start_sandbox(sandbox_factory, models)
+    mount = disk(24)
+    out = mount / "out"
+    assert run(corpus, out, sb, models) == 0
+    stale = out / "_segments" / "embeddings-20200101T000000Z-0dead0-00000.parquet"
+    with open(stale, "wb") as fh:
+        os.posix_fallocate(fh.fileno(), 0, 8 << 20)
+    fill(mount, 1 << 20)   # the edit's commit rewrites a file of ~4 MB: it fits once the stale segment is gone
+    edited = write_corpus(tmp_path / "edited.parquet", [dict(rows[7], text=rows[7]["text"] + " edited")])
+    assert run(edited, out, sb, models, "--resume") == 0
+    assert not stale.exists()
