@@ -231,19 +231,19 @@ def next_view(output_dir: str, previous: View | None, run: RunFiles, template: V
     for kind in layout.READER_KINDS:
         for path in run.requests if kind == "requests" else run.files.get(kind, []):
             gathered.add(kind, path, THIS_RUN if kind in MOVES else None)
-    kept = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
-    new_index = pa.concat_tables([kept, decision.entries])
     docindex = layout.docindex(run.run_id)
     try:
         if gathered.tasks:
             rules = layout.join(output_dir, layout.segment("rules", run.run_id, 0))
             save_rules(rules, decision.rules)
             rewrite(gathered.tasks, rules)
+        kept = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
+        new_index = pa.concat_tables([kept, decision.entries])
         _write_index(output_dir, docindex, new_index, codec)
     except Exception as exc:
         if not space.is_full(exc):
             raise
-        # a file written again is at most its source; the index, at most its columns in memory
-        raise space.Full(sizes([t.source for t in gathered.tasks]) + new_index.nbytes) from exc
+        # a file written again is at most its source; the next index, at most the columns of both in memory
+        raise space.Full(sizes([t.source for t in gathered.tasks]) + index.nbytes + decision.entries.nbytes) from exc
     return dataclasses.replace(template, view=run.run_id, docindex=docindex, documents=new_index.num_rows,
                                files={k: tuple(v) for k, v in gathered.files.items() if v})

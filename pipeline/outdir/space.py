@@ -107,11 +107,7 @@ def same_disk(path: str, other: str) -> bool:
 
 def known_needs(exc: BaseException | None) -> int | None:
     """The bytes a step that met the full disk writes in all (Full), when it said."""
-    while exc is not None:
-        if isinstance(exc, Full):
-            return exc.needs
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return next((e.needs for e in _chain(exc) if isinstance(e, Full)), None)
 
 
 @dataclasses.dataclass(frozen=True)
