@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import os
+import sqlite3
 from typing import NamedTuple
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -21,6 +23,7 @@ import apache_beam as beam
 
 from pipeline.checks.inputs import InputInfo
 from pipeline.checks.prior import Prior
+from pipeline.outdir import space
 from pipeline.runner import in_process, is_local, local_workers, one_worker
 from pipeline.settings.job import Job
 from transforms import schemas
@@ -73,9 +76,20 @@ def claims_for(job: Job, scope: str) -> Iterator[Claiming]:
         stack.callback(runscoped.discard, scope)
         shared = None
         if streaming and not in_process(job.opts):
-            shared = ClaimFile.create(os.path.join(stack.enter_context(claim_dir()), "claims.sqlite"))
+            shared = _claim_file(stack.enter_context(claim_dir()))
             stack.callback(shared.close)
         yield Claiming(streaming, scope, shared)
+
+
+def _claim_file(folder: str) -> ClaimFile:
+    """The claim file in FOLDER; a full disk there is an OSError naming it (SQLite says "disk
+    I/O error" when it cannot grow its shared memory file)."""
+    try:
+        return ClaimFile.create(os.path.join(folder, "claims.sqlite"))
+    except sqlite3.Error as exc:
+        if (space.free_bytes(folder) or 0) >= space.MARGIN:
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), folder) from exc
 
 
 def _without_text(entry):

@@ -42,17 +42,31 @@ def sandbox(sandbox_factory) -> SandboxProcess:
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A tmpfs of its own (root may mount one): DIR is filled without filling the machine's."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode:
-        pytest.skip(f"a tmpfs cannot be mounted here ({done.stderr.strip() or done.returncode}): "
-                    "the full-disk tests need root or CAP_SYS_ADMIN")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+def disk(tmp_path):
+    """Call with a size in MB: a tmpfs of its own (root may mount one), so that DIR is filled
+    without filling the machine's disk. Each is unmounted at teardown."""
+    mounts: list[Path] = []
+
+    def make(size_mb: int) -> Path:
+        mount = tmp_path / f"disk{len(mounts)}"
+        mount.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(mount)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"a tmpfs cannot be mounted here ({done.stderr.strip() or done.returncode}): "
+                        "the full-disk tests need root or CAP_SYS_ADMIN")
+        mounts.append(mount)
+        return mount
+
+    yield make
+    for mount in mounts:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(disk) -> Path:
+    """A tmpfs of 6 MB."""
+    return disk(6)
 
 
 def fill(disk: Path, leave: int) -> Path:
@@ -70,3 +84,15 @@ def fill(disk: Path, leave: int) -> Path:
                 if exc.errno != errno.ENOSPC:
                     raise
     return filler
+
+
+def free_bytes(disk: Path) -> int:
+    st = os.statvfs(disk)
+    return st.f_bavail * st.f_frsize
+
+
+def make_free(disk: Path, filler: Path, free: int) -> None:
+    """Shrink FILLER until DISK has FREE bytes free (as a user frees space as told)."""
+    size = os.path.getsize(filler) - max(0, free - free_bytes(disk))
+    assert size >= 0, "the filler is smaller than what must be freed"
+    os.truncate(filler, size)

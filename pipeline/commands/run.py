@@ -15,6 +15,7 @@ import time
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
+from apache_beam.io.filesystems import FileSystems
 
 from pipeline import graph
 from pipeline.checks import reading, switching
@@ -27,7 +28,7 @@ from pipeline.money import account as acct
 from pipeline.money import measure
 from pipeline.outdir import OutputDir, late, layout, space
 from pipeline.outdir import switch as switches
-from pipeline.outdir.commit import RunFiles
+from pipeline.outdir.commit import RunFiles, rewrites_at_most
 from pipeline.outdir.view import View
 from pipeline.runner import counters, make_runner
 from pipeline.settings.job import RESUME, Job, catalogue
@@ -65,26 +66,76 @@ def execute(job: Job) -> tuple[int, dict]:
     started = dt.datetime.now(dt.UTC)
     out = OutputDir(job.opts.output)
     space.quiet_worker_logs()
-    read: dict = {}   # the input's scan, once made: what a full disk's message asks to free
+    writes = _Writes()
     try:
         out.check_writable()
         with out.lock(job.run_id, job.settings.lock):
             out.adopt_earlier_layout()
             out.repair_link()
-            return _execute(job, out, started, read)
+            out.collect_garbage(job.settings.views.keep)   # a killed commit's files: room for this one
+            return _execute(job, out, started, writes)
     except JobFailed:
         raise
-    except Exception as exc:   # anywhere in DIR: the probe, the lock, a record, the commit (a job of its own)
+    except Exception as exc:   # anywhere in DIR: the probe, the lock, a record, the job, the commit
         if not space.is_full(exc):
             raise
-        raise _disk_full(job, read.get("scan")) from None
+        raise _disk_full(job, writes, exc) from None
 
 
-def _disk_full(job: Job, scan: Scan | None) -> JobFailed:
+@dataclasses.dataclass
+class _Writes:
+    """What the command writes into DIR, for a full disk's message: its parts (once read),
+    the runs whose job finished (their rows are on disk) and the parts committed."""
+    parts: list[_Part] = dataclasses.field(default_factory=list)
+    finished: set[str] = dataclasses.field(default_factory=set)
+    committed: set[str] = dataclasses.field(default_factory=set)
+
+
+def _rows_at_most(part: _Part) -> int:
     """At most a chunk per document and per window of its tokens, each vector written twice
     (the journal, then the history) with room for its other columns."""
-    chunks = scan.rows + scan.tokens_bound // job.model.chunk_tokens if scan else 0
-    return JobFailed(space.message(job.opts.output, 2 * chunks * (4 * job.dimensions + 256), job.again))
+    chunks = part.scan.rows + part.scan.tokens_bound // part.job.model.chunk_tokens
+    return 2 * chunks * (4 * part.job.dimensions + 256)
+
+
+def _rows_written(part: _Part) -> int:
+    """What the part's finished job wrote (its history, its journal): the same command writes it again."""
+    run_id = part.job.run_id
+    found = FileSystems.match([part.out.join(f"{layout.run_dir(run_id)}/*"),
+                               journal.journal_dir(part.out.path, run_id) + "/*"])
+    return sum(m.size_in_bytes for r in found for m in r.metadata_list)
+
+
+def _disk_full(job: Job, writes: _Writes, exc: BaseException, failed: OutputDir | None = None) -> JobFailed:
+    """The line for a full disk met by JOB (in FAILED's part, when known). What the same
+    command writes again: each part not committed, its rows (measured once its job finished)
+    and the view's files its commit writes again (as the failed commit counted them, else all
+    it may)."""
+    commit = space.known_needs(exc)
+    needs = space.Needs(0, 0) if writes.parts else None
+    for part in (p for p in writes.parts if p.job.run_id not in writes.committed):
+        done = part.job.run_id in writes.finished
+        rewrites = commit if done and commit is not None else rewrites_at_most(part.out.path, part.before.view)
+        needs = space.Needs(needs.rows + (_rows_written(part) if done else _rows_at_most(part)),
+                            needs.rewrites + rewrites)
+    served = space.SERVED if failed is None or failed.slot != layout.TARGET else _served_beside(failed, job)
+    if (other := space.other_disk(exc, job.opts.output, needs)) is not None:
+        return JobFailed(space.elsewhere(other, job.opts.output, job.again, served))
+    return JobFailed(space.message(job.opts.output, needs, job.again, served))
+
+
+def _served_beside(target: OutputDir, job: Job) -> str:
+    """What DIR serves when a switch's target part failed: the served view's part of this run
+    came first, and is committed."""
+    return (f"{target.path} serves this run's changes, committed in its view of {OutputDir(target.path).view.model}; "
+            f"the view of {job.model.name} beside it stays as it was before this run")
+
+
+def _kept(out: OutputDir, job: Job) -> str:
+    """What DIR serves after JOB's part (in OUT's slot) failed before its commit."""
+    if out.slot == layout.TARGET:
+        return _served_beside(out, job)
+    return f"nothing is committed: {out.path} serves the view it had before this run"
 
 
 def _template(job: Job, before: Prior, info) -> View:
@@ -96,6 +147,7 @@ def _template(job: Job, before: Prior, info) -> View:
 
 
 def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> dict[str, int]:
+    """The part's Beam job (OUT: its slot); a full disk is raised as it came, for the caller to count."""
     opts = job.opts
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     with graph.claims_for(job, job.run_id) as claiming:
@@ -108,28 +160,31 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget
                 result.wait_until_finish()
         except Exception as exc:  # a worker's error arrives wrapped by the runner
             if space.is_full(exc):
-                raise _disk_full(job, scan) from None
-            raise _failed(job, info, exc) from None
+                raise
+            raise _failed(job, out, info, exc) from None
         late.write_late_copies(out, job.run_id, claiming.late(), job.keep_columns, job.codec)
     return counters(result)
 
 
-def _failed(job: Job, info: InputInfo, exc: Exception) -> JobFailed:
+# an attempt that timed out may have been billed without an answer: only what was answered is known paid
+NOT_TWICE = "nothing answered is paid twice"
+
+
+def _failed(job: Job, out: OutputDir, info: InputInfo, exc: Exception) -> JobFailed:
     """A job that failed on a worker, as one line; an input file that changed or cannot be read is named."""
     if (changed := reading.changed(info)) is not None:
-        return _changed(job, changed)
+        return _changed(job, out, changed)
     paid = f"What was paid for is journaled in {journal.journal_dir(job.opts.output, job.run_id)}"
     if (reason := reading.unreadable(exc)) is not None:
-        return JobFailed(f"{reason}; nothing is committed. {paid}; replace the file with a readable copy and run "
-                         f"{job.again}: nothing is paid twice.")
+        return JobFailed(f"{reason}; {_kept(out, job)}. {paid}; replace the file with a readable copy and run "
+                         f"{job.again}: {NOT_TWICE}.")
     return JobFailed(f"the job failed on a worker: {reading.worker_error(exc)} (--verbose shows where). {paid}; "
-                     f"fix the cause and run {job.again}: nothing is paid twice.")
+                     f"fix the cause and run {job.again}: {NOT_TWICE}.")
 
 
-def _changed(job: Job, changed: InputChanged) -> JobFailed:
-    return JobFailed(f"{changed}; nothing is committed: {job.opts.output} serves the view it had before this "
-                     f"run. What was paid for is kept in {job.opts.output}; once the input is written whole, run "
-                     f"{job.again}: nothing is paid twice.")
+def _changed(job: Job, out: OutputDir, changed: InputChanged) -> JobFailed:
+    return JobFailed(f"{changed}; {_kept(out, job)}. What was paid for is kept in {job.opts.output}; once the "
+                     f"input is written whole, run {job.again}: {NOT_TWICE}.")
 
 
 def _rewriter(job: Job):
@@ -180,19 +235,22 @@ def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | 
     return _Part(job, out, before, info, scan, missing, gone, price, job.initial_margin(learned is not None))
 
 
-def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bool) -> tuple[dict[str, int], float]:
+def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bool,
+              writes: _Writes) -> tuple[dict[str, int], float]:
     """PART's job, then its slot's next view: (the job's counters, seconds the commit took)."""
     job, out, s = part.job, part.out, part.job.settings
     out.record_start(job.run_id, job.model.name, job.mode, account.as_dict())
     budget = Budget(account.balance, spendable, part.price, part.margin, 1 / job.model.safety_factor,
                     s.budget.balance_poll_s, fits)
     metrics = _run_job(job, out, part.info, part.before, part.scan, budget)
+    writes.finished.add(job.run_id)
     if (changed := reading.changed(part.info)) is not None:   # what the job read may be mixed: never served
-        raise _changed(job, changed)
+        raise _changed(job, out, changed)
     committing = time.monotonic()
     requests = tuple(out.relative(p) for p in out.history_files("requests"))   # a killed run's too
     out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(job.opts.input), part.gone, requests),
                part.before.view, _template(job, part.before, part.info), job.codec, _rewriter(job))
+    writes.committed.add(job.run_id)
     return metrics, round(time.monotonic() - committing, 3)
 
 
@@ -208,15 +266,15 @@ def _spendable(job: Job, account: acct.Account, spent_rub: float = 0.0) -> Spend
                           job.caps)
 
 
-def _advance(out: OutputDir, target: _Part, record: switches.Switch, spent: float,
-             ids: pa.Array) -> tuple[bool, float]:
+def _advance(out: OutputDir, target: _Part, record: switches.Switch, spent: float, ids: pa.Array,
+             writes: _Writes) -> tuple[bool, float]:
     """The switch's share of the run, with what the served view's share left (SPENT: what it
     spent): the target's view, and the switch of OUT's current view when it holds the whole
     corpus of the day (IDS). (switched, seconds of the target's commit and the switch)."""
     account = _read_account(target.job)
     switches.add_run(out, record, target.job.run_id)
     log.info("switch to %s: building its view beside the served one with what is left", target.job.model.name)
-    _, commit_s = _run_part(target, account, _spendable(target.job, account, spent), True)
+    _, commit_s = _run_part(target, account, _spendable(target.job, account, spent), True, writes)
     switching_at = time.monotonic()
     complete = switches.covers(out, ids)
     if complete:
@@ -225,21 +283,22 @@ def _advance(out: OutputDir, target: _Part, record: switches.Switch, spent: floa
     return complete, round(commit_s + time.monotonic() - switching_at, 3)
 
 
-def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tuple[int, dict]:
+def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) -> tuple[int, dict]:
     opts, s = job.opts, job.settings
     decision = switching.decide(job, out, act=True)
     served = _part(decision.switching.served if decision.switching else job, out)
-    read["scan"] = served.scan
+    writes.parts.append(served)
     account = _read_account(job)
     spendable = _spendable(job, account)
     log.info("run %s (%s, %s): %d rows; spendable %.6f RUB of balance %.6f (%s binds)", job.run_id, job.mode,
              served.job.model.name, served.info.rows, spendable.rub, account.balance or 0, spendable.binding)
     target = (_part(decision.switching.target, out.target(), served.info, served.scan) if decision.switching
               else None)
+    writes.parts += [target] if target else []
     # a switch's target fits with --allow-partial, or when the whole of it fits beside the day's changes
     parts = [p.measure for p in (served, target) if p]
     fits, decided_by = (True, "allow_partial") if opts.allow_partial else measure.fits(parts, spendable.rub)
-    metrics, commit_s = _run_part(served, account, spendable, fits)
+    metrics, commit_s = _run_part(served, account, spendable, fits, writes)
     served_figures = summary.run_figures(out, job.run_id)
     switched, target_commit_s, stopped = False, None, False
     if target and served_figures["exit_code"] != EXIT_OK:
@@ -247,8 +306,12 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tupl
     if target:
         try:
             switched, target_commit_s = _advance(out, target, decision.switching.record, served_figures["cost_rub"],
-                                                 pc.drop_null(served.scan.ids))
-        except (JobFailed, errors.EmbeddingsError) as exc:   # the served view is committed: report it
+                                                 pc.drop_null(served.scan.ids), writes)
+        except Exception as exc:   # the served view is committed: report it
+            if space.is_full(exc):
+                exc = _disk_full(target.job, writes, exc, target.out)
+            elif not isinstance(exc, (JobFailed, errors.EmbeddingsError)):
+                raise
             log.error("the switch to %s did not advance: %s", job.model.name, getattr(exc, "message", exc))
             target, stopped = None, True
     after = _account_after(job)
@@ -259,7 +322,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tupl
         account_before=account.as_dict(), account_after=after.as_dict(),
         estimate={"price_rub_per_1m_tokens": served.price * 1e6, "spendable_rub": spendable.rub,
                   "preflight": decided_by},
-        catalogue_price=served.job.model.price_per_token,
+        catalogue={name: m.price_per_token for name, m in catalogue(job.opts).items()},
         caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started,
         other_runs=others)
     report["timing"]["commit_s"] = commit_s

@@ -9,6 +9,7 @@ import collections
 import datetime as dt
 import os
 import time
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -134,16 +135,16 @@ def run_figures(out: OutputDir, run_id: str) -> dict:
 
 def build_summary(out: OutputDir, view: View, *, run_id: str, model: str, metrics: dict, input_ids: int | None,
                   removed: int,
-                  account_before: dict, account_after: dict, estimate: dict, catalogue_price: float,
+                  account_before: dict, account_after: dict, estimate: dict, catalogue: Mapping[str, float],
                   caps: dict, started: dt.datetime, other_runs: tuple[str, ...] = ()) -> dict:
     """OTHER_RUNS: runs of the same command (a switch's target) whose unanswered requests the
-    reconciliation lists too."""
+    reconciliation lists too; CATALOGUE: RUB per token by model name."""
     figures = run_figures(out, run_id)
     own, carried = figures.pop("_own_requests"), figures.pop("carried_over_from_journal_rub")
     rows_by_request = _micro_by_request(read_tables(out.history_files("embeddings"), ["cost_rub", "request_id"]))
     recon = reconcile(out.path, run_ids=(run_id, *other_runs), requests=_all_requests(out),
                       rows_by_request=rows_by_request, account_after=account_after,
-                      catalogue_price=catalogue_price)
+                      catalogue=catalogue, catalogue_price=catalogue[model])
     recon["carried_over_from_journal_rub"] = carried
     return {
         **figures, "model": model, "documents": metrics.get("documents", 0), "estimate": estimate,

@@ -17,8 +17,9 @@ What the client can know, and how each part is found:
   (a run's start balance, an answered charge, the final balance) is money spent by charges
   the job did not see. The job knows its own unseen candidates: a retried attempt costs what
   its answered retry cost; a request in flight at a kill (an intent in the journal without an
-  entry) costs what the service bills its tokens (transforms/money/apportion.bill_micro). A
-  candidate can only sit in a gap after every charge answered before it was sent (clocks of
+  entry) costs what the service bills its tokens at its run's model's price
+  (transforms/money/apportion.bill_micro): a DIR switched to another model holds both models'
+  bills, and one price for both fits neither. A candidate can only sit in a gap after every charge answered before it was sent (clocks of
   one host assumed).
   A gap that a set of eligible candidates fills to the micro-rouble is *lost*; a gap no
   eligible candidate fits is *others*; whatever stays open, where own candidates and other
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from pipeline.outdir.records import read_records
 from transforms.money import journal
@@ -143,9 +144,25 @@ def _unanswered(requests: dict[str, dict], intents: list[dict], records: list[di
     return found
 
 
-def _candidates(requests: list[dict], unanswered: list[dict], price: float) -> tuple[list[Candidate], int]:
+def _prices(answered: list[dict], records: list[dict], catalogue: Mapping[str, float],
+            default: float) -> dict[str | None, float]:
+    """RUB per token as billed, per run id: its model's answers and catalogue price (under
+    None, for a run whose record names no model: every answer, the command's price)."""
+    by_model: dict[str, list[dict]] = {}
+    for r in answered:
+        by_model.setdefault(r["model"], []).append(r)
+    models = {rec["run_id"]: rec.get("model") for rec in records}
+    prices: dict[str | None, float] = {None: _price(answered, default)}
+    for run_id, model in models.items():
+        if model is not None:
+            prices[run_id] = _price(by_model.get(model, []), catalogue.get(model, prices[None]))
+    return prices
+
+
+def _candidates(requests: list[dict], unanswered: list[dict],
+                prices: dict[str | None, float]) -> tuple[list[Candidate], int]:
     """(own charges never seen, intents torn by a kill: written before their request left, so
-    a torn one was never sent)."""
+    a torn one was never sent). PRICES: RUB per token by run id (_prices)."""
     out = [Candidate(to_micro(r["cost_rub"]), _time(r["started_at"]), "retried", r["run_id"])
            for r in requests if r["status"] == 200 and r["cost_rub"] for _ in range(r["attempts"] - 1)]
     torn = 0
@@ -153,7 +170,7 @@ def _candidates(requests: list[dict], unanswered: list[dict], price: float) -> t
         if u.get("tokens") is None or u.get("at") is None:
             torn += 1
             continue
-        cost = bill_micro(u["tokens"], price)
+        cost = bill_micro(u["tokens"], prices.get(u["run_id"], prices[None]))
         out += [Candidate(cost, _time(u["at"]), "in_flight", u["run_id"])] * int(u.get("attempts") or 1)
     return out, torn
 
@@ -179,11 +196,12 @@ def _gap_notes(split: dict, torn: int, unexplained: int) -> list[str]:
 
 
 def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict], rows_by_request: dict[str, int],
-              account_after: dict, catalogue_price: float) -> dict:
+              account_after: dict, catalogue: Mapping[str, float], catalogue_price: float) -> dict:
     """The reconciliation over DIR's whole history, from every request row in DIR (REQUESTS)
     and the rows' cost per request id; `unanswered` lists the requests of this command's runs
     (RUN_IDS: a switch has two) sent without an answer, which record_finish keeps once the
-    journal is gone."""
+    journal is gone. CATALOGUE: RUB per token by model name; CATALOGUE_PRICE, the command's
+    model's (for runs whose model is not known)."""
     records = read_records(output_dir)
     by_id = {r["request_id"]: r for r in requests}
     intents = journal.read_intents(output_dir, skip={r["request_id"] for r in requests if r["status"] == 200})
@@ -230,8 +248,8 @@ def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict]
     points += [Point(to_micro(r["balance_after"]) + to_micro(r["cost_rub"]), to_micro(r["balance_after"]),
                      _time(r["started_at"]) + (r["latency_ms"] or 0) / 1000) for r in charged]
     points.append(Point(to_micro(after), to_micro(after), now))
-    price = _price([r for r in requests if r["status"] == 200], catalogue_price)
-    candidates, torn = _candidates(requests, unanswered, price)
+    prices = _prices([r for r in requests if r["status"] == 200], records, catalogue, catalogue_price)
+    candidates, torn = _candidates(requests, unanswered, prices)
     split = split_gaps(points, candidates)
     unseen = split["lost"]
     lost_unseen = sum(c.cost for c in unseen)

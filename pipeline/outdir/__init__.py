@@ -167,8 +167,24 @@ class OutputDir:
 
     def commit(self, run: RunFiles, previous: View | None, template: View, codec: Codec, rewrite: Rewrite) -> View:
         """RUN's outcome becomes the current view (after PREVIOUS, the view the run started
-        from): its files, the manifest, the link."""
-        return self.serve(next_view(self.path, previous, run, template, codec, rewrite))
+        from): its files, the manifest, the link. A commit that fails before its commit point
+        removes its own files at once: they would take the room the next try needs."""
+        try:
+            return self.serve(next_view(self.path, previous, run, template, codec, rewrite))
+        except Exception:
+            self._discard_unserved(run.run_id)
+            raise
+
+    def _discard_unserved(self, view_id: str) -> None:
+        """The files of VIEW_ID (its segments, document index and manifest) unless the slot's
+        pointer names it: its commit point was reached (the link may have failed after it)."""
+        patterns = [self.join(f"{layout.SEGMENTS}/*-{view_id}*.parquet"), self.join(layout.view_manifest(view_id))]
+        try:
+            served = views.load(self.path, self.slot)
+            if served is None or served.view != view_id:
+                _delete_quietly([m.path for r in FileSystems.match(patterns) for m in r.metadata_list])
+        except Exception as exc:   # the failure to report is the commit's; the next run's start retries
+            log.warning("could not remove the files of a failed commit in %s: %s", self.path, exc)
 
     def serve(self, view: View) -> View:
         """VIEW becomes the slot's view: the manifest (the commit point), then the link."""

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.outdir import layout
+from pipeline.outdir import layout, space
 from pipeline.outdir.view import View
 from transforms.read.changes import CHANGES_SCHEMA, DOCINDEX, FINGERPRINT, RESUMED
 from transforms.read.parquet import read_tables, row_count
@@ -188,6 +188,21 @@ class _Files:
                                    moves_to and layout.join(self._out, moves_to)))
 
 
+def sizes(paths: list[str]) -> int:
+    """Bytes of the files at PATHS."""
+    found = FileSystems.match(paths) if paths else []
+    return sum(m.size_in_bytes for result in found for m in result.metadata_list)
+
+
+def rewrites_at_most(output_dir: str, view: View | None) -> int:
+    """Bytes a commit after VIEW writes again at most: every file of it that rows may leave or
+    move from (all but the requests), and its document index once more."""
+    if view is None:
+        return 0
+    paths = [p for kind in RULES_OF_PREVIOUS for p in view.paths(kind)] + ([view.docindex] if view.docindex else [])
+    return sizes([layout.join(output_dir, p) for p in paths])
+
+
 def _write_index(output_dir: str, path: str, table: pa.Table, codec: Codec) -> None:
     with FileSystems.create(layout.join(output_dir, path)) as sink:
         writer = open_writer(sink, DOCINDEX, codec)
@@ -216,13 +231,19 @@ def next_view(output_dir: str, previous: View | None, run: RunFiles, template: V
     for kind in layout.READER_KINDS:
         for path in run.requests if kind == "requests" else run.files.get(kind, []):
             gathered.add(kind, path, THIS_RUN if kind in MOVES else None)
-    if gathered.tasks:
-        rules = layout.join(output_dir, layout.segment("rules", run.run_id, 0))
-        save_rules(rules, decision.rules)
-        rewrite(gathered.tasks, rules)
-    kept = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
-    new_index = pa.concat_tables([kept, decision.entries])
     docindex = layout.docindex(run.run_id)
-    _write_index(output_dir, docindex, new_index, codec)
+    try:
+        if gathered.tasks:
+            rules = layout.join(output_dir, layout.segment("rules", run.run_id, 0))
+            save_rules(rules, decision.rules)
+            rewrite(gathered.tasks, rules)
+        kept = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
+        new_index = pa.concat_tables([kept, decision.entries])
+        _write_index(output_dir, docindex, new_index, codec)
+    except Exception as exc:
+        if not space.is_full(exc):
+            raise
+        # a file written again is at most its source; the next index, at most the columns of both in memory
+        raise space.Full(sizes([t.source for t in gathered.tasks]) + index.nbytes + decision.entries.nbytes) from exc
     return dataclasses.replace(template, view=run.run_id, docindex=docindex, documents=new_index.num_rows,
                                files={k: tuple(v) for k, v in gathered.files.items() if v})

@@ -74,3 +74,36 @@ def test_answers_billed_after_a_client_timeout_are_named(tmp_path, sandbox_facto
     assert s["requests_retried"] >= sum(1 for n in per_id.values() if n > 1)
     print(f"\nbilled {billed} µRUB, answered {answered} µRUB, named difference "
           f"{recon['balance_minus_requests_rub']} RUB over {sum(n - 1 for n in per_id.values())} unseen charges")
+
+
+def test_a_request_lost_after_a_switch_is_priced_at_its_own_model(tmp_path, sandbox_factory, env_key):
+    """DIR built on one model (300 RUB per 1M), switched to another (100), then a day whose one
+    request times out on both attempts, billed each time: its charges are the job's own, named
+    as lost at its model's price, to the micro-rouble (the history holds both models' bills)."""
+    from tests.e2e.test_switch import MODEL, OTHER, write_models as switch_models
+    from tests.e2e.test_switch import run as run_model
+
+    models = switch_models(tmp_path / "models.yaml")
+    settings = yaml.safe_load(default_settings_text())
+    settings["client"].update(read_timeout_s=1.0, read_timeout_max_s=1.5, initial_backoff_s=0.1, max_backoff_s=0.2)
+    run_config = tmp_path / "pipeline.yaml"
+    run_config.write_text(yaml.safe_dump(settings))
+    day = corpus_rows(n_short=20, n_long=0)
+    corpus, out = write_corpus(tmp_path / "corpus.parquet", day), tmp_path / "out"
+    sb = start_sandbox(sandbox_factory, models)
+    assert run_model(corpus, out, sb, models, OTHER) == 0
+    assert run_model(corpus, out, sb, models, MODEL, "--sync", "--switch-model") == 0
+    assert summary(out)["switch"]["switched"]
+    sb.stop()
+    day[0] = dict(day[0], text=day[0]["text"] + " edited")
+    write_corpus(corpus, day)
+    before = len(ledger(sb))
+    # every answer is billed, then held back beyond the client's read timeout
+    slow = start_sandbox(sandbox_factory, models, db=sb.db, args=["--rate-slow", "1.0", "--slow-s", "4"])
+    assert run_model(corpus, out, slow, models, MODEL, "--sync", "--run-config", str(run_config)) == 1
+    lost = ledger(slow)[before:]
+    assert {c["model"] for c in lost} == {MODEL} and len(lost) == 2   # one request, two attempts
+    recon = summary(out)["reconciliation"]
+    assert (recon["lost"]["in_flight"]["count"], to_micro(recon["lost"]["in_flight"]["rub"])) == (
+        2, micro(c["cost_rub"] for c in lost)), recon["notes"]
+    assert recon["others_rub"] == 0 and recon["unexplained_rub"] == 0, recon["notes"]

@@ -14,11 +14,13 @@ import pytest
 import yaml
 
 from pipeline.cli import main
+from pipeline.commands import run as run_command
 from pipeline.outdir import OutputDir
 from service.catalog import load_models
-from tests.conftest import SANDBOX_KEY
+from tests.conftest import SANDBOX_KEY, fill, free_bytes, make_free
 from tests.e2e.money_helpers import (MODEL, corpus_rows, current, kill_once_journaled, ledger, start_sandbox, summary,
                                      write_corpus)
+from tests.e2e.test_full_disk import to_free
 from tests.e2e.test_sync import assert_current, chunk_hashes, next_day
 
 OTHER = "text-embedding-3-large"
@@ -213,6 +215,75 @@ def test_a_switch_killed_half_way_resumes_with_the_same_command(tmp_path, sandbo
     assert billed_twice_per_model(ledger(fast)) == {}
     assert summary(out)["switch"]["switched"] and len(summary(out)["switch"]["runs"]) == 2
     assert_current_as(out, models, day, OTHER)
+
+
+def test_an_input_changed_during_the_targets_part_says_the_served_part_is_committed(tmp_path, sandbox_factory,
+                                                                                  env_key, monkeypatch, caplog):
+    """The served view's share of the day is committed first; the input changes while the
+    target's job reads it: the target is not committed, and the line says so, not that
+    nothing is committed. The same command, once the input is whole, completes the switch."""
+    models, sb, corpus, out, day = switch_day_one(tmp_path, sandbox_factory)
+    today, _ = next_day(day, seed=5, edit_short=2, edit_long=0, remove=1, add=2)
+    write_corpus(corpus, today)
+    later, _ = next_day(today, seed=6, edit_short=2, edit_long=0, remove=0, add=1)
+    real, calls = run_command._run_job, []
+
+    def rewritten_during_the_target(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            write_corpus(corpus, later)
+        return result
+    monkeypatch.setattr(run_command, "_run_job", rewritten_during_the_target)
+    caplog.clear()
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 1
+    line = next(r.getMessage() for r in caplog.records if "did not advance" in r.getMessage())
+    assert f"the input file {corpus} changed while the run read it" in line and "nothing is committed" not in line
+    assert f"{out} serves this run's changes, committed in its view of {MODEL};" in line, line
+    assert f"the view of {OTHER} beside it stays as it was before this run" in line
+    assert_current(out, models, today)           # the served part is committed: the day as first read
+    assert not summary(out)["switch"]["switched"] and summary(out)["exit_code"] == 1
+    assert not (out / "target").exists()          # the target had no view before this run, and has none
+    monkeypatch.undo()
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 0
+    assert summary(out)["switch"]["switched"] and billed_twice_per_model(ledger(sb)) == {}
+    assert_current_as(out, models, later, OTHER)
+
+
+def test_a_full_disk_during_the_targets_part_says_what_to_free_and_the_same_command_completes(
+        tmp_path, disk, sandbox_factory, env_key, monkeypatch, caplog):
+    """The served view's share of the day is committed; the disk fills before the target's job:
+    the line says the served part is committed, what to free, and freeing it lets the same
+    command complete the switch."""
+    mount = disk(8)
+    models = write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models)
+    day = corpus_rows(n_short=40, n_long=2)
+    corpus, out = write_corpus(tmp_path / "corpus.parquet", day), mount / "out"
+    assert run(corpus, out, sb, models, MODEL) == 0
+    today, _ = next_day(day, seed=5, edit_short=2, edit_long=0, remove=1, add=2)
+    write_corpus(corpus, today)
+    real, calls, filler = run_command._run_job, [], []
+
+    def full_before_the_target(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            filler.append(fill(mount, 64 << 10))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(run_command, "_run_job", full_before_the_target)
+    caplog.clear()
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 1
+    line = next(r.getMessage() for r in caplog.records if "did not advance" in r.getMessage())
+    assert f"--output {out}: no space left on its disk" in line and "nothing is committed" not in line
+    assert f"{out} serves this run's changes, committed in its view of {MODEL};" in line, line
+    assert_current(out, models, today)
+    monkeypatch.undo()
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+    make_free(mount, filler[0], free_bytes(mount) + to_free(line))
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 0
+    assert summary(out)["switch"]["switched"] and billed_twice_per_model(ledger(sb)) == {}
+    assert_current_as(out, models, today, OTHER)
 
 
 def test_switch_model_goes_with_sync(tmp_path, sandbox_factory, env_key, caplog):

@@ -58,7 +58,7 @@ def test_an_unanswered_request_is_priced_as_the_service_bills_it():
     assert (bill_micro(1, price), bill_micro(5, price)) == (3, 13)
     intents = [{"request_id": f"r{t}", "run_id": "run-1", "tokens": t, "at": "1970-01-01T00:00:03+00:00"}
                for t in (1, 5, 9)]
-    candidates, torn = _candidates([], intents, price)
+    candidates, torn = _candidates([], intents, {None: price})
     assert [c.cost for c in candidates] == [3, 13, 23] and torn == 0
     points = [Point(900, 900, 0.0), charge(800, 100, 2.0), Point(761, 761, 9.0)]   # gaps: 0, 39
     split = split_gaps(points, candidates)
