@@ -81,7 +81,7 @@ class Packer:
     def flush(self) -> list[list[Any]]:
         """What the open requests hold, packed again first-fit decreasing (the tail of a bundle
         is where requests would otherwise go out half empty); the packer is empty afterwards."""
-        left = sorted(((n, i, item) for r in self._open for i, (item, n) in enumerate(zip(r.items, r.sizes))),
+        left = sorted(((n, i, item) for r in self._open for i, (item, n) in enumerate(zip(r.items, r.sizes, strict=True))),
                       key=lambda e: -e[0])
         self._open, packed = [], []
         for n, _, item in left:
@@ -147,4 +147,4 @@ def request_totals(requests):
     return (requests
             | "RequestTotals" >> beam.Map(lambda r: (1, len(r), sum(len(i.refs) for i in r),
                                                      sum(i.n_tokens for i in r)))
-            | "SumTotals" >> beam.CombineGlobally(lambda rows: tuple(map(sum, zip(*rows))) or (0, 0, 0, 0)))
+            | "SumTotals" >> beam.CombineGlobally(lambda rows: tuple(map(sum, zip(*rows, strict=True))) or (0, 0, 0, 0)))

@@ -35,7 +35,7 @@ class InputInfo:
 
     @property
     def stamp_map(self) -> dict[str, Stamp]:
-        return dict(zip(self.files, self.stamps))
+        return dict(zip(self.files, self.stamps, strict=True))
 
 
 GLOB_CHARS = "*?["
@@ -45,7 +45,7 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # how Hive and Spark write a null part
 def _stamp(path: str) -> Stamp:
     try:
         return stamp(path)
-    except Exception as exc:  # noqa: BLE001  BeamIOError on every store
+    except Exception as exc:
         raise UsageError(f"{path}: cannot read its size and modification time ({exc})") from None
 
 
@@ -149,5 +149,5 @@ def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence
             raise UsageError(f"{path}: kept columns have other types than in {files[0]}")
         # required in the outputs only if required in every input file
         kept_fields = fields if kept_fields is None else tuple(
-            f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields))
+            f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields, strict=True))
     return InputInfo(tuple(files), rows, kept_fields or (), tuple(partitions) if keys else (), stamps=stamps)

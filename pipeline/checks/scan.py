@@ -93,7 +93,7 @@ def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
     or cannot be decoded is found here, before anything is sent, when it is in what is read."""
     ids, rows, text_bytes = [], 0, 0
     stamps = info.stamp_map
-    for path, partition in zip(info.files, info.partition_mappings or [{}] * len(info.files)):
+    for path, partition in zip(info.files, info.partition_mappings or [{}] * len(info.files), strict=True):
         try:
             n, file_ids, bound = _checked_scan(path, partition, id_column, text_column, stamps.get(path))
         except InputChanged as exc:
@@ -106,7 +106,7 @@ def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
     if counts is not None and len(counts):
         repeated = counts.filter(pc.greater(counts.field("counts"), 1))
         duplicates = {v: n for v, n in zip(repeated.field("values").to_pylist(),
-                                           repeated.field("counts").to_pylist()) if v is not None}
+                                           repeated.field("counts").to_pylist(), strict=True) if v is not None}
         distinct = counts.field("values")
     return Scan(rows, duplicates, text_bytes, distinct)
 

@@ -46,7 +46,7 @@ def _vectors(out: OutputDir, view: View, wanted: pa.Array) -> np.ndarray:
                     continue
                 rows = batch.filter(keep)
                 flat = rows.column(1).flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-                for sha, vector in zip(rows.column(0).to_pylist(), flat.reshape(rows.num_rows, -1)):
+                for sha, vector in zip(rows.column(0).to_pylist(), flat.reshape(rows.num_rows, -1), strict=True):
                     found.setdefault(sha, vector)
     matrix = np.stack([found[sha] for sha in wanted.to_pylist()])
     return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
@@ -62,7 +62,7 @@ def neighbours(unit: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 def overlaps(a: np.ndarray, b: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """Per query, the share of its K nearest neighbours under A that are among them under B."""
     na, nb = neighbours(a, queries, k), neighbours(b, queries, k)
-    return np.array([len(set(x) & set(y)) / k for x, y in zip(na, nb)])
+    return np.array([len(set(x) & set(y)) / k for x, y in zip(na, nb, strict=True)])
 
 
 def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict:

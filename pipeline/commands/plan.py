@@ -139,7 +139,7 @@ def render_comparison(plans: list[dict], jobs: list[Job]) -> str:
                      for _, key, fmt in COMPARE for v in [values[key]]])
     cells = [[title for title, _, _ in COMPARE]] + rows
     widths = [max(len(r[i]) for r in cells) for i in range(len(COMPARE))]
-    table = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    table = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in cells]
     first = plans[0]
     return "\n".join(table + ["", f"{first['files']} files, {first['documents']} documents; spendable "

@@ -64,7 +64,7 @@ def render(rows: list[dict]) -> str:
                          "-" if r["rub_per_1m_tokens"] is None else f"{r['rub_per_1m_tokens']:.6f}",
                          str(r["retries"])) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
                      for row in cells)
 
 
@@ -103,7 +103,7 @@ def _plot(spend, latency, t: pa.Table) -> None:
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 
     starts = t.column("started_at").to_pylist()
-    last = max(w + dt.timedelta(milliseconds=ms) for w, ms in zip(starts, t.column("latency_ms").to_pylist()))
+    last = max(w + dt.timedelta(milliseconds=ms) for w, ms in zip(starts, t.column("latency_ms").to_pylist(), strict=True))
     for model in sorted(set(t.column("model").to_pylist())):
         rows = t.filter(pc.equal(t.column("model"), model))
         when = rows.column("started_at").to_pylist()

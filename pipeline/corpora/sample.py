@@ -141,7 +141,7 @@ def _code(rng: np.random.Generator, comments: _Prose, lang: str, n_words: int) -
     snippets = [comment + comments.take(int(rng.integers(4, 14))).replace("\n\n", " ") + "\n"]
     for _ in range(max(1, n_words // 25)):
         names = _IDENTS[rng.integers(0, len(_IDENTS), 6)]
-        fields = dict(zip("abcdef", names), A=names[0].capitalize(), B=names[1].capitalize(),
+        fields = dict(zip("abcdef", names, strict=True), A=names[0].capitalize(), B=names[1].capitalize(),
                       n=int(rng.integers(1, 1000)))
         snippets.append(templates[int(rng.integers(len(templates)))].format(**fields))
     return "\n".join(snippets)
@@ -160,7 +160,7 @@ def write_sample_corpus(path: str, n_docs: int = 300, seed: int = 0, bad_rows: b
     if n_docs < specials + long_docs + 1:
         raise ValueError(f"n_docs must be at least {specials + long_docs + 1} for these options")
     rng = np.random.default_rng(seed)
-    langs, shares = zip(*_LANGS)
+    langs, shares = zip(*_LANGS, strict=True)
     n_plain = n_docs - specials - long_docs
     n_duplicates = int(n_plain * DUPLICATE_SHARE)
     docs = [(str(lang), _log_uniform(rng, *_WORDS), "")

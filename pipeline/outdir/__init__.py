@@ -157,7 +157,7 @@ class OutputDir:
         runs = [layout.run_dir(_EARLIER_LAYOUT.match(name).group(1)) for name in names]
         for run in set(runs):
             _make_dirs(self.join(run))
-        FileSystems.rename(found, [self.join(f"{run}/{name}") for run, name in zip(runs, names)])
+        FileSystems.rename(found, [self.join(f"{run}/{name}") for run, name in zip(runs, names, strict=True)])
         log.info("moved %d files of an earlier layout of %s into its history/", len(found), self.path)
 
     def repair_link(self) -> None:

@@ -37,7 +37,7 @@ def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str], seen: set)
     if spans:
         starts = rows.column("token_start").to_pylist()
     else:
-        outcomes = list(zip(rows.column("reason").to_pylist(), rows.column("detail").to_pylist()))
+        outcomes = list(zip(rows.column("reason").to_pylist(), rows.column("detail").to_pylist(), strict=True))
     take, lates = [], []
     for i, key in enumerate(_keys(rows).to_pylist()):
         for late in late_by_first[key]:
@@ -56,8 +56,8 @@ def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str], seen: set)
     if spans:  # embeddings and pending rows: a span of the late row's doc
         shift = [late.ref.token_start - late.first[2] for late in lates]
         values.update(chunk_count=[late.ref.chunk_count for late in lates],
-                      token_start=[s + d for s, d in zip(out.column("token_start").to_pylist(), shift)],
-                      token_end=[e + d for e, d in zip(out.column("token_end").to_pylist(), shift)],
+                      token_start=[s + d for s, d in zip(out.column("token_start").to_pylist(), shift, strict=True)],
+                      token_end=[e + d for e, d in zip(out.column("token_end").to_pylist(), shift, strict=True)],
                       **{name: [late.ref.kept[j] for late in lates] for j, name in enumerate(kept)})
     if "cost_rub" in out.column_names:  # the first row carries the cost, as for a reused vector
         values["cost_rub"] = [0.0] * len(lates)

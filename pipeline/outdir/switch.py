@@ -89,7 +89,7 @@ def spent_rub(out: OutputDir, switch: Switch) -> float:
     seen, micro = set(), 0
     for table in read_tables(out.history_files("requests"), ["request_id", "run_id", "cost_rub"]):
         for request_id, run_id, cost in zip(*(table.column(c).to_pylist() for c in ("request_id", "run_id",
-                                                                                     "cost_rub"))):
+                                                                                     "cost_rub")), strict=True):
             if run_id in runs and request_id not in seen:
                 seen.add(request_id)
                 micro += to_micro(cost or 0)

@@ -5,7 +5,7 @@ import argparse
 import difflib
 
 # Registers the Flink and Spark runners' options, so their flags count as known.
-import apache_beam.runners.portability.flink_runner  # noqa: F401
+import apache_beam.runners.portability.flink_runner
 import apache_beam.runners.portability.spark_runner  # noqa: F401
 from apache_beam.internal import pickler
 from apache_beam.io.filesystems import FileSystems

@@ -195,7 +195,7 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format, *args):   # noqa: A002 - BaseHTTPRequestHandler's signature
+    def log_message(self, format, *args):
         log.debug("%s %s", self.address_string(), format % args)
 
     def do_GET(self):

@@ -188,7 +188,7 @@ class Store:
             for p in batch:
                 p.error = exc
             return
-        for p, result in zip(batch, results):
+        for p, result in zip(batch, results, strict=True):
             p.result = result
 
     @staticmethod

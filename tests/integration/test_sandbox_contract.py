@@ -103,7 +103,7 @@ def test_float_response_shape_usage_and_vectors(account):
     assert body["object"] == "list" and body["model"] == SMALL
     assert [d["object"] for d in body["data"]] == ["embedding"] * 3
     assert [d["index"] for d in body["data"]] == [0, 1, 2]
-    for text, item in zip(texts, body["data"]):
+    for text, item in zip(texts, body["data"], strict=True):
         vec = np.array(item["embedding"], dtype=np.float32)
         assert vec.shape == (MODELS[SMALL].dimensions,)
         np.testing.assert_array_equal(vec, embed_text(SMALL, text, MODELS[SMALL].dimensions))
@@ -118,7 +118,7 @@ def test_base64_is_float32_little_endian_of_the_same_vector(shared):
     texts = ["alpha", "beta gamma"]
     as_float = post(shared, {"model": SMALL, "input": texts}).json()
     as_b64 = post(shared, {"model": SMALL, "input": texts, "encoding_format": "base64"}).json()
-    for f, b in zip(as_float["data"], as_b64["data"]):
+    for f, b in zip(as_float["data"], as_b64["data"], strict=True):
         assert isinstance(b["embedding"], str)
         decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
         np.testing.assert_array_equal(decoded, np.array(f["embedding"], dtype=np.float32))

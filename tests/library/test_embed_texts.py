@@ -4,6 +4,7 @@ micro-rouble, each distinct text is paid once, the budget stops spending, no key
 pipeline before it runs."""
 from __future__ import annotations
 
+from itertools import pairwise
 import collections
 import hashlib
 import time
@@ -19,7 +20,7 @@ from service.credentials import MissingApiKeyError
 from service.sandbox.store import read_ledger
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows
-from tests.e2e.test_runners import job_endpoint  # noqa: F401  (the job service fixture)
+from tests.e2e.test_runners import job_endpoint as _job_service_fixture  # noqa: F401  (pytest finds it by its own name)
 from tests.library.helpers import MODEL, collected, micro, run_pipeline
 
 KINDS = ("embeddings", "failed", "pending", "requests")
@@ -184,7 +185,7 @@ def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_
     pieces = sorted((r["token_start"], r["token_end"], r["chunk_index"]) for r in out["embeddings"]
                     if r["doc_id"] == "long")
     assert len(pieces) >= 2 and {p[2] for p in pieces} == {0} and pieces[0][0] == 0
-    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:])) and all(e - s <= 8191 for s, e, _ in pieces)
+    assert all(a[1] == b[0] for a, b in pairwise(pieces)) and all(e - s <= 8191 for s, e, _ in pieces)
     assert out["failed"] == [] and {r["doc_id"] for r in out["embeddings"]} == {"long", "short"}
     assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
 

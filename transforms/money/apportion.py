@@ -49,7 +49,7 @@ def apportion_micro(total_micro: int, weights: Sequence[int]) -> list[int]:
     if not any(weights):
         weights = [1] * len(weights)
     whole = sum(weights)
-    shares, remainders = zip(*(divmod(total_micro * w, whole) for w in weights))
+    shares, remainders = zip(*(divmod(total_micro * w, whole) for w in weights), strict=True)
     shares = list(shares)
     left = total_micro - sum(shares)
     for i in sorted(range(len(shares)), key=lambda i: (-remainders[i], i))[:left]:

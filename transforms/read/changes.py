@@ -110,7 +110,7 @@ class DocIndex:
             parquet = parquet_file(fh)
             for g in range(parquet.metadata.num_row_groups):
                 table = parquet.read_row_group(g)
-                for doc_id, served, target, todo in zip(*(table.column(c).to_pylist() for c in DOCINDEX.names)):
+                for doc_id, served, target, todo in zip(*(table.column(c).to_pylist() for c in DOCINDEX.names), strict=True):
                     self._index.put(key16(doc_id), _pack(Entry(served, target, tuple(todo) if todo else None)))
 
     def __len__(self) -> int:

@@ -283,17 +283,17 @@ class Splitter:
             plans = self._plan_group(["" if _blank(text) else text for _, text in group])
             self._count([cut for plan in plans for cut in plan])
             out.extend(self._chunks(doc_id, self._fit(plan))
-                       for (doc_id, _), plan in zip(group, plans))
+                       for (doc_id, _), plan in zip(group, plans, strict=True))
         return out
 
     def _plan_group(self, texts: list[str]) -> list[list[_Cut]]:
         """Plans for a group, its first segments encoded in one batch; none for an empty text. A
         blank one is planned: a piece of a document that _fit splits again may be all spaces."""
         segments = [_segments(text, self._config.segment_chars) for text in texts]
-        firsts = [next(it)[0] if text else None for text, it in zip(texts, segments)]
+        firsts = [next(it)[0] if text else None for text, it in zip(texts, segments, strict=True)]
         tokens = iter(_encode(self._encoding, [f for f in firsts if f is not None]))
         plans: list[list[_Cut]] = []
-        for text, it, first in zip(texts, segments, firsts):
+        for text, it, first in zip(texts, segments, firsts, strict=True):
             if first is None:
                 plans.append([])
                 continue
@@ -340,7 +340,7 @@ class Splitter:
             size += len(cut.data)
             if size >= self._config.batch_chars or i == len(todo) - 1:
                 batch = todo[start:i + 1]
-                for c, n in zip(batch, map(len, _encode(self._encoding, [c.data for c in batch]))):
+                for c, n in zip(batch, map(len, _encode(self._encoding, [c.data for c in batch])), strict=True):
                     c.n_tokens = n
                 start, size = i + 1, 0
 

@@ -133,7 +133,7 @@ def load_rules(path: str) -> dict[str, Rules]:
     with open_parquet(path) as fh:
         table = read_whole(fh)
     found: dict[str, dict] = {}
-    for name, field, value in zip(*(table.column(c).to_pylist() for c in ("rules", "field", "value"))):
+    for name, field, value in zip(*(table.column(c).to_pylist() for c in ("rules", "field", "value")), strict=True):
         fields = found.setdefault(name, {f: [] for f in _ARRAYS})
         if field in _ARRAYS:
             fields[field].append(value)
