@@ -84,11 +84,12 @@ class FaultConfig:
         unknown = sorted(set(raw) - set(fields))
         if unknown:
             raise ConfigError(f"{where}: unknown fault settings {unknown}; known: {sorted(fields)}")
-        values = {}
+        values: dict[str, Any] = {}
         for name, value in raw.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ConfigError(f"{where}: {name} must be a number, got {value!r}")
-            values[name] = value
+            if value is not None:   # a setting left empty keeps its default
+                values[name] = value
         try:
             return cls(**values)
         except ConfigError as exc:
