@@ -16,6 +16,7 @@ import yaml
 from service.catalog import load_models
 from service.credentials import key_fingerprint
 from service.sandbox.embedder import embed_text
+from service.sandbox.launcher import SandboxError, SandboxProcess
 from service.sandbox.money import cost_micro, to_micro
 from service.tokenizer import get_encoding
 
@@ -346,6 +347,13 @@ def test_account_segment_is_configurable(sandbox_factory):
     sb = sandbox_factory(key=KEY, balance=3.0, args=["--account-segment", "acme"])
     assert requests.get(sb.base_url + "/acme/balance", headers=AUTH, timeout=10).json() == {"balance": 3.0}
     assert requests.get(sb.base_url + "/service/balance", headers=AUTH, timeout=10).status_code == 404
+
+
+def test_a_key_without_a_balance_is_refused_with_the_sandbox_s_reason(tmp_path):
+    sb = SandboxProcess(tmp_path / "sb.db", key=KEY, balance=None)
+    with pytest.raises(SandboxError, match="--key needs --balance"):
+        sb.start()
+    assert not sb.running()
 
 
 def test_unknown_path_404_and_wrong_method_405(shared):
