@@ -345,7 +345,8 @@ class _Reply:
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
     """The exception and everything it wraps (requests -> urllib3 -> socket)."""
-    stack, seen = [exc], set()
+    stack: list[BaseException | None] = [exc]
+    seen: set[int] = set()
     while stack:
         e = stack.pop()
         if e is None or id(e) in seen:
@@ -381,7 +382,7 @@ def _transport_error(exc: requests.RequestException, url: str, timeout: tuple[fl
         isinstance(e, urllib3.exceptions.ConnectTimeoutError) for e in chain)  # incl. refused, DNS
     read_timeout = isinstance(exc, requests.exceptions.ReadTimeout) or any(
         isinstance(e, urllib3.exceptions.ReadTimeoutError) for e in chain)
-    kw = dict(request_id=request_id)
+    kw: dict[str, Any] = dict(request_id=request_id)
     if connect_phase and isinstance(exc, requests.exceptions.Timeout):
         return _Outcome(error=APITimeoutError(f"connect timeout ({timeout[0]} s) to {url}", **kw),
                         sent=False)
@@ -493,6 +494,7 @@ class EmbeddingsClient:
                            functools.partial(_parse_answer, n_inputs=len(inputs), dimensions=dimensions),
                            on_timeout, billed=True)
         answer = reply.answer
+        assert answer is not None   # _call returns a 2xx with PARSE's answer
         if answer.problem is not None:
             ignored = answer.undecodable and encoding == "base64"
             if ignored:
@@ -500,6 +502,7 @@ class EmbeddingsClient:
             error = self._invalid(answer.problem, reply, request_id, answer.usage)
             error.base64_ignored = ignored
             raise error
+        assert answer.vectors is not None and answer.usage is not None   # parsed, as there is no problem
         if answer.encoding == "float" and encoding == "base64":
             self._use_float("it answered a base64 request with float lists")
         return EmbedResult(model=answer.model if isinstance(answer.model, str) else model,

@@ -93,7 +93,7 @@ def _from_secret_manager(name: str) -> ApiKey:
     """NAME is a Secret Manager version ('projects/P/secrets/S/versions/latest'). The library
     is an optional extra ('embedpipe[gcp]'), imported only when this is used."""
     try:
-        from google.cloud import secretmanager  # type: ignore[import-not-found]
+        from google.cloud import secretmanager
     except ImportError:
         raise MissingApiKeyError("--api-key-secret needs google-cloud-secret-manager on the workers: "
                                  "install embedpipe[gcp]") from None

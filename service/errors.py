@@ -51,7 +51,7 @@ class EmbeddingsError(Exception):
         return (_rebuild, (type(self), self.args, self.__dict__))
 
 
-def _rebuild(cls: type, args: tuple, state: dict) -> EmbeddingsError:
+def _rebuild(cls: type[EmbeddingsError], args: tuple, state: dict) -> EmbeddingsError:
     err = cls.__new__(cls)
     Exception.__init__(err, *args)
     err.__dict__.update(state)

@@ -95,7 +95,7 @@ def _embed_group(model: str, texts: Sequence[str], dims: int, full: int) -> np.n
     vecs = acc.reshape(len(lows), full)[:, :dims]
     norms = np.linalg.norm(vecs, axis=1)
     for i in np.flatnonzero(norms == 0.0):
-        vecs[i] = _fallback(model, texts[i], full)[:dims]
+        vecs[i] = _fallback(model, texts[int(i)], full)[:dims]
         norms[i] = np.linalg.norm(vecs[i])
     return (vecs / norms[:, None]).astype(np.float32)
 

@@ -171,6 +171,7 @@ class Store:
     def _outcome(p: _Pending) -> ChargeResult:
         if p.error is not None:
             raise p.error
+        assert p.result is not None   # _commit sets one of the two
         return p.result
 
     def _commit(self, batch: list[_Pending]) -> None:
