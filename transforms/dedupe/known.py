@@ -200,7 +200,7 @@ class KnownIndex:
             return None
         number, file, row_group, row, share = _ENTRY.unpack(held)
         request_id = self._request_ids[number]
-        if share and key16(f"{sha}\x00{request_id}") in self._written:
+        if share and self._written is not None and key16(f"{sha}\x00{request_id}") in self._written:
             share = 0   # DIR holds this text under that request: its share is written there
         return ReuseRef(self.files[file], row_group, row, request_id, share, file >= self._journal_from)
 

@@ -38,6 +38,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
+from typing import overload
 
 from transforms.embed.sharing import AccountSharing
 
@@ -162,6 +163,11 @@ class ConcurrencyLimiter:
     def in_flight(self) -> int:
         return self._in_flight
 
+    @overload
+    def acquire(self, timeout: None = None) -> Permit: ...
+    @overload
+    def acquire(self, timeout: float) -> Permit | None: ...
+
     def acquire(self, timeout: float | None = None) -> Permit | None:
         """Block until a place is free; None if `timeout` seconds passed first."""
         with self._cond:
@@ -195,7 +201,7 @@ class ConcurrencyLimiter:
 
     def _ramp_at(self) -> float | None:
         """When the ramp before the first answer adds the next place, if it still may."""
-        if not self._ramping or self._limit >= self._ramp_to:
+        if not self._ramping or self._admitted_after_s is None or self._limit >= self._ramp_to:
             return None
         return self._granted_at + self._admitted_after_s
 
@@ -264,7 +270,7 @@ class ConcurrencyLimiter:
         if self._answers < int(self._limit):
             return
         mean = self._ratios / self._timed if self._timed else None   # over one round trip
-        sent_with = self._sent / self._timed if self._timed else None   # the concurrency it measured
+        sent_with = self._sent / self._timed if self._timed else 0.0   # the concurrency it measured
         self._answers = self._timed = self._sent = 0
         self._ratios = 0.0
         self._level += 1   # the next round trip starts here, whatever is decided

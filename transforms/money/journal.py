@@ -21,6 +21,7 @@ import io
 import json
 import os
 import uuid
+from collections.abc import Set
 
 import numpy as np
 import pyarrow as pa
@@ -144,14 +145,14 @@ def write_intent(output_dir: str, run_id: str, request_id: str, tokens: int, wor
         fh.write(json.dumps(intent).encode())
 
 
-def _named(pattern: str, suffix: str, skip: set[str]) -> list[str]:
+def _named(pattern: str, suffix: str, skip: Set[str]) -> list[str]:
     """Paths matching PATTERN whose request id (the name before SUFFIX) is not in SKIP: a name
     is listed cheaply, a file is opened one request at a time."""
     paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
     return [p for p in paths if FileSystems.split(p)[1][:-len(suffix)] not in skip]
 
 
-def read_intents(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
+def read_intents(output_dir: str, skip: Set[str] = frozenset()) -> list[dict]:
     """Every intent in OUTPUT_DIR's journal, but those of the request ids in SKIP."""
     intents = []
     for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*" + INTENT_SUFFIX), INTENT_SUFFIX, skip):
@@ -183,7 +184,7 @@ def read_entry(output_dir: str, run_id: str, request_id: str) -> tuple[dict, lis
             entry_vectors(table))
 
 
-def read_requests(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
+def read_requests(output_dir: str, skip: Set[str] = frozenset()) -> list[dict]:
     """The request row of every whole entry but those in SKIP, from the file's footer alone."""
     rows = []
     for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*.parquet"), ".parquet", skip):

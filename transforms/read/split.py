@@ -312,6 +312,7 @@ class Splitter:
         can count one token less). Ends: each pass yields shorter texts, down to one character."""
         fitted: list[_Cut] = []
         for cut in plan:
+            assert cut.n_tokens is not None   # the caller counted the plan
             if cut.n_tokens <= self._config.max_tokens:
                 fitted.append(cut)
                 continue
@@ -413,6 +414,7 @@ class Splitter:
         chunks = []
         start = end = 0
         for index, cut in enumerate(plan):
+            assert cut.n_tokens is not None   # _fit's cuts are counted
             start = max(start, end - min(cut.overlap, cut.n_tokens))
             end = start + cut.n_tokens
             chunks.append(Chunk(doc_id, index, len(plan), start, end, cut.n_tokens,

@@ -99,7 +99,8 @@ class _SplitTable(beam.DoFn):
         texts, invalid = _texts(table.column(self._text_column))
         kept = list(zip(*(table.column(c).to_pylist() for c in self._keep_columns), strict=True)) or [()] * len(ids)
         self._rows.inc(len(ids))
-        valid, todos = [], []
+        valid: list[tuple[str, str, tuple]] = []   # (doc_id, text, kept values)
+        todos: list[tuple[int, ...] | None] = []
         changed_ids, changes, versions = [], [], []
         for row, (doc_id, text, extra) in enumerate(zip(ids, texts, kept, strict=True)):
             if doc_id is None:  # no id: nothing to match across runs; a failed row every time
@@ -113,8 +114,8 @@ class _SplitTable(beam.DoFn):
             changes.append(change)
             versions.append(version)
             if doc_id in self._duplicate_ids:  # every row of a repeated id: ambiguity is not resolved
-                rejection = Rejected(doc_id, None, "duplicate_id",
-                                     f"id occurs {self._duplicate_ids[doc_id]} times in the input")
+                rejection: Rejected | None = Rejected(doc_id, None, "duplicate_id",
+                                                       f"id occurs {self._duplicate_ids[doc_id]} times in the input")
             elif row in invalid:
                 rejection = Rejected(doc_id, None, "invalid_utf8", invalid[row])
             else:
