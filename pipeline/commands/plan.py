@@ -34,7 +34,7 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
     scan = scan or scan_input(info, opts.id_column, opts.text_column)
     out = OutputDir(opts.output) if opts.output else None
     decision = switching.decide(job, out, act=False) if out and not compare else switching.Decision(None)
-    if decision.switching is None:
+    if decision.switching is None or out is None:
         if out is not None and not compare:
             check_model(job, out)
         return _plan(job, out, info, account, scan)

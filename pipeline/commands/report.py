@@ -44,7 +44,7 @@ def load(paths: list[str], columns: list[str]) -> pa.Table | None:
 def cost_table(requests: pa.Table | None) -> list[dict]:
     """One row per model, sorted by name: requests, tokens, RUB (summed to the micro-rouble),
     average RUB per 1M tokens, retries (attempts beyond the first)."""
-    rows = []
+    rows: list[dict] = []
     if requests is None:
         return rows
     for model in sorted(set(requests.column("model").to_pylist())):

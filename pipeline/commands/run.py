@@ -169,7 +169,7 @@ class _Part:
 def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | None = None) -> _Part:
     opts = job.opts
     before = prior(job, out)
-    if info is None:
+    if info is None or scan is None:   # given together
         info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
                 else pending_input(before))
         scan = scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files)
@@ -244,7 +244,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tupl
     switched, target_commit_s, stopped = False, None, False
     if target and served_figures["exit_code"] != EXIT_OK:
         target = None   # the served view's share stopped: nothing is left for the target
-    if target:
+    if target and decision.switching:
         try:
             switched, target_commit_s = _advance(out, target, decision.switching.record, served_figures["cost_rub"],
                                                  pc.drop_null(served.scan.ids))
@@ -253,6 +253,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, read: dict) -> tupl
             target, stopped = None, True
     after = _account_after(job)
     others = (target.job.run_id,) if target else ()
+    assert out.view is not None   # committed by _run_part
     report = summary.build_summary(
         out, out.view, run_id=job.run_id, model=served.job.model.name, metrics=metrics, removed=len(served.gone),
         input_ids=len(pc.drop_null(served.scan.ids)) if opts.input else None,
@@ -292,8 +293,9 @@ def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, 
     a switch that is not complete is a partial run (4); its target's own failure (or STOPPED:
     its job failed) is the run's (1)."""
     if switched:   # its record is gone with the switch
-        record = dataclasses.replace(decision.switching.record,
-                                     runs=decision.switching.record.runs + (target.job.run_id,))
+        assert decision.switching is not None and target is not None   # a switch's target advanced
+        record: switches.Switch | None = dataclasses.replace(decision.switching.record,
+                                                             runs=decision.switching.record.runs + (target.job.run_id,))
     else:
         record = switches.load(out)
     if record is None:
@@ -302,7 +304,7 @@ def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, 
     price = target.price if target else _price_of(out, served.job, record.to_model)
     status = switches.status(out, record, ids, price, switched)
     status["abandoned"] = decision.abandoned
-    report = {"switch": status}
+    report: dict = {"switch": status}
     if target is not None:
         figures = summary.run_figures(out, target.job.run_id)
         figures.pop("_own_requests")

@@ -53,7 +53,7 @@ def _micro_by_request(tables) -> dict[str, int]:
 
 
 def _reasons(tables) -> dict[str, int]:
-    counts = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
     for t in tables:
         counts.update(t.column("reason").to_pylist())
     return dict(sorted(counts.items()))

@@ -160,7 +160,7 @@ def write_sample_corpus(path: str, n_docs: int = 300, seed: int = 0, bad_rows: b
     if n_docs < specials + long_docs + 1:
         raise ValueError(f"n_docs must be at least {specials + long_docs + 1} for these options")
     rng = np.random.default_rng(seed)
-    langs, shares = zip(*_LANGS, strict=True)
+    langs, shares = [lang for lang, _ in _LANGS], [share for _, share in _LANGS]
     n_plain = n_docs - specials - long_docs
     n_duplicates = int(n_plain * DUPLICATE_SHARE)
     docs = [(str(lang), _log_uniform(rng, *_WORDS), "")

@@ -154,7 +154,7 @@ class OutputDir:
         if not found:
             return
         names = [p.rsplit("/", 1)[-1] for p in found]
-        runs = [layout.run_dir(_EARLIER_LAYOUT.match(name).group(1)) for name in names]
+        runs = [layout.run_dir(m.group(1)) for m in map(_EARLIER_LAYOUT.match, names) if m]   # each matched above
         for run in set(runs):
             _make_dirs(self.join(run))
         FileSystems.rename(found, [self.join(f"{run}/{name}") for run, name in zip(runs, names, strict=True)])

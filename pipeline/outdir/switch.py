@@ -72,13 +72,16 @@ def settle(out: OutputDir) -> None:
     """A switch whose last step a kill interrupted: its target is current already."""
     switch, view = load(out), out.view
     if switch is not None and view is not None and (view.model, view.dimensions) == switch.to \
-            and (out.target().view is None or out.target().view.view == view.view):
+            and ((target := out.target().view) is None or target.view == view.view):
         end(out)
 
 
 def promote(out: OutputDir) -> View:
     """The target's view becomes the current one, in one step, then the switch ends."""
-    view = out.serve(out.target().view)
+    target = out.target().view
+    if target is None:   # covers() said it holds the corpus
+        raise RuntimeError(f"{out.path}: the switch has no target view to promote")
+    view = out.serve(target)
     end(out)
     return view
 

@@ -74,9 +74,9 @@ def lines(report: dict, output: str, next_step: str | None = None) -> list[str]:
 
 def _target_money(switch: dict | None) -> str:
     """What the run spent on a switch's target, beside the served view's share."""
-    run = (switch or {}).get("run")
-    if not run:
+    if not switch or not switch.get("run"):
         return ""
+    run = switch["run"]
     return (f" + {rub(run['cost_rub'])} RUB for {switch['to']['model']} ({count(run['requests'], 'request')}, "
             f"{run['prompt_tokens']:,} tokens)")
 
