@@ -23,7 +23,7 @@ import random
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -43,6 +43,7 @@ from service.timeouts import Attempt, ReadTimeouts
 MAX_TIMED_OUT = 2
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ class RetryPolicy:
                                      # adaptive timeout (service/timeouts.py)
     read_timeout_max_s: float = 300.0  # its ceiling, and the wait of the one retry after a timeout
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         if self.max_refusals < 0:
@@ -613,7 +614,7 @@ class EmbeddingsClient:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _get(self, endpoint: str, build: Any) -> Any:
+    def _get(self, endpoint: str, build: Callable[[Mapping[str, Any]], _T]) -> _T:
         """GET an account endpoint and BUILD the result from its JSON."""
         request_id = uuid.uuid4().hex
         reply = self._call("GET", f"/{self.account_segment}/{endpoint}", request_id)

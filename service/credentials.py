@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import NoReturn
 
 ENV_VAR = "EMBEDDINGS_API_KEY"
 
@@ -51,7 +52,7 @@ class ApiKey:
     def __hash__(self) -> int:
         return hash(self._value)
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         # A pickled DoFn would carry the key into the job graph; workers load it in setup().
         raise TypeError("ApiKey cannot be pickled: load it on the worker with load_api_key()")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Any
 from collections.abc import Iterator
 
 QUEUE, REFUSE = "queue", "429"
@@ -55,7 +56,7 @@ class Capacity:
                 self._busy[account] -= 1
                 self._cond.notify_all()
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         with self._cond:
             return {"capacity": self.capacity, "mode": self.mode,
                     "in_progress": sum(self._busy.values()), "queued": sum(self._waiting.values()),

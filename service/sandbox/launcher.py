@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from collections.abc import Sequence
 
 from .store import read_ledger
@@ -33,7 +33,7 @@ class SandboxError(RuntimeError):
 
 
 class SandboxProcess:
-    def __init__(self, db, key: str | None = "sk-test", balance: float | None = 1000.0,
+    def __init__(self, db: str | os.PathLike[str], key: str | None = "sk-test", balance: float | None = 1000.0,
                  budget: float | None = None, args: Sequence[str] = (), port: int = 0,
                  host: str = "127.0.0.1", start_timeout_s: float = 30.0):
         self.db = str(db)
@@ -45,7 +45,7 @@ class SandboxProcess:
         self.port: int | None = None
         self.log_path = self.db + ".log"
         self._ready_file = self.db + ".ready"
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._log_fh: IO[bytes] | None = None
 
     @property
@@ -90,9 +90,9 @@ class SandboxProcess:
             raise
         return self
 
-    def _wait_ready(self, proc: subprocess.Popen) -> int:
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> int:
         deadline = time.monotonic() + self._start_timeout_s
-        port = None
+        port: int | None = None
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise SandboxError(f"the sandbox exited with {proc.returncode}:\n{self.log_tail()}")
@@ -107,7 +107,7 @@ class SandboxProcess:
     def _healthy(self, port: int) -> bool:
         try:
             with _DIRECT.open(f"http://{self.host}:{port}/healthz", timeout=2) as resp:
-                return resp.status == 200
+                return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
             return False
 
@@ -149,14 +149,14 @@ class SandboxProcess:
         except OSError:
             return ""
 
-    def ledger(self) -> list[dict]:
+    def ledger(self) -> list[dict[str, Any]]:
         """The ledger rows, as `python -m service.sandbox ledger` prints them."""
         return list(read_ledger(self.db))
 
     def __enter__(self) -> SandboxProcess:
         return self if self.running() else self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
