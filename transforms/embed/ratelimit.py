@@ -118,7 +118,7 @@ class ConcurrencyLimiter:
         self._ratios = 0.0                # their latency / expected, summed
         self._sent = 0                    # and the in-flight counts they were sent with, summed
         self._seen: dict[int, tuple[float, int]] = {}   # in flight at send -> (latency / expected, answers)
-        self._recent: collections.deque = collections.deque(maxlen=_WINDOW)   # (tokens, latency_s)
+        self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=_WINDOW)   # (tokens, latency_s)
         self._plateau: int | None = None   # the level that drew the last 429
         self._probe_wait = 0               # answers under the plateau before probing it
         self._under = 0
@@ -243,8 +243,8 @@ class ConcurrencyLimiter:
         if permit.epoch != self._epoch:   # sent before the last decrease: its latency is old news
             return
         if ratio is not None:   # what the latency was at each concurrency it was sent with
-            mean, n = self._seen.get(permit.sent_with, (ratio, 0))
-            self._seen[permit.sent_with] = ((mean + ratio) / 2 if n else ratio, n + 1)
+            known, n = self._seen.get(permit.sent_with, (ratio, 0))
+            self._seen[permit.sent_with] = ((known + ratio) / 2 if n else ratio, n + 1)
         if self._plateau is not None and self._limit + 1 >= self._plateau:
             self._under += 1
         if self._limit < 1:

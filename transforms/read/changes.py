@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
@@ -40,7 +40,7 @@ CHANGES_SCHEMA = pa.schema([required("doc_id", pa.string()), required("change", 
                             pa.field("fingerprint", FINGERPRINT)])
 
 
-def changes_table(doc_ids: list, changes: list, fingerprints: list) -> pa.Table:
+def changes_table(doc_ids: list[str], changes: list[str], fingerprints: Sequence[bytes | None]) -> pa.Table:
     """Change records (CHANGES_SCHEMA), a table at a time: one Beam element, not one a row."""
     return pa.Table.from_pydict({"doc_id": doc_ids, "change": changes, "fingerprint": fingerprints},
                                 schema=CHANGES_SCHEMA)
@@ -53,7 +53,7 @@ def signature(tokenizer: str, chunk_tokens: int, overlap_tokens: int, boundary_w
                                 tuple(kept))).encode()).digest()
 
 
-def fingerprint(sig: bytes, text: str | None, kept: tuple = (), refusal: str | None = None) -> bytes:
+def fingerprint(sig: bytes, text: str | None, kept: tuple[Any, ...] = (), refusal: str | None = None) -> bytes:
     """A document version: its text and kept values under SIG; REFUSAL stands for a row that
     is refused whatever its text (a repeated id, bytes that are not UTF-8)."""
     h = hashlib.sha256(sig)

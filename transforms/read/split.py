@@ -65,7 +65,7 @@ class SplitConfig:
     segment_chars: int = 1 << 18
     batch_chars: int = 1 << 20
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_tokens < MIN_MAX_TOKENS:
             raise ValueError(f"max_tokens must be >= {MIN_MAX_TOKENS}, got {self.max_tokens}")
         if not 0 <= self.overlap_tokens <= self.max_tokens // 4:
@@ -209,8 +209,8 @@ class _Stream:
 
     def bytes_at(self, positions: np.ndarray, shift: int) -> np.ndarray:
         """The byte at each document offset + shift (clipped to the buffer)."""
-        index = np.clip(positions + shift - self.offs[0], 0, len(self._view) - 1)
-        return self._view[index]
+        index: np.ndarray = np.clip(positions + shift - self.offs[0], 0, len(self._view) - 1)
+        return self._view.take(index)
 
     def is_char_start(self, pos: int) -> bool:
         return pos >= self.end_byte or (self._view[pos - self.offs[0]] & 0xC0) != 0x80
