@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +50,7 @@ def _vectors(out: OutputDir, view: View, wanted: pa.Array) -> np.ndarray:
                 for sha, vector in zip(rows.column(0).to_pylist(), flat.reshape(rows.num_rows, -1), strict=True):
                     found.setdefault(sha, vector)
     matrix = np.stack([found[sha] for sha in wanted.to_pylist()])
-    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+    return np.asarray(matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12))
 
 
 def neighbours(unit: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
@@ -65,7 +66,7 @@ def overlaps(a: np.ndarray, b: np.ndarray, queries: np.ndarray, k: int) -> np.nd
     return np.array([len(set(x) & set(y)) / k for x, y in zip(na, nb, strict=True)])
 
 
-def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict:
+def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict[str, Any]:
     record, served, target = switches.load(out), out.view, out.target().view
     if record is None or served is None or target is None:
         raise UsageError(f"{out.path} has no switch under way with a view to compare: start one with `python -m "
@@ -94,7 +95,7 @@ def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict:
     return report
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     lines = [f"{r['from']} -> {r['to']}: {count(r['chunks_in_both'], 'chunk')} in both views; switch spent "
              f"{r['spent_rub']:.6f} RUB so far, ~{r['estimated_rub_to_finish'] or 0:.6f} RUB to finish (last run)"]
     if r["overlap"] is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -152,7 +153,7 @@ def _log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
 
 
 def write_sample_corpus(path: str, n_docs: int = 300, seed: int = 0, bad_rows: bool = True,
-                        long_docs: int | None = None) -> dict:
+                        long_docs: int | None = None) -> dict[str, Any]:
     """Write n_docs rows to the Parquet file `path`; returns counts by kind. long_docs
     defaults to 1% of the rows (at least one)."""
     specials = 7 if bad_rows else 0      # the edge-case rows below (two share an id)

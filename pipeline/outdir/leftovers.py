@@ -20,6 +20,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.outdir import layout, records
@@ -33,8 +34,8 @@ MIN_AGE_S = 60.0   # a JSON file's temporary name lives for milliseconds: older 
 log = logging.getLogger("embedpipe")
 
 
-def _match(pattern: str) -> list:
-    return FileSystems.match([pattern])[0].metadata_list
+def _match(pattern: str) -> list[FileMetadata]:
+    return list(FileSystems.match([pattern])[0].metadata_list)
 
 
 def _delete(paths: list[str]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -133,7 +134,7 @@ def _pending_tokens(out: OutputDir, view: View | None) -> int:
     return pc.sum(distinct.column("n_tokens_max")).as_py() or 0
 
 
-def status(out: OutputDir, switch: Switch, ids: pa.Array | None, price: float, switched: bool) -> dict:
+def status(out: OutputDir, switch: Switch, ids: pa.Array | None, price: float, switched: bool) -> dict[str, Any]:
     """summary.json's `switch`. IDS: the distinct ids of the day's corpus (None when the run
     read no input); PRICE: RUB per token of the target's model. The estimate to finish prices
     the target's pending texts, and documents it has not read yet at the served view's mean."""
