@@ -36,7 +36,7 @@ class InputInfo:
 
     @property
     def stamp_map(self) -> dict[str, Stamp]:
-        return dict(zip(self.files, self.stamps, strict=True))
+        return dict(zip(self.files, self.stamps, strict=True)) if self.stamps else {}
 
 
 GLOB_CHARS = "*?["
