@@ -20,7 +20,7 @@ from service.credentials import MissingApiKeyError
 from service.sandbox.store import read_ledger
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows
-from tests.e2e.test_runners import job_endpoint as _job_service_fixture  # noqa: F401  (pytest finds it by its own name)
+from tests.e2e.test_runners import job_endpoint  # noqa: F401  (the job service fixture)
 from tests.library.helpers import MODEL, collected, micro, run_pipeline
 
 KINDS = ("embeddings", "failed", "pending", "requests")
@@ -113,7 +113,7 @@ def test_a_key_file_and_a_named_variable_are_read_the_key_never_shown(sandbox, m
     assert all(SANDBOX_KEY not in repr(v) for kind in out.values() for v in kind)
 
 
-def test_the_portable_runner_gives_the_same_rows(sandbox, key_env, tmp_path, job_endpoint):
+def test_the_portable_runner_gives_the_same_rows(sandbox, key_env, tmp_path, job_endpoint):  # noqa: F811
     """The path Flink and Dataflow take: a job service, the pipeline as a portable proto."""
     rows = corpus_rows() + BAD
     (tmp_path / "local").mkdir()
