@@ -44,6 +44,10 @@ setup(
         # so it stays out of `test` (tests/e2e/test_object_stores.py skips gs:// without it)
         "gcs-test": ["apache-beam[gcp]>=2.60,<3", "gcp-storage-emulator>=2024.8"],
         "report": ["matplotlib>=3.7,<4"],
+        # make lint: ruff's and mypy's findings change between their minor versions, so the
+        # ranges are narrow; the stubs are mypy's view of PyYAML and requests
+        "lint": ["ruff>=0.17.6,<0.18", "mypy>=2.4.1,<2.5", "types-PyYAML>=6.0.12.20261122,<7",
+                 "types-requests>=2.33.0.20261030,<3"],
         # Dataflow and gs:// paths; the secret manager client for --api-key-secret
         "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-secret-manager>=2.16,<3"],
         "aws": ["apache-beam[aws]>=2.60,<3"],

@@ -143,7 +143,7 @@ class _Service:
             requests += packer.add(TextItem(c.text_sha256, c.text, c.n_tokens, (ref,)), c.n_tokens)
         answers, shares = {}, {}
         requests += packer.flush()
-        for request, outcome in zip(requests, self.pool.map(self.sender.run, requests)):
+        for request, outcome in zip(requests, self.pool.map(self.sender.run, requests), strict=True):
             got = self._outcome(outcome, shares)
             for item in request:
                 answers[item.text_sha256] = got[item.text_sha256]
@@ -155,7 +155,7 @@ class _Service:
         service found it too long and the runner split it), or why it has none."""
         parts, errors = collections.defaultdict(list), {}
         for d in outcome.deliveries:
-            for item, vector, share in zip(d.items, d.vectors, d.shares_micro):
+            for item, vector, share in zip(d.items, d.vectors, d.shares_micro, strict=True):
                 sha = item.refs[0].doc_id
                 parts[sha].append(Answer(vector, item.n_tokens, d.request_id))
                 shares[sha] = shares.get(sha, 0) + share

@@ -39,7 +39,7 @@ def item_texts(items: Sequence[Any]) -> list[str]:
 
 
 def items_embedded(items: Sequence[Any], results: Sequence[Embedded]) -> list[Any]:
-    for item, r in zip(items, results):
+    for item, r in zip(items, results, strict=True):
         if r.vector is not None:
             item.embedding = Embedding(dense_embedding=r.vector.tolist())
             item.metadata.update({TOKENS: r.n_tokens, COST: r.cost_rub, REQUEST: r.request_id})

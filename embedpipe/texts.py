@@ -48,8 +48,8 @@ def embedding_rows(table: pa.Table):
     column = table.column("embedding").combine_chunks()
     vectors = column.values.to_numpy(zero_copy_only=False).reshape(len(column), column.type.list_size)
     names = [n for n in table.schema.names if n != "embedding"] + ["embedding"]
-    for fields in zip(*(table.column(n).to_pylist() for n in names[:-1]), vectors):
-        yield Row(zip(names, fields))
+    for fields in zip(*(table.column(n).to_pylist() for n in names[:-1]), vectors, strict=True):
+        yield Row(zip(names, fields, strict=True))
 
 
 def failed_row(rejected: Rejected) -> dict:

@@ -2,7 +2,9 @@
 traceback (pipeline/cli.py turns them into the code)."""
 
 # the codes a run's pending rows give it, beside the reasons that give them
-from transforms.pending import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_PARTIAL  # noqa: F401
+from transforms.pending import EXIT_DOES_NOT_FIT as EXIT_DOES_NOT_FIT
+from transforms.pending import EXIT_FAILED as EXIT_FAILED
+from transforms.pending import EXIT_PARTIAL as EXIT_PARTIAL
 
 EXIT_OK, EXIT_USAGE = 0, 2
 

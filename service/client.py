@@ -23,7 +23,7 @@ import random
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -43,6 +43,7 @@ from service.timeouts import Attempt, ReadTimeouts
 MAX_TIMED_OUT = 2
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ class RetryPolicy:
                                      # adaptive timeout (service/timeouts.py)
     read_timeout_max_s: float = 300.0  # its ceiling, and the wait of the one retry after a timeout
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         if self.max_refusals < 0:
@@ -345,7 +346,8 @@ class _Reply:
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
     """The exception and everything it wraps (requests -> urllib3 -> socket)."""
-    stack, seen = [exc], set()
+    stack: list[BaseException | None] = [exc]
+    seen: set[int] = set()
     while stack:
         e = stack.pop()
         if e is None or id(e) in seen:
@@ -381,7 +383,7 @@ def _transport_error(exc: requests.RequestException, url: str, timeout: tuple[fl
         isinstance(e, urllib3.exceptions.ConnectTimeoutError) for e in chain)  # incl. refused, DNS
     read_timeout = isinstance(exc, requests.exceptions.ReadTimeout) or any(
         isinstance(e, urllib3.exceptions.ReadTimeoutError) for e in chain)
-    kw = dict(request_id=request_id)
+    kw: dict[str, Any] = dict(request_id=request_id)
     if connect_phase and isinstance(exc, requests.exceptions.Timeout):
         return _Outcome(error=APITimeoutError(f"connect timeout ({timeout[0]} s) to {url}", **kw),
                         sent=False)
@@ -497,6 +499,7 @@ class EmbeddingsClient:
                            functools.partial(_parse_answer, n_inputs=len(inputs), dimensions=dimensions),
                            on_timeout, on_unanswered, billed=True)
         answer = reply.answer
+        assert answer is not None   # _call returns a 2xx with PARSE's answer
         if answer.problem is not None:
             ignored = answer.undecodable and encoding == "base64"
             if ignored:
@@ -504,6 +507,7 @@ class EmbeddingsClient:
             error = self._invalid(answer.problem, reply, request_id, answer.usage)
             error.base64_ignored = ignored
             raise error
+        assert answer.vectors is not None and answer.usage is not None   # parsed, as there is no problem
         if answer.encoding == "float" and encoding == "base64":
             self._use_float("it answered a base64 request with float lists")
         return EmbedResult(model=answer.model if isinstance(answer.model, str) else model,
@@ -617,7 +621,7 @@ class EmbeddingsClient:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _get(self, endpoint: str, build: Any) -> Any:
+    def _get(self, endpoint: str, build: Callable[[Mapping[str, Any]], _T]) -> _T:
         """GET an account endpoint and BUILD the result from its JSON."""
         request_id = uuid.uuid4().hex
         reply = self._call("GET", f"/{self.account_segment}/{endpoint}", request_id)

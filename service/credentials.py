@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import NoReturn
 
 ENV_VAR = "EMBEDDINGS_API_KEY"
 
@@ -51,7 +52,7 @@ class ApiKey:
     def __hash__(self) -> int:
         return hash(self._value)
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         # A pickled DoFn would carry the key into the job graph; workers load it in setup().
         raise TypeError("ApiKey cannot be pickled: load it on the worker with load_api_key()")
 
@@ -93,7 +94,7 @@ def _from_secret_manager(name: str) -> ApiKey:
     """NAME is a Secret Manager version ('projects/P/secrets/S/versions/latest'). The library
     is an optional extra ('embedpipe[gcp]'), imported only when this is used."""
     try:
-        from google.cloud import secretmanager  # type: ignore[import-not-found]
+        from google.cloud import secretmanager
     except ImportError:
         raise MissingApiKeyError("--api-key-secret needs google-cloud-secret-manager on the workers: "
                                  "install embedpipe[gcp]") from None

@@ -46,12 +46,12 @@ class EmbeddingsError(Exception):
             extra.append(f"attempts={self.attempts}")
         return f"{self.message} [{', '.join(extra)}]" if extra else self.message
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         # The keyword-only constructor would not survive the default Exception pickling.
         return (_rebuild, (type(self), self.args, self.__dict__))
 
 
-def _rebuild(cls: type, args: tuple, state: dict) -> EmbeddingsError:
+def _rebuild(cls: type[EmbeddingsError], args: tuple[Any, ...], state: dict[str, Any]) -> EmbeddingsError:
     err = cls.__new__(cls)
     Exception.__init__(err, *args)
     err.__dict__.update(state)

@@ -42,7 +42,7 @@ class ReadTimeouts:
         if not 0 < floor_s <= ceiling_s:
             raise ValueError(f"need 0 < read_timeout_s <= read_timeout_max_s, got {floor_s}, {ceiling_s}")
         self.floor_s, self.ceiling_s = float(floor_s), float(ceiling_s)
-        self._recent: collections.deque = collections.deque(maxlen=WINDOW)   # (latency, latency / sent_with)
+        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=WINDOW)   # (latency, latency / sent_with)
         self._in_flight = 0
         self._lock = threading.Lock()
 

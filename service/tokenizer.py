@@ -41,7 +41,7 @@ def parse_ranks(data: bytes, expected_sha256: str = CL100K_SHA256) -> dict[bytes
     fields = data.split()   # "<base64 token> <rank>" a line; one pass in C, ~5x a loop over lines
     if len(fields) % 2:
         raise TokenizerError("cl100k_base encoding: a line without its rank")
-    return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
+    return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]), strict=True))
 
 
 ENCODING_NAME = "cl100k_base"

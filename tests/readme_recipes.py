@@ -114,7 +114,7 @@ def expected(workdir: Path) -> dict[str, list]:
     query = next(r["embedding"] for r in emb if (r["doc_id"], r["chunk_index"]) == QUERY)
 
     def cosine(a, b):
-        return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+        return sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
     scored = sorted(((cosine(r["embedding"], query), r["doc_id"], r["chunk_index"]) for r in emb
                      if r["doc_id"] != QUERY[0]), reverse=True)[:5]
@@ -131,7 +131,7 @@ def expected(workdir: Path) -> dict[str, list]:
 def assert_same_answer(got: dict[str, list], want: dict[str, list], name: str) -> None:
     assert [r[:2] for r in got["neighbours"]] == [r[:2] for r in want["neighbours"]], name
     assert [r[3] for r in got["neighbours"]] == [r[3] for r in want["neighbours"]], name
-    for g, w in zip(got["neighbours"], want["neighbours"]):
+    for g, w in zip(got["neighbours"], want["neighbours"], strict=True):
         assert math.isclose(g[2], w[2], abs_tol=1e-5), (name, g, w)
     assert [(r[0], r[1], round(r[2], 6)) for r in got["cost_per_row"]] == \
         [(r[0], r[1], round(r[2], 6)) for r in want["cost_per_row"]], name

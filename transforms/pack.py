@@ -81,9 +81,10 @@ class Packer:
     def flush(self) -> list[list[Any]]:
         """What the open requests hold, packed again first-fit decreasing (the tail of a bundle
         is where requests would otherwise go out half empty); the packer is empty afterwards."""
-        left = sorted(((n, i, item) for r in self._open for i, (item, n) in enumerate(zip(r.items, r.sizes))),
+        left = sorted(((n, i, item) for r in self._open for i, (item, n) in enumerate(zip(r.items, r.sizes, strict=True))),
                       key=lambda e: -e[0])
-        self._open, packed = [], []
+        self._open = []
+        packed: list[_Bin] = []
         for n, _, item in left:
             self._first_fit(packed, n).put(item, n)
         return [r.items for r in packed]
@@ -125,9 +126,9 @@ class _PackDoFn(beam.DoFn):
     def finish_bundle(self):
         for request in self._packer.flush():
             self._requests.inc()
-            yield WindowedValue(Request(request), MIN_TIMESTAMP, [GlobalWindow()])
+            yield WindowedValue(Request(request), MIN_TIMESTAMP, (GlobalWindow(),))
         if self._stored:
-            yield WindowedValue(Request(self._stored), MIN_TIMESTAMP, [GlobalWindow()])
+            yield WindowedValue(Request(self._stored), MIN_TIMESTAMP, (GlobalWindow(),))
 
 
 class PackRequests(beam.PTransform):
@@ -147,4 +148,4 @@ def request_totals(requests):
     return (requests
             | "RequestTotals" >> beam.Map(lambda r: (1, len(r), sum(len(i.refs) for i in r),
                                                      sum(i.n_tokens for i in r)))
-            | "SumTotals" >> beam.CombineGlobally(lambda rows: tuple(map(sum, zip(*rows))) or (0, 0, 0, 0)))
+            | "SumTotals" >> beam.CombineGlobally(lambda rows: tuple(map(sum, zip(*rows, strict=True))) or (0, 0, 0, 0)))

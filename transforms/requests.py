@@ -9,7 +9,8 @@ from __future__ import annotations
 import apache_beam as beam
 
 from service.catalog import ModelSpec
-from transforms.dedupe.transform import ITEMS
+from transforms.dedupe.inflight import StoreDedupe
+from transforms.dedupe.transform import ITEMS, Dedupe
 from transforms.embed.config import EmbedConfig
 from transforms.embed.transform import FAILED, PENDING, REQUESTS, EmbedRequests
 from transforms.pack import PackRequests
@@ -17,13 +18,13 @@ from transforms.pack import PackRequests
 EMBEDDINGS = "embeddings"
 
 
-def packed(entries, dedupe: beam.PTransform, model: ModelSpec, fill_target: float, max_open: int):
+def packed(entries, dedupe: Dedupe | StoreDedupe, model: ModelSpec, fill_target: float, max_open: int):
     """(Dedupe's outputs, requests): the requests' labels are the CLI's, in the caller's scope."""
     deduped = entries | "Dedupe" >> dedupe
     return deduped, pack(deduped[ITEMS], dedupe, model, fill_target, max_open)
 
 
-def pack(items, dedupe: beam.PTransform, model: ModelSpec, fill_target: float, max_open: int):
+def pack(items, dedupe: Dedupe | StoreDedupe, model: ModelSpec, fill_target: float, max_open: int):
     """Dedupe's distinct texts -> sealed requests within the model's caps."""
     return (items
             | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens, fill_target, max_open)
@@ -34,7 +35,7 @@ class EmbedChunks(beam.PTransform):
     """(text_sha256, (text, n_tokens, ChunkRef)) -> {EMBEDDINGS: tables, REQUESTS: dicts,
     FAILED: Rejected, PENDING: tables, and what else DEDUPE gives (the CLI's `reused`)}."""
 
-    def __init__(self, dedupe: beam.PTransform, model: ModelSpec, fill_target: float, max_open: int,
+    def __init__(self, dedupe: Dedupe | StoreDedupe, model: ModelSpec, fill_target: float, max_open: int,
                  embed: EmbedConfig):
         super().__init__()
         self._dedupe, self._model, self._pack, self._embed = dedupe, model, (fill_target, max_open), embed

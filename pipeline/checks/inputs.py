@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import urllib.parse
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
@@ -30,12 +31,12 @@ class InputInfo:
     stamps: tuple[Stamp, ...] = ()
 
     @property
-    def partition_mappings(self) -> list[dict] | None:
+    def partition_mappings(self) -> list[dict[str, Any]] | None:
         return [dict(p) for p in self.partitions] if self.partitions else None
 
     @property
     def stamp_map(self) -> dict[str, Stamp]:
-        return dict(zip(self.files, self.stamps))
+        return dict(zip(self.files, self.stamps, strict=True)) if self.stamps else {}
 
 
 GLOB_CHARS = "*?["
@@ -45,7 +46,7 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # how Hive and Spark write a null part
 def _stamp(path: str) -> Stamp:
     try:
         return stamp(path)
-    except Exception as exc:  # noqa: BLE001  BeamIOError on every store
+    except Exception as exc:
         raise UsageError(f"{path}: cannot read its size and modification time ({exc})") from None
 
 
@@ -93,7 +94,7 @@ def _partition(parts: list[str], where: str) -> tuple[tuple[str, str | None], ..
     return tuple(pairs)
 
 
-def resolve_files(spec: str) -> tuple[list[str], list[tuple]]:
+def resolve_files(spec: str) -> tuple[list[str], list[tuple[tuple[str, str | None], ...]]]:
     """--input as a file, a glob, a directory or a hive-partitioned dataset: (the data files,
     the partition values of each). Works the same on local paths and object stores, where a
     directory is only a prefix."""
@@ -115,12 +116,12 @@ def resolve_files(spec: str) -> tuple[list[str], list[tuple]]:
     return files, partitions
 
 
-def _no_files(spec: str):
+def _no_files(spec: str) -> NoReturn:
     raise UsageError(f"--input {spec}: no file matches (a Parquet file, a glob, or a directory of them)")
 
 
 def _is_text(t: pa.DataType) -> bool:
-    return pa.types.is_string(normalised_type(t))
+    return bool(pa.types.is_string(normalised_type(t)))
 
 
 def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence[str]) -> InputInfo:
@@ -149,5 +150,5 @@ def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence
             raise UsageError(f"{path}: kept columns have other types than in {files[0]}")
         # required in the outputs only if required in every input file
         kept_fields = fields if kept_fields is None else tuple(
-            f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields))
+            f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields, strict=True))
     return InputInfo(tuple(files), rows, kept_fields or (), tuple(partitions) if keys else (), stamps=stamps)

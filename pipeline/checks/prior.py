@@ -5,6 +5,8 @@ path: they differ only in what the view holds and whether missing documents leav
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,7 +29,7 @@ class Prior:
     pending: tuple[str, ...] = ()            # --resume without --input: the view's pending rows
     known: tuple[str, ...] = ()              # embeddings files whose vectors are reused
     journal: tuple[str, ...] = ()            # answers killed runs paid for, not written
-    journal_requests: tuple[dict, ...] = ()  # their request rows, written by this run
+    journal_requests: tuple[dict[str, Any], ...] = ()  # their request rows, written by this run
 
     @property
     def reuses(self) -> bool:
@@ -60,7 +62,7 @@ def check_model(job: Job, out: OutputDir) -> None:
         _check_view(out.view, job, out)
 
 
-def _known_files(globs) -> list[str]:
+def _known_files(globs: Sequence[str]) -> list[str]:
     files = []
     for glob in globs:
         matches = FileSystems.match([glob])[0].metadata_list

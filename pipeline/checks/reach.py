@@ -6,7 +6,7 @@ on every host, so a local path is left to the user there (docs/RUNNERS.md)."""
 from __future__ import annotations
 
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipeline.exits import UsageError
 
@@ -17,7 +17,7 @@ def _is_local(path: str) -> bool:
     return FileSystems.get_scheme(path) in (None, "file")
 
 
-def check_workers_reach_paths(opts) -> None:
+def check_workers_reach_paths(opts: PipelineOptions) -> None:
     """A local --input, --output or --known on a runner whose workers are elsewhere: UsageError."""
     runner = opts.view_as(StandardOptions).runner
     if runner not in REMOTE_ONLY_RUNNERS:

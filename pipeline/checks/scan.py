@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +30,7 @@ _BOUNDING_ENCODINGS = {"PLAIN", "PLAIN_DICTIONARY", "RLE_DICTIONARY", "RLE", "BI
 @dataclasses.dataclass(frozen=True)
 class Scan:
     rows: int
-    duplicate_ids: dict          # id (as the output writes it) -> how often it occurs
+    duplicate_ids: dict[str, int]  # id (as the output writes it) -> how often it occurs
     tokens_bound: int            # >= the cl100k tokens of the distinct texts: their UTF-8 bytes
                                  # (a token is at least one byte), or pending rows' own counts
     ids: pa.Array = dataclasses.field(default_factory=lambda: pa.array([], pa.string()))  # distinct
@@ -64,7 +65,8 @@ def _measured_text_bytes(pf: pq.ParquetFile, text_column: str) -> int:
     return total
 
 
-def _scan_file(path: str, partition: dict, id_column: str, text_column: str) -> tuple[int, list, int]:
+def _scan_file(path: str, partition: dict[str, Any], id_column: str,
+               text_column: str) -> tuple[int, list[pa.Array], int]:
     """PATH's rows, its ids (chunks of strings), a bound of its text bytes."""
     with open_parquet(path) as fh:
         pf = parquet_file(fh)
@@ -77,7 +79,8 @@ def _scan_file(path: str, partition: dict, id_column: str, text_column: str) -> 
         return n, ids, bound if bound is not None else _measured_text_bytes(pf, text_column)
 
 
-def _checked_scan(path: str, partition: dict, id_column: str, text_column: str, was: Stamp | None):
+def _checked_scan(path: str, partition: dict[str, Any], id_column: str, text_column: str,
+                  was: Stamp | None) -> tuple[int, list[pa.Array], int]:
     try:
         scanned = _scan_file(path, partition, id_column, text_column)
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -93,7 +96,7 @@ def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
     or cannot be decoded is found here, before anything is sent, when it is in what is read."""
     ids, rows, text_bytes = [], 0, 0
     stamps = info.stamp_map
-    for path, partition in zip(info.files, info.partition_mappings or [{}] * len(info.files)):
+    for path, partition in zip(info.files, info.partition_mappings or [{}] * len(info.files), strict=True):
         try:
             n, file_ids, bound = _checked_scan(path, partition, id_column, text_column, stamps.get(path))
         except InputChanged as exc:
@@ -106,7 +109,7 @@ def scan_input(info: InputInfo, id_column: str, text_column: str) -> Scan:
     if counts is not None and len(counts):
         repeated = counts.filter(pc.greater(counts.field("counts"), 1))
         duplicates = {v: n for v, n in zip(repeated.field("values").to_pylist(),
-                                           repeated.field("counts").to_pylist()) if v is not None}
+                                           repeated.field("counts").to_pylist(), strict=True) if v is not None}
         distinct = counts.field("values")
     return Scan(rows, duplicates, text_bytes, distinct)
 

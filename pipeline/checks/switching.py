@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from pipeline.exits import UsageError
 from pipeline.outdir import OutputDir
@@ -33,7 +34,7 @@ class Switching:
 @dataclasses.dataclass(frozen=True)
 class Decision:
     switching: Switching | None       # None: a plain run
-    abandoned: dict | None = None     # a switch to another model given up: to, runs, spent_rub
+    abandoned: dict[str, Any] | None = None   # a switch to another model given up: to, runs, spent_rub
 
 
 def decide(job: Job, out: OutputDir, *, act: bool) -> Decision:

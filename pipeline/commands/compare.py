@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,10 +47,10 @@ def _vectors(out: OutputDir, view: View, wanted: pa.Array) -> np.ndarray:
                     continue
                 rows = batch.filter(keep)
                 flat = rows.column(1).flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-                for sha, vector in zip(rows.column(0).to_pylist(), flat.reshape(rows.num_rows, -1)):
+                for sha, vector in zip(rows.column(0).to_pylist(), flat.reshape(rows.num_rows, -1), strict=True):
                     found.setdefault(sha, vector)
     matrix = np.stack([found[sha] for sha in wanted.to_pylist()])
-    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+    return np.asarray(matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12))
 
 
 def neighbours(unit: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
@@ -62,10 +63,10 @@ def neighbours(unit: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 def overlaps(a: np.ndarray, b: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """Per query, the share of its K nearest neighbours under A that are among them under B."""
     na, nb = neighbours(a, queries, k), neighbours(b, queries, k)
-    return np.array([len(set(x) & set(y)) / k for x, y in zip(na, nb)])
+    return np.array([len(set(x) & set(y)) / k for x, y in zip(na, nb, strict=True)])
 
 
-def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict:
+def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict[str, Any]:
     record, served, target = switches.load(out), out.view, out.target().view
     if record is None or served is None or target is None:
         raise UsageError(f"{out.path} has no switch under way with a view to compare: start one with `python -m "
@@ -94,7 +95,7 @@ def compare(out: OutputDir, sample: int, k: int, pool: int, seed: int) -> dict:
     return report
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     lines = [f"{r['from']} -> {r['to']}: {count(r['chunks_in_both'], 'chunk')} in both views; switch spent "
              f"{r['spent_rub']:.6f} RUB so far, ~{r['estimated_rub_to_finish'] or 0:.6f} RUB to finish (last run)"]
     if r["overlap"] is None:

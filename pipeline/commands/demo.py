@@ -31,7 +31,7 @@ def nearest(output_dir: Path, corpus: Path, doc_id: str, k: int = 5) -> list[tup
     ids, chunks = table.column("doc_id").to_pylist(), table.column("chunk_index").to_pylist()
     scores = matrix @ matrix[ids.index(doc_id)]  # the vectors are unit length
     heading = {i: (t or "").split("\n", 1)[0] for i, t in
-               zip(*pq.read_table(corpus, columns=["id", "text"]).to_pydict().values())}
+               zip(*pq.read_table(corpus, columns=["id", "text"]).to_pydict().values(), strict=True)}
     best = [i for i in np.argsort(-scores) if ids[i] != doc_id and chunks[i] == 0][:k]
     return [(float(scores[i]), ids[i], heading[ids[i]]) for i in best]
 

@@ -1,6 +1,8 @@
 """`plan`: what a run would send and cost, against what may be spent. Sends no embeddings."""
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow.compute as pc
 
 from pipeline.checks import switching
@@ -22,7 +24,7 @@ SUMMED = ("chunks", "distinct_chunks", "requests", "prompt_tokens", "estimated_c
 
 
 def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None = None,
-         scan: Scan | None = None, *, compare: bool = False) -> dict:
+         scan: Scan | None = None, *, compare: bool = False) -> dict[str, Any]:
     """What the run would send and cost. A switch (--switch-model) plans both of its shares:
     the day's changes for the served model, what the target still lacks; COMPARE (`--model
     all`): each model as if DIR were its own, with no check of DIR's model."""
@@ -34,7 +36,7 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
     scan = scan or scan_input(info, opts.id_column, opts.text_column)
     out = OutputDir(opts.output) if opts.output else None
     decision = switching.decide(job, out, act=False) if out and not compare else switching.Decision(None)
-    if decision.switching is None:
+    if decision.switching is None or out is None:
         if out is not None and not compare:
             check_model(job, out)
         return _plan(job, out, info, account, scan)
@@ -50,7 +52,7 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
             "switch": {k: v for k, v in status.items() if k not in ("files", "switched")}}
 
 
-def _plan(job: Job, out: OutputDir | None, info: InputInfo, account: acct.Account, scan: Scan) -> dict:
+def _plan(job: Job, out: OutputDir | None, info: InputInfo, account: acct.Account, scan: Scan) -> dict[str, Any]:
     opts, model, s = job.opts, job.model, job.settings
     learned = out.learned_price(model.name) if out else None
     price = learned if learned is not None else model.price_per_token
@@ -77,11 +79,11 @@ def _plan(job: Job, out: OutputDir | None, info: InputInfo, account: acct.Accoun
     }
 
 
-def _cap(p: dict, cap: str, usage: str) -> str | None:
+def _cap(p: dict[str, Any], cap: str, usage: str) -> str | None:
     return None if p[cap] is None else f"{p[cap]} (the account spent {p['stats'][usage]})"
 
 
-def render(p: dict) -> str:
+def render(p: dict[str, Any]) -> str:
     changes = " / ".join(str(p["changes"][k]) for k in ("added", "edited", "removed", "unchanged", "resumed"))
     rows = [("model", p["model"]), ("files / documents", f"{p['files']} / {p['documents']}"),
             ("added / edited / removed / unchanged / resumed", changes),
@@ -109,7 +111,7 @@ def render(p: dict) -> str:
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in rows)
 
 
-def plan_models(jobs: list[Job]) -> list[dict]:
+def plan_models(jobs: list[Job]) -> list[dict[str, Any]]:
     """One plan per model (`--model all` or a comma list) over the same corpus and the same
     reading of the account. Each model runs its own split and pack: chunk limits differ."""
     first = jobs[0]
@@ -126,7 +128,7 @@ COMPARE = (("model", "model", "{}"), ("tokens", "prompt_tokens", "{}"), ("factor
            ("fits", "fits", "{}"))
 
 
-def render_comparison(plans: list[dict], jobs: list[Job]) -> str:
+def render_comparison(plans: list[dict[str, Any]], jobs: list[Job]) -> str:
     """One row per model, cheapest first; tokens are cl100k_base counts, which a model whose own
     tokenizer may count more is planned with (factor = its safety factor: chunks are cut at
     max_input_tokens x factor, and the worst case divides by it)."""
@@ -139,7 +141,7 @@ def render_comparison(plans: list[dict], jobs: list[Job]) -> str:
                      for _, key, fmt in COMPARE for v in [values[key]]])
     cells = [[title for title, _, _ in COMPARE]] + rows
     widths = [max(len(r[i]) for r in cells) for i in range(len(COMPARE))]
-    table = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    table = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in cells]
     first = plans[0]
     return "\n".join(table + ["", f"{first['files']} files, {first['documents']} documents; spendable "

@@ -11,6 +11,7 @@ import argparse
 import datetime as dt
 import io
 import logging
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,10 +42,10 @@ def load(paths: list[str], columns: list[str]) -> pa.Table | None:
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
-def cost_table(requests: pa.Table | None) -> list[dict]:
+def cost_table(requests: pa.Table | None) -> list[dict[str, Any]]:
     """One row per model, sorted by name: requests, tokens, RUB (summed to the micro-rouble),
     average RUB per 1M tokens, retries (attempts beyond the first)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     if requests is None:
         return rows
     for model in sorted(set(requests.column("model").to_pylist())):
@@ -57,14 +58,14 @@ def cost_table(requests: pa.Table | None) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict]) -> str:
+def render(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no embeddings requests in this directory's current files"
     cells = [HEADER] + [(r["model"], str(r["requests"]), str(r["tokens"]), f"{r['cost_rub']:.6f}",
                          "-" if r["rub_per_1m_tokens"] is None else f"{r['rub_per_1m_tokens']:.6f}",
                          str(r["retries"])) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
                      for row in cells)
 
 
@@ -82,7 +83,7 @@ def draw(requests: pa.Table | None) -> bytes:
     return buf.getvalue()
 
 
-def figure(requests: pa.Table | None):
+def figure(requests: pa.Table | None) -> Any:   # a matplotlib Figure (the optional report extra)
     """Each model's cumulative RUB over the requests' start times, from 0; beside it, each
     request's latency over the same times (retried ones marked x). Times in UTC, as the requests
     files hold them."""
@@ -99,11 +100,11 @@ def figure(requests: pa.Table | None):
     return fig
 
 
-def _plot(spend, latency, t: pa.Table) -> None:
+def _plot(spend: Any, latency: Any, t: pa.Table) -> None:
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 
     starts = t.column("started_at").to_pylist()
-    last = max(w + dt.timedelta(milliseconds=ms) for w, ms in zip(starts, t.column("latency_ms").to_pylist()))
+    last = max(w + dt.timedelta(milliseconds=ms) for w, ms in zip(starts, t.column("latency_ms").to_pylist(), strict=True))
     for model in sorted(set(t.column("model").to_pylist())):
         rows = t.filter(pc.equal(t.column("model"), model))
         when = rows.column("started_at").to_pylist()

@@ -112,12 +112,12 @@ def _disk_full(job: Job, writes: _Writes, exc: BaseException, failed: OutputDir 
     and the view's files its commit writes again (as the failed commit counted them, else all
     it may)."""
     commit = space.known_needs(exc)
-    needs = space.Needs(0, 0) if writes.parts else None
+    rows = rewrites = 0
     for part in (p for p in writes.parts if p.job.run_id not in writes.committed):
         done = part.job.run_id in writes.finished
-        rewrites = commit if done and commit is not None else rewrites_at_most(part.out.path, part.before.view)
-        needs = space.Needs(needs.rows + (_rows_written(part) if done else _rows_at_most(part)),
-                            needs.rewrites + rewrites)
+        rows += _rows_written(part) if done else _rows_at_most(part)
+        rewrites += commit if done and commit is not None else rewrites_at_most(part.out.path, part.before.view)
+    needs = space.Needs(rows, rewrites) if writes.parts else None
     served = space.SERVED if failed is None or failed.slot != layout.TARGET else _served_beside(failed, job)
     if (other := space.other_disk(exc, job.opts.output, needs)) is not None:
         return JobFailed(space.elsewhere(other, job.opts.output, job.again, served))
@@ -127,7 +127,9 @@ def _disk_full(job: Job, writes: _Writes, exc: BaseException, failed: OutputDir 
 def _served_beside(target: OutputDir, job: Job) -> str:
     """What DIR serves when a switch's target part failed: the served view's part of this run
     came first, and is committed."""
-    return (f"{target.path} serves this run's changes, committed in its view of {OutputDir(target.path).view.model}; "
+    served = OutputDir(target.path).view
+    assert served is not None  # a switch starts from a served view
+    return (f"{target.path} serves this run's changes, committed in its view of {served.model}; "
             f"the view of {job.model.name} beside it stays as it was before this run")
 
 
@@ -224,7 +226,7 @@ class _Part:
 def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | None = None) -> _Part:
     opts = job.opts
     before = prior(job, out)
-    if info is None:
+    if info is None or scan is None:   # given together
         info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
                 else pending_input(before))
         scan = scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files)
@@ -303,7 +305,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
     switched, target_commit_s, stopped = False, None, False
     if target and served_figures["exit_code"] != EXIT_OK:
         target = None   # the served view's share stopped: nothing is left for the target
-    if target:
+    if target and decision.switching:
         try:
             switched, target_commit_s = _advance(out, target, decision.switching.record, served_figures["cost_rub"],
                                                  pc.drop_null(served.scan.ids), writes)
@@ -316,6 +318,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
             target, stopped = None, True
     after = _account_after(job)
     others = (target.job.run_id,) if target else ()
+    assert out.view is not None   # committed by _run_part
     report = summary.build_summary(
         out, out.view, run_id=job.run_id, model=served.job.model.name, metrics=metrics, removed=len(served.gone),
         input_ids=len(pc.drop_null(served.scan.ids)) if opts.input else None,
@@ -355,8 +358,9 @@ def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, 
     a switch that is not complete is a partial run (4); its target's own failure (or STOPPED:
     its job failed) is the run's (1)."""
     if switched:   # its record is gone with the switch
-        record = dataclasses.replace(decision.switching.record,
-                                     runs=decision.switching.record.runs + (target.job.run_id,))
+        assert decision.switching is not None and target is not None   # a switch's target advanced
+        record: switches.Switch | None = dataclasses.replace(decision.switching.record,
+                                                             runs=decision.switching.record.runs + (target.job.run_id,))
     else:
         record = switches.load(out)
     if record is None:
@@ -365,7 +369,7 @@ def _switch_report(decision: switching.Decision, out: OutputDir, served: _Part, 
     price = target.price if target else _price_of(out, served.job, record.to_model)
     status = switches.status(out, record, ids, price, switched)
     status["abandoned"] = decision.abandoned
-    report = {"switch": status}
+    report: dict = {"switch": status}
     if target is not None:
         figures = summary.run_figures(out, target.job.run_id)
         figures.pop("_own_requests")

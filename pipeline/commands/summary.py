@@ -49,11 +49,11 @@ def _micro_by_request(tables) -> dict[str, int]:
     micro = pc.cast(pc.round(pc.multiply(pc.fill_null(rows.column("cost_rub"), 0.0), 1e6)), pa.int64())
     sums = pa.table({"request_id": rows.column("request_id"), "micro": micro}).group_by("request_id").aggregate(
         [("micro", "sum")])
-    return dict(zip(sums.column("request_id").to_pylist(), sums.column("micro_sum").to_pylist()))
+    return dict(zip(sums.column("request_id").to_pylist(), sums.column("micro_sum").to_pylist(), strict=True))
 
 
 def _reasons(tables) -> dict[str, int]:
-    counts = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
     for t in tables:
         counts.update(t.column("reason").to_pylist())
     return dict(sorted(counts.items()))
@@ -67,7 +67,7 @@ def _changes(out: OutputDir, run_id: str, documents: int | None, removed: int) -
     if tables:
         distinct = pa.concat_tables(tables).group_by(["change", "doc_id"]).aggregate([])
         per_change = distinct.group_by("change").aggregate([("doc_id", "count")])
-        changed = dict(zip(per_change.column("change").to_pylist(), per_change.column("doc_id_count").to_pylist()))
+        changed = dict(zip(per_change.column("change").to_pylist(), per_change.column("doc_id_count").to_pylist(), strict=True))
     return counts(changed, documents, removed)
 
 

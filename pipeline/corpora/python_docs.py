@@ -8,6 +8,7 @@ demo).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,7 +21,7 @@ def _topics() -> dict[str, str]:
     return topics
 
 
-def passages(min_chars: int = PASSAGE_CHARS) -> list[dict]:
+def passages(min_chars: int = PASSAGE_CHARS) -> list[dict[str, Any]]:
     """Each topic's paragraphs, joined in order into passages of at least MIN_CHARS (a topic's
     last passage may be shorter)."""
     rows = []
@@ -38,7 +39,7 @@ def passages(min_chars: int = PASSAGE_CHARS) -> list[dict]:
     return rows
 
 
-def write_python_docs_corpus(path: str) -> dict:
+def write_python_docs_corpus(path: str) -> dict[str, Any]:
     rows = passages()
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("topic", pa.string())])
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -141,7 +142,7 @@ def _code(rng: np.random.Generator, comments: _Prose, lang: str, n_words: int) -
     snippets = [comment + comments.take(int(rng.integers(4, 14))).replace("\n\n", " ") + "\n"]
     for _ in range(max(1, n_words // 25)):
         names = _IDENTS[rng.integers(0, len(_IDENTS), 6)]
-        fields = dict(zip("abcdef", names), A=names[0].capitalize(), B=names[1].capitalize(),
+        fields = dict(zip("abcdef", names, strict=True), A=names[0].capitalize(), B=names[1].capitalize(),
                       n=int(rng.integers(1, 1000)))
         snippets.append(templates[int(rng.integers(len(templates)))].format(**fields))
     return "\n".join(snippets)
@@ -152,7 +153,7 @@ def _log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
 
 
 def write_sample_corpus(path: str, n_docs: int = 300, seed: int = 0, bad_rows: bool = True,
-                        long_docs: int | None = None) -> dict:
+                        long_docs: int | None = None) -> dict[str, Any]:
     """Write n_docs rows to the Parquet file `path`; returns counts by kind. long_docs
     defaults to 1% of the rows (at least one)."""
     specials = 7 if bad_rows else 0      # the edge-case rows below (two share an id)
@@ -160,7 +161,7 @@ def write_sample_corpus(path: str, n_docs: int = 300, seed: int = 0, bad_rows: b
     if n_docs < specials + long_docs + 1:
         raise ValueError(f"n_docs must be at least {specials + long_docs + 1} for these options")
     rng = np.random.default_rng(seed)
-    langs, shares = zip(*_LANGS)
+    langs, shares = [lang for lang, _ in _LANGS], [share for _, share in _LANGS]
     n_plain = n_docs - specials - long_docs
     n_duplicates = int(n_plain * DUPLICATE_SHARE)
     docs = [(str(lang), _log_uniform(rng, *_WORDS), "")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from service import errors
 from service.client import EmbeddingsClient
@@ -12,9 +13,9 @@ from transforms.money.caps import BALANCE, KEY_BUDGET, MAX_SPEND, Caps, Spendabl
 class Account:
     balance: float | None
     budget: float | None
-    stats: dict | None
+    stats: dict[str, Any] | None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"balance": self.balance, "budget": self.budget, "stats": self.stats}
 
 

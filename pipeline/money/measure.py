@@ -27,7 +27,7 @@ TOTALS = ("plan_requests", "plan_inputs", "plan_chunks", "plan_tokens")
 
 
 def _count_totals(totals):
-    for name, value in zip(TOTALS, totals):
+    for name, value in zip(TOTALS, totals, strict=True):
         Metrics.counter("embedpipe", name).inc(value)
 
 
@@ -46,7 +46,7 @@ def _count(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, scan: Scan
     _, changed, _, requests = packed_requests(p, job, info, prior, duplicate_ids=scan.duplicate_ids,
                                               claiming=claiming, count_only=True)
     (changed  # a repeated id comes once per row: counted once (ids only cross the shuffle)
-     | "ChangedIds" >> beam.FlatMap(lambda t: zip(t.column("doc_id").to_pylist(), t.column("change").to_pylist()))
+     | "ChangedIds" >> beam.FlatMap(lambda t: zip(t.column("doc_id").to_pylist(), t.column("change").to_pylist(), strict=True))
      | "Distinct" >> beam.Distinct()
      | "CountChanges" >> beam.Map(lambda kv: Metrics.counter("embedpipe", f"changed_{kv[1]}").inc()))
     request_totals(requests) | "Count" >> beam.Map(_count_totals)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Collection, Mapping
+from typing import Any
 
 from pipeline.outdir.records import read_records
 from transforms.money import journal
@@ -40,9 +41,7 @@ from transforms.money.apportion import bill_micro, from_micro, to_micro
 MAX_SUBSET_BITS = 50_000_000  # exact matching of a gap by candidates: a bitset per candidate
 
 
-def _time(value) -> float | None:
-    if value is None:
-        return None
+def _time(value: str | dt.datetime) -> float:
     if isinstance(value, str):
         value = dt.datetime.fromisoformat(value)
     if value.tzinfo is None:
@@ -221,13 +220,13 @@ def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict]
                      "answers were not delivered (dead-lettered after billing, e.g. vectors of the wrong length)")
     first = records[0] if records else {}
     before, after = first.get("balance"), account_after.get("balance")
-    lost = {"count": len(without_rows), "rub": from_micro(lost_known),
+    lost: dict[str, Any] = {"count": len(without_rows), "rub": from_micro(lost_known),
             "answered_not_delivered": {"count": len(without_rows), "rub": from_micro(lost_known)}}
     recon.update(balance_delta_rub=None, balance_minus_requests_rub=None, lost=lost, others_rub=None,
                  unexplained_rub=None)
     m_before = (first.get("stats") or {}).get("monthly_usage")
     m_after = (account_after.get("stats") or {}).get("monthly_usage")
-    stats_delta = to_micro(m_after) - to_micro(m_before) if None not in (m_before, m_after) else None
+    stats_delta = to_micro(m_after) - to_micro(m_before) if m_before is not None and m_after is not None else None
     recon["stats_delta_rub"] = from_micro(stats_delta) if stats_delta is not None else None
     if before is None or after is None:
         notes.append("the balance was not read at the first start or at the end: the difference between "

@@ -18,6 +18,7 @@ import functools
 import logging
 import re
 import uuid
+from typing import Any
 
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
@@ -94,7 +95,7 @@ class OutputDir:
         """Files of KIND that runs' jobs wrote (RUN_ID's only, when given)."""
         return self._match(f"{layout.run_dir(run_id or '*')}/{kind}-*.parquet")
 
-    def journal_entries(self, model: str, dims: int) -> tuple[list[str], list[dict]]:
+    def journal_entries(self, model: str, dims: int) -> tuple[list[str], list[dict[str, Any]]]:
         """Answers paid by killed runs for MODEL at DIMS: (entry paths, request rows that no
         history requests file has)."""
         written = {r for t in read_tables(self.history_files("requests"), ["request_id"])
@@ -139,10 +140,10 @@ class OutputDir:
     def lock(self, run_id: str, settings: LockSettings) -> OutputLock:
         return OutputLock(self.path, run_id, settings)
 
-    def record_start(self, run_id: str, model: str, mode: str, account: dict) -> None:
+    def record_start(self, run_id: str, model: str, mode: str, account: dict[str, Any]) -> None:
         records.record_start(self.path, run_id, model, mode, account)
 
-    def record_finish(self, run_id: str, account_after: dict, unanswered: list[dict]) -> None:
+    def record_finish(self, run_id: str, account_after: dict[str, Any], unanswered: list[dict[str, Any]]) -> None:
         records.record_finish(self.path, run_id, account_after, unanswered)
 
     def adopt_earlier_layout(self) -> None:
@@ -154,10 +155,10 @@ class OutputDir:
         if not found:
             return
         names = [p.rsplit("/", 1)[-1] for p in found]
-        runs = [layout.run_dir(_EARLIER_LAYOUT.match(name).group(1)) for name in names]
+        runs = [layout.run_dir(m.group(1)) for m in map(_EARLIER_LAYOUT.match, names) if m]   # each matched above
         for run in set(runs):
             _make_dirs(self.join(run))
-        FileSystems.rename(found, [self.join(f"{run}/{name}") for run, name in zip(runs, names)])
+        FileSystems.rename(found, [self.join(f"{run}/{name}") for run, name in zip(runs, names, strict=True)])
         log.info("moved %d files of an earlier layout of %s into its history/", len(found), self.path)
 
     def repair_link(self) -> None:
@@ -198,7 +199,7 @@ class OutputDir:
         views.clear(self.path, self.slot)
         self.__dict__["view"] = None
 
-    def write_summary(self, summary: dict) -> None:
+    def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.join(layout.SUMMARY), summary, indent=2)
 
     def collect_garbage(self, keep: int) -> None:

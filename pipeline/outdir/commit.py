@@ -165,7 +165,7 @@ class _Files:
 
     def add(self, kind: str, path: str, rules_name: str | None, rows: int | None = None) -> None:
         rules = self._rules.get(rules_name)
-        if rules is None or rules.empty:
+        if rules_name is None or rules is None or rules.empty:
             rows = row_count(layout.join(self._out, path)) if rows is None else rows
             if rows:
                 self.files[kind].append((path, rows))

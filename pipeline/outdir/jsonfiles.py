@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
 TEMP = ".tmp-"   # PATH.tmp-<uuid>: a file being written, renamed to PATH once whole
 
 
-def write_json(path: str, value, indent: int | None = None) -> None:
+def write_json(path: str, value: Any, indent: int | None = None) -> None:
     temp = f"{path}{TEMP}{uuid.uuid4().hex}"
     try:
         with FileSystems.create(temp) as fh:
@@ -24,7 +25,7 @@ def write_json(path: str, value, indent: int | None = None) -> None:
         raise
 
 
-def read_json(path: str):
+def read_json(path: str) -> Any:
     """The value at PATH, or None when there is none. Any other failure raises: a store that
     does not answer must not pass for an empty directory (a run would take it over)."""
     if not FileSystems.exists(path):

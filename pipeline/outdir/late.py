@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +29,8 @@ def _keys(table: pa.Table) -> pa.Array:
     return pc.binary_join_element_wise(table.column("doc_id"), pc.fill_null(index, ""), "\x00")
 
 
-def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str], seen: set) -> pa.Table:
+def _copies(rows: pa.Table, late_by_first: dict[str, list[LateRef]], kept: Sequence[str],
+            seen: set[tuple[Any, ...]]) -> pa.Table:
     """One row per late ref of each row in ROWS, re-addressed to the late row. A chunk may hold
     rows of several texts (pieces an earlier run left pending, resumed one by one): a late ref
     takes only the rows inside its first row's token span, the pieces of that text. Failed rows
@@ -37,7 +39,7 @@ def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str], seen: set)
     if spans:
         starts = rows.column("token_start").to_pylist()
     else:
-        outcomes = list(zip(rows.column("reason").to_pylist(), rows.column("detail").to_pylist()))
+        outcomes = list(zip(rows.column("reason").to_pylist(), rows.column("detail").to_pylist(), strict=True))
     take, lates = [], []
     for i, key in enumerate(_keys(rows).to_pylist()):
         for late in late_by_first[key]:
@@ -56,8 +58,8 @@ def _copies(rows: pa.Table, late_by_first: dict, kept: Sequence[str], seen: set)
     if spans:  # embeddings and pending rows: a span of the late row's doc
         shift = [late.ref.token_start - late.first[2] for late in lates]
         values.update(chunk_count=[late.ref.chunk_count for late in lates],
-                      token_start=[s + d for s, d in zip(out.column("token_start").to_pylist(), shift)],
-                      token_end=[e + d for e, d in zip(out.column("token_end").to_pylist(), shift)],
+                      token_start=[s + d for s, d in zip(out.column("token_start").to_pylist(), shift, strict=True)],
+                      token_end=[e + d for e, d in zip(out.column("token_end").to_pylist(), shift, strict=True)],
                       **{name: [late.ref.kept[j] for late in lates] for j, name in enumerate(kept)})
     if "cost_rub" in out.column_names:  # the first row carries the cost, as for a reused vector
         values["cost_rub"] = [0.0] * len(lates)
@@ -82,7 +84,7 @@ def write_late_copies(out: OutputDir, run_id: str, late: Sequence[LateRef], kept
 
     written = 0
     for kind in KINDS:
-        seen: set = set()
+        seen: set[tuple[Any, ...]] = set()
         writer, path = None, FileSystems.join(out.run_dir(run_id), f"{kind}-{run_id}-late-00000-of-00001.parquet")
         for source in out.history_files(kind, run_id):
             for rows in matching_rows(source, ["doc_id", "chunk_index"], wanted_rows):

@@ -20,6 +20,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.outdir import layout, records
@@ -33,8 +34,8 @@ MIN_AGE_S = 60.0   # a JSON file's temporary name lives for milliseconds: older 
 log = logging.getLogger("embedpipe")
 
 
-def _match(pattern: str) -> list:
-    return FileSystems.match([pattern])[0].metadata_list
+def _match(pattern: str) -> list[FileMetadata]:
+    return list(FileSystems.match([pattern])[0].metadata_list)
 
 
 def _delete(paths: list[str]) -> None:
@@ -100,7 +101,7 @@ def _answered(output_dir: str) -> dict[str, int]:
     paths = [m.path for m in _match(layout.join(output_dir, f"{layout.HISTORY}/*/requests-*.parquet"))]
     for t in read_tables(paths, ["request_id", "status", "attempts"]):
         columns = (t.column(c).to_pylist() for c in ("request_id", "status", "attempts"))
-        for request_id, status, attempts in zip(*columns):
+        for request_id, status, attempts in zip(*columns, strict=True):
             found[request_id] = 0 if status == 200 or found.get(request_id) == 0 else attempts
     return found
 
@@ -114,7 +115,7 @@ def _written(output_dir: str, entries: dict[str, str], answered: dict[str, int])
     paths = [m.path for m in _match(layout.join(output_dir, f"{layout.HISTORY}/*/embeddings-*.parquet"))]
     for t in read_tables(paths, ["request_id", "text_sha256"]):
         t = t.filter(pc.is_in(t.column("request_id"), value_set=ids))
-        held.update(zip(t.column("request_id").to_pylist(), t.column("text_sha256").to_pylist()))
+        held.update(zip(t.column("request_id").to_pylist(), t.column("text_sha256").to_pylist(), strict=True))
     done = set()
     for request_id in ids.to_pylist():
         _, table = journal.read_path(entries[request_id], ["text_sha256"])

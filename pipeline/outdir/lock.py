@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -63,20 +64,20 @@ class OutputLock:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if (self._read() or {}).get("run_id") == self.holder["run_id"]:
             FileSystems.delete([self._path])
 
-    def _alive(self, other: dict) -> bool:
+    def _alive(self, other: dict[str, Any]) -> bool:
         fresh = time.time() - float(other.get("heartbeat", 0)) < self._settings.lease_s
         if other.get("host") == self.holder["host"] and self._local:
             return fresh and _pid_alive(int(other.get("pid", -1)))
         return fresh
 
-    def _refuse(self, other: dict) -> None:
+    def _refuse(self, other: dict[str, Any]) -> None:
         raise OutputLocked(
             f"--output {FileSystems.split(self._path)[0]} is being written by another run: run "
             f"{other.get('run_id')} on host {other.get('host')}, pid {other.get('pid')}, started "
@@ -108,7 +109,7 @@ class OutputLock:
         other = self._read()
         self._refuse(other or {"run_id": "unknown (unreadable lock file)"})
 
-    def _take_over_local(self, stale: dict) -> None:
+    def _take_over_local(self, stale: dict[str, Any]) -> None:
         """Move the stale lock aside; if another run replaced it meanwhile, put theirs back."""
         aside = f"{self._path}.stale-{uuid.uuid4().hex}"
         try:
@@ -142,8 +143,9 @@ class OutputLock:
     def _write(self) -> None:
         write_json(self._path, self.holder)
 
-    def _read(self) -> dict | None:
+    def _read(self) -> dict[str, Any] | None:
         try:
-            return read_json(self._path)
+            holder: dict[str, Any] | None = read_json(self._path)
+            return holder
         except Exception:  # half-written by a racing run (O_EXCL), or gone meanwhile
             return None

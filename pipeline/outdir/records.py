@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -17,14 +18,15 @@ def _path(output_dir: str, run_id: str) -> str:
     return FileSystems.join(output_dir, RUNS_DIR, f"{run_id}.json")
 
 
-def record_start(output_dir: str, run_id: str, model: str, mode: str, account: dict) -> None:
+def record_start(output_dir: str, run_id: str, model: str, mode: str, account: dict[str, Any]) -> None:
     """Durable before the run's first paid request: DIR's reconciliation starts here."""
     write_json(_path(output_dir, run_id), {
         "run_id": run_id, "model": model, "mode": mode, "host": socket.gethostname(), "pid": os.getpid(),
         "started_at": dt.datetime.now(dt.UTC).isoformat(), **account})
 
 
-def record_finish(output_dir: str, run_id: str, account_after: dict, unanswered: list[dict]) -> None:
+def record_finish(output_dir: str, run_id: str, account_after: dict[str, Any],
+                  unanswered: list[dict[str, Any]]) -> None:
     """The run's final balance, and its requests that got no answer (their intents go with the
     journal): the history still knows what they may have cost."""
     path = _path(output_dir, run_id)
@@ -34,7 +36,7 @@ def record_finish(output_dir: str, run_id: str, account_after: dict, unanswered:
     write_json(path, record)
 
 
-def add_unanswered(output_dir: str, run_id: str, unanswered: list[dict]) -> bool:
+def add_unanswered(output_dir: str, run_id: str, unanswered: list[dict[str, Any]]) -> bool:
     """A run that never finished: its requests without an answer kept in its record, as
     record_finish keeps a finished run's, before its journal goes. False: it has no record."""
     path = _path(output_dir, run_id)
@@ -46,7 +48,7 @@ def add_unanswered(output_dir: str, run_id: str, unanswered: list[dict]) -> bool
     return True
 
 
-def read_records(output_dir: str) -> list[dict]:
+def read_records(output_dir: str) -> list[dict[str, Any]]:
     found = FileSystems.match([FileSystems.join(output_dir, RUNS_DIR, "*.json")])[0].metadata_list
     records = [r for r in map(read_json, (m.path for m in found)) if r is not None]   # None: gone meanwhile
     return sorted(records, key=lambda r: r["started_at"])

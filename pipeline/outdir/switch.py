@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -72,13 +73,16 @@ def settle(out: OutputDir) -> None:
     """A switch whose last step a kill interrupted: its target is current already."""
     switch, view = load(out), out.view
     if switch is not None and view is not None and (view.model, view.dimensions) == switch.to \
-            and (out.target().view is None or out.target().view.view == view.view):
+            and ((target := out.target().view) is None or target.view == view.view):
         end(out)
 
 
 def promote(out: OutputDir) -> View:
     """The target's view becomes the current one, in one step, then the switch ends."""
-    view = out.serve(out.target().view)
+    target = out.target().view
+    if target is None:   # covers() said it holds the corpus
+        raise RuntimeError(f"{out.path}: the switch has no target view to promote")
+    view = out.serve(target)
     end(out)
     return view
 
@@ -89,7 +93,7 @@ def spent_rub(out: OutputDir, switch: Switch) -> float:
     seen, micro = set(), 0
     for table in read_tables(out.history_files("requests"), ["request_id", "run_id", "cost_rub"]):
         for request_id, run_id, cost in zip(*(table.column(c).to_pylist() for c in ("request_id", "run_id",
-                                                                                     "cost_rub"))):
+                                                                                     "cost_rub")), strict=True):
             if run_id in runs and request_id not in seen:
                 seen.add(request_id)
                 micro += to_micro(cost or 0)
@@ -130,7 +134,7 @@ def _pending_tokens(out: OutputDir, view: View | None) -> int:
     return pc.sum(distinct.column("n_tokens_max")).as_py() or 0
 
 
-def status(out: OutputDir, switch: Switch, ids: pa.Array | None, price: float, switched: bool) -> dict:
+def status(out: OutputDir, switch: Switch, ids: pa.Array | None, price: float, switched: bool) -> dict[str, Any]:
     """summary.json's `switch`. IDS: the distinct ids of the day's corpus (None when the run
     read no input); PRICE: RUB per token of the target's model. The estimate to finish prices
     the target's pending texts, and documents it has not read yet at the served view's mean."""

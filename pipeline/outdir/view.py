@@ -16,6 +16,7 @@ import glob
 import os
 import shutil
 import uuid
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -32,7 +33,7 @@ class View:
     dimensions: int
     signature: str                                 # hex: transforms/read/changes.py
     kept: tuple[str, ...]
-    files: dict                                    # kind -> ((relative path, rows), ...)
+    files: dict[str, tuple[tuple[str, int], ...]]   # kind -> ((relative path, rows), ...)
     docindex: str | None = None
     documents: int = 0                             # in the document index
     committed_at: str = ""
@@ -52,12 +53,12 @@ class View:
         files = {path for kind in self.files for path in self.paths(kind)}
         return files | {self.docindex} if self.docindex else files
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **dataclasses.asdict(self),
                 "files": {k: [list(f) for f in v] for k, v in self.files.items()}}
 
     @classmethod
-    def from_json(cls, doc: dict) -> View:
+    def from_json(cls, doc: dict[str, Any]) -> View:
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in doc.items() if k in fields}
         values["files"] = {k: tuple((p, int(n)) for p, n in v) for k, v in doc["files"].items()}

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 # Registers the Flink and Spark runners' options, so their flags count as known.
-import apache_beam.runners.portability.flink_runner  # noqa: F401
+import apache_beam.runners.portability.flink_runner
 import apache_beam.runners.portability.spark_runner  # noqa: F401
 from apache_beam.internal import pickler
 from apache_beam.io.filesystems import FileSystems
@@ -15,9 +16,16 @@ from apache_beam.runners.runner import create_runner
 
 from pipeline.exits import UsageError
 
+_Options = TypeVar("_Options", bound=PipelineOptions)
+
+
+class _AddsArguments(Protocol):
+    """What _add_argparse_args fills: Beam's parser, or the help's groups (pipeline/terminal/usage.py)."""
+    def add_argument(self, *flags: str, **kwargs: Any) -> Any: ...
+
 
 class _Parser(_BeamArgumentParser):
-    def error(self, message):  # argparse would print Beam's 100-line usage and exit
+    def error(self, message: str) -> NoReturn:  # argparse would print Beam's 100-line usage and exit
         raise UsageError(message)
 
 
@@ -86,7 +94,7 @@ def check_beam(opts: PipelineOptions) -> None:
 
 
 class EmbedPipeOptions(PipelineOptions):
-    def view_as(self, cls):
+    def view_as(self, cls: type[_Options]) -> _Options:
         """One view per class, kept. Beam asks for a view twice per transform it applies (130
         times before the first request), and each new one parses the command line again: 40-58
         ms of the start. A view holds nothing of its own: its values live in the options' shared
@@ -94,17 +102,17 @@ class EmbedPipeOptions(PipelineOptions):
         views = self.__dict__.setdefault("_views", {})
         if cls not in views:
             views[cls] = super().view_as(cls)
-        return views[cls]
+        return cast(_Options, views[cls])   # made by super().view_as(cls)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         """A copy or a pickle makes its own views: kept ones would carry the values Beam's
         __getstate__ replaces (impersonate_service_account) into it."""
-        state = dict(super().__getstate__())
+        state = dict(super().__getstate__())  # type: ignore[no-untyped-call]  # Beam's is unannotated
         state.pop("_views", None)
         return state
 
     @classmethod
-    def _add_argparse_args(cls, parser):
+    def _add_argparse_args(cls, parser: _AddsArguments) -> None:
         add = parser.add_argument
         add("--input", help="Parquet file, glob, directory or hive dataset (local, gs://, s3://)")
         add("--output", help="output directory")

@@ -3,7 +3,9 @@ command line overrides. Profiles are how a job moves from a laptop to Dataflow o
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from importlib import resources
+from typing import Any
 
 from service.catalog import ConfigError, parse_yaml_mapping
 
@@ -23,8 +25,8 @@ def _profile_text(name: str) -> tuple[str, str]:
     return entry.read_text(encoding="utf-8"), f"configs/profiles/{name}.yaml"
 
 
-def _flags(doc: dict, where: str) -> list[str]:
-    flags = []
+def _flags(doc: Mapping[str, Any], where: str) -> list[str]:
+    flags: list[str] = []
     for key, value in doc.items():
         flag = "--" + str(key)
         if value is True:

@@ -2,6 +2,8 @@
 the whole of summary.json instead), and what to do next when the exit code is not 0."""
 from __future__ import annotations
 
+from typing import Any
+
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
 from pipeline.outdir.view import is_local
 from pipeline.terminal.figures import count, exact, rub
@@ -27,7 +29,7 @@ SWITCH_PARTIAL = ("the switch to {to} is not complete ({done:,} of {total:,} doc
                   "more budget (under --daily-cap-rub: on the service's next day).")
 
 
-def advice(report: dict, output: str, again: str) -> str | None:
+def advice(report: dict[str, Any], output: str, again: str) -> str | None:
     """What to do next, for an exit code other than 0; None for 0."""
     switch = report.get("switch") or {}
     if report["exit_code"] == EXIT_PARTIAL and switch.get("to") and not switch.get("switched"):
@@ -45,7 +47,7 @@ def advice(report: dict, output: str, again: str) -> str | None:
                                       paid=paid)
 
 
-def lines(report: dict, output: str, next_step: str | None = None) -> list[str]:
+def lines(report: dict[str, Any], output: str, next_step: str | None = None) -> list[str]:
     code, changes, view = report["exit_code"], report["changes"], report["current"]
     status = STATUS.get(code, "finished")
     if code == EXIT_FAILED and report["pending_reasons"]:
@@ -71,21 +73,21 @@ def lines(report: dict, output: str, next_step: str | None = None) -> list[str]:
     return rows + ([_row("next", next_step)] if next_step else [])
 
 
-def _target_money(switch: dict | None) -> str:
+def _target_money(switch: dict[str, Any] | None) -> str:
     """What the run spent on a switch's target, beside the served view's share."""
-    run = (switch or {}).get("run")
-    if not run:
+    if not switch or not switch.get("run"):
         return ""
+    run = switch["run"]
     return (f" + {rub(run['cost_rub'])} RUB for {switch['to']['model']} ({count(run['requests'], 'request')}, "
             f"{run['prompt_tokens']:,} tokens)")
 
 
-def _timed_out(report: dict) -> str:
+def _timed_out(report: dict[str, Any]) -> str:
     n = report.get("timed_out_attempts") or 0
     return f", {count(n, 'attempt')} timed out (may be billed)" if n else ""
 
 
-def _switch(switch: dict) -> str:
+def _switch(switch: dict[str, Any]) -> str:
     """Where a switch of DIR to another model stands, in one line."""
     gone = switch.get("abandoned")
     left = (f"the switch to {gone['to']['model']} was abandoned ({rub(gone['spent_rub'])} RUB spent on it; its "
@@ -116,7 +118,7 @@ def _why(reasons: dict[str, int]) -> str:
     return " (" + ", ".join(f"{r} {n:,}" for r, n in top[:3]) + (", ..." if len(top) > 3 else "") + ")"
 
 
-def _reconciliation(recon: dict) -> str:
+def _reconciliation(recon: dict[str, Any]) -> str:
     """balance delta = rows + lost + others + unexplained over DIR's history, the parts that are 0
     left out; exact to the micro-rouble, as billed."""
     delta = recon.get("balance_delta_rub")

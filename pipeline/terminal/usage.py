@@ -7,6 +7,7 @@ not named here (a new one) is listed under "advanced", so none goes missing.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from pipeline.settings.options import EmbedPipeOptions
 
@@ -36,7 +37,7 @@ class _Grouped:
         self._groups = {name: parser.add_argument_group(name) for name in (*GROUPS, "advanced")}
         self._skip = NOT_FOR.get(command, ())
 
-    def add_argument(self, *flags: str, **kwargs) -> None:
+    def add_argument(self, *flags: str, **kwargs: Any) -> None:
         dest = kwargs.get("dest") or flags[0].lstrip("-")
         if dest in self._skip:
             return

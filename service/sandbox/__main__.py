@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import sys
 import threading
+from types import FrameType
 
 from service.catalog import ConfigError
 
@@ -46,7 +47,7 @@ def serve(argv: list[str]) -> int:
              port, config.db, keys, config.precheck, config.capacity or "unlimited", config.capacity_mode,
              config.faults)
 
-    def stop(signum, frame):
+    def stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)

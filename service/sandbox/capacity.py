@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Any
 from collections.abc import Iterator
 
 QUEUE, REFUSE = "queue", "429"
@@ -36,14 +37,15 @@ class Capacity:
     def slot(self, account: str) -> Iterator[None]:
         """Hold one of the account's places while the request is worked on; wait for one
         (queue mode) or raise OverCapacity (429 mode). No capacity: always at once."""
+        capacity = self.capacity
         with self._cond:
-            if self.capacity is not None and self._busy.get(account, 0) >= self.capacity:
+            if capacity is not None and self._busy.get(account, 0) >= capacity:
                 if self.mode == REFUSE:
                     self.refused += 1
                     raise OverCapacity()
                 self._waiting[account] = self._waiting.get(account, 0) + 1
                 self.peak_queued = max(self.peak_queued, sum(self._waiting.values()))
-                self._cond.wait_for(lambda: self._busy.get(account, 0) < self.capacity)
+                self._cond.wait_for(lambda: self._busy.get(account, 0) < capacity)
                 self._waiting[account] -= 1
             self._busy[account] = self._busy.get(account, 0) + 1
             self.peak_in_progress = max(self.peak_in_progress, self._busy[account])
@@ -54,7 +56,7 @@ class Capacity:
                 self._busy[account] -= 1
                 self._cond.notify_all()
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         with self._cond:
             return {"capacity": self.capacity, "mode": self.mode,
                     "in_progress": sum(self._busy.values()), "queued": sum(self._waiting.values()),

@@ -35,7 +35,7 @@ def _word_chars() -> np.ndarray:
     points beyond it (emoji, rare scripts) count as separators."""
     bmp = "".join(map(chr, range(0x10000)))
     kept = re.sub(r"\W", "\x00", bmp).encode("utf-32-le", "surrogatepass")
-    return np.frombuffer(kept, dtype="<u4") != 0
+    return np.frombuffer(kept, dtype="<u4").astype(bool)
 
 
 def _salt(model: str) -> np.uint64:
@@ -95,9 +95,9 @@ def _embed_group(model: str, texts: Sequence[str], dims: int, full: int) -> np.n
     vecs = acc.reshape(len(lows), full)[:, :dims]
     norms = np.linalg.norm(vecs, axis=1)
     for i in np.flatnonzero(norms == 0.0):
-        vecs[i] = _fallback(model, texts[i], full)[:dims]
+        vecs[i] = _fallback(model, texts[int(i)], full)[:dims]
         norms[i] = np.linalg.norm(vecs[i])
-    return (vecs / norms[:, None]).astype(np.float32)
+    return np.asarray(vecs / norms[:, None], dtype=np.float32)
 
 
 def embed_batch(model: str, texts: Sequence[str], dims: int, full_dims: int | None = None) -> np.ndarray:
@@ -115,4 +115,4 @@ def embed_text(model: str, text: str, dims: int, full_dims: int | None = None) -
 
     Pass the model's default length as DIMS (service.catalog: ModelSpec.dimensions), or the
     request's `dimensions` as DIMS with the default length as FULL_DIMS."""
-    return embed_batch(model, [text], dims, full_dims)[0]
+    return embed_batch(model, [text], dims, full_dims).reshape(dims)

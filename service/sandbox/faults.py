@@ -14,6 +14,7 @@ bucket on embeddings, 429 with Retry-After beyond it, for testing client-side AI
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import random
 import threading
@@ -63,7 +64,7 @@ class FaultConfig:
         ("embeddings_burst", float, "burst of --embeddings-rps (default: max(1, rps))"),
     )
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         rates = [getattr(self, "rate_" + k.removeprefix("status_")) for k in _RATE_KINDS]
         if any(r < 0 for r in rates) or sum(rates) > 1.0 + 1e-9:
             raise ConfigError(f"fault rates must be >= 0 and sum to at most 1, got {rates}")
@@ -84,18 +85,19 @@ class FaultConfig:
         unknown = sorted(set(raw) - set(fields))
         if unknown:
             raise ConfigError(f"{where}: unknown fault settings {unknown}; known: {sorted(fields)}")
-        values = {}
+        values: dict[str, Any] = {}
         for name, value in raw.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ConfigError(f"{where}: {name} must be a number, got {value!r}")
-            values[name] = value
+            if value is not None:   # a setting left empty keeps its default
+                values[name] = value
         try:
             return cls(**values)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
 
     @classmethod
-    def from_args(cls, args) -> FaultConfig:
+    def from_args(cls, args: argparse.Namespace) -> FaultConfig:
         raw: dict[str, Any] = {}
         if args.faults:
             try:

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import IO, Any
 from collections.abc import Sequence
 
 from .store import read_ledger
@@ -32,7 +33,7 @@ class SandboxError(RuntimeError):
 
 
 class SandboxProcess:
-    def __init__(self, db, key: str | None = "sk-test", balance: float | None = 1000.0,
+    def __init__(self, db: str | os.PathLike[str], key: str | None = "sk-test", balance: float | None = 1000.0,
                  budget: float | None = None, args: Sequence[str] = (), port: int = 0,
                  host: str = "127.0.0.1", start_timeout_s: float = 30.0):
         self.db = str(db)
@@ -44,8 +45,8 @@ class SandboxProcess:
         self.port: int | None = None
         self.log_path = self.db + ".log"
         self._ready_file = self.db + ".ready"
-        self._proc: subprocess.Popen | None = None
-        self._log_fh = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_fh: IO[bytes] | None = None
 
     @property
     def base_url(self) -> str:
@@ -64,7 +65,9 @@ class SandboxProcess:
         argv = [sys.executable, "-m", "service.sandbox", "--host", self.host, "--port", str(port),
                 "--db", self.db, "--ready-file", self._ready_file]
         if self._key is not None:
-            argv += ["--key", self._key, "--balance", repr(float(self._balance))]
+            argv += ["--key", self._key]
+            if self._balance is not None:   # else the sandbox says --key needs --balance
+                argv += ["--balance", repr(float(self._balance))]
             if self._budget is not None:
                 argv += ["--budget", repr(float(self._budget))]
         return argv + self._args
@@ -78,21 +81,21 @@ class SandboxProcess:
         self._log_fh = open(self.log_path, "ab")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH")) if p)
-        self._proc = subprocess.Popen(self._argv(port), stdin=subprocess.DEVNULL, stdout=self._log_fh,
-                                      stderr=subprocess.STDOUT, env=env, cwd=_REPO_ROOT)
+        self._proc = proc = subprocess.Popen(self._argv(port), stdin=subprocess.DEVNULL, stdout=self._log_fh,
+                                             stderr=subprocess.STDOUT, env=env, cwd=_REPO_ROOT)
         try:
-            self.port = self._wait_ready()
+            self.port = self._wait_ready(proc)
         except BaseException:
             self.kill()
             raise
         return self
 
-    def _wait_ready(self) -> int:
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> int:
         deadline = time.monotonic() + self._start_timeout_s
-        port = None
+        port: int | None = None
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise SandboxError(f"the sandbox exited with {self._proc.returncode}:\n{self.log_tail()}")
+            if proc.poll() is not None:
+                raise SandboxError(f"the sandbox exited with {proc.returncode}:\n{self.log_tail()}")
             if port is None and os.path.exists(self._ready_file):
                 with open(self._ready_file, encoding="utf-8") as fh:
                     port = json.load(fh)["port"]
@@ -104,26 +107,28 @@ class SandboxProcess:
     def _healthy(self, port: int) -> bool:
         try:
             with _DIRECT.open(f"http://{self.host}:{port}/healthz", timeout=2) as resp:
-                return resp.status == 200
+                return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
             return False
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if it has not exited within TIMEOUT_S."""
-        if self.running():
-            self._proc.send_signal(signal.SIGTERM)
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
             try:
-                self._proc.wait(timeout_s)
+                proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout_s)
+                proc.kill()
+                proc.wait(timeout_s)
         self._close_log()
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, as a crash would leave it."""
-        if self.running():
-            self._proc.kill()
-            self._proc.wait(10)
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
         self._close_log()
 
     def restart(self) -> SandboxProcess:
@@ -144,14 +149,14 @@ class SandboxProcess:
         except OSError:
             return ""
 
-    def ledger(self) -> list[dict]:
+    def ledger(self) -> list[dict[str, Any]]:
         """The ledger rows, as `python -m service.sandbox ledger` prints them."""
         return list(read_ledger(self.db))
 
     def __enter__(self) -> SandboxProcess:
         return self if self.running() else self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:

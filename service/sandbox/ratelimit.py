@@ -4,10 +4,11 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 
 
 class TokenBuckets:
-    def __init__(self, rate: float, burst: float, clock=time.monotonic):
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic):
         self._rate, self._burst, self._clock = rate, burst, clock
         self._state: dict[str, tuple[float, float]] = {}   # key -> (tokens, last refill)
         self._lock = threading.Lock()

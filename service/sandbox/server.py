@@ -24,7 +24,9 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from service.catalog import ModelSpec
 from service.tokenizer import get_encoding
@@ -35,7 +37,7 @@ from .embedder import embed_batch
 from .faults import FaultInjector
 from .money import cost_micro, from_micro
 from .ratelimit import TokenBuckets
-from .store import Charge, Store, offset_clock
+from .store import Charge, ChargeResult, Store, offset_clock
 
 log = logging.getLogger("service.sandbox")
 
@@ -51,7 +53,7 @@ class ApiError(Exception):
         self.code = status if code is None else code
         self.type = type_
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "type": self.type}}
 
 
@@ -117,7 +119,7 @@ class Sandbox:
         return [math.ceil(n * skew) for n in counts] if skew else counts
 
 
-def parse_embedding_request(body: Any, models) -> tuple[ModelSpec, list[str], int | None, str]:
+def parse_embedding_request(body: Any, models: Mapping[str, ModelSpec]) -> tuple[ModelSpec, list[str], int | None, str]:
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.")
     unknown = sorted(set(body) - {"model", "input", "encoding_format", "dimensions", "user"})
@@ -171,7 +173,7 @@ def precheck_estimate(model: ModelSpec, n_inputs: int) -> int:
                       model.price_per_token)
 
 
-def embeddings_body(vectors, fmt: str, model: str, usage: dict) -> bytes:
+def embeddings_body(vectors: np.ndarray, fmt: str, model: str, usage: dict[str, Any]) -> bytes:
     """The 200 answer. base64 items are assembled as bytes: base64 needs no JSON escaping,
     and json.dumps over megabytes of it was the slowest step of a large request."""
     if fmt == "base64":
@@ -191,26 +193,26 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 300                   # an idle keep-alive connection's thread ends after this
     sandbox: Sandbox                # set on the subclass made by make_server
 
-    def setup(self):
+    def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format, *args):   # noqa: A002 - BaseHTTPRequestHandler's signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         self._dispatch("GET")
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def do_PUT(self):
+    def do_PUT(self) -> None:
         self._dispatch("PUT")
 
-    def do_DELETE(self):
+    def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
-    def do_PATCH(self):
+    def do_PATCH(self) -> None:
         self._dispatch("PATCH")
 
     # -- plumbing -------------------------------------------------------------------------
@@ -245,7 +247,7 @@ class Handler(BaseHTTPRequestHandler):
             self._drain()
             self._send(500, ApiError(500, "Internal error.", type_="server_error").body())
 
-    def _send(self, status: int, obj: dict | bytes, headers: Sequence[tuple[str, str]] = ()) -> None:
+    def _send(self, status: int, obj: dict[str, Any] | bytes, headers: Sequence[tuple[str, str]] = ()) -> None:
         body = obj if isinstance(obj, bytes) else json.dumps(obj, separators=(",", ":")).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -367,7 +369,8 @@ class Handler(BaseHTTPRequestHandler):
                  "balance": from_micro(result.balance_micro)}
         self._send(200, embeddings_body(vectors, fmt, model.name, usage), [("X-Request-Id", request_id)])
 
-    def _work(self, key: KeySpec, model: ModelSpec, texts: list[str], dims: int | None, request_id: str):
+    def _work(self, key: KeySpec, model: ModelSpec, texts: list[str], dims: int | None,
+              request_id: str) -> tuple[ChargeResult, int, int, np.ndarray]:
         """What one of the account's places is held for (--capacity): count, embed, wait, bill.
         The answer leaves the latency after the work began: like a real service's, the latency
         includes the work, so the sandbox's own CPU on a loaded machine does not lengthen it."""

@@ -20,6 +20,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from .money import from_micro
@@ -171,6 +172,7 @@ class Store:
     def _outcome(p: _Pending) -> ChargeResult:
         if p.error is not None:
             raise p.error
+        assert p.result is not None   # _commit sets one of the two
         return p.result
 
     def _commit(self, batch: list[_Pending]) -> None:
@@ -188,7 +190,7 @@ class Store:
             for p in batch:
                 p.error = exc
             return
-        for p, result in zip(batch, results):
+        for p, result in zip(batch, results, strict=True):
             p.result = result
 
     @staticmethod
@@ -216,13 +218,14 @@ class Store:
         day_start = utc_timestamp(midnight)
         month_start = utc_timestamp(midnight - dt.timedelta(days=30))   # wall-clock arithmetic in TZ
         with self._read_lock:
-            return self._read.execute(
+            daily, monthly = self._read.execute(
                 "SELECT COALESCE(SUM(CASE WHEN created_at >= ? THEN cost_micro END), 0),"
                 " COALESCE(SUM(cost_micro), 0) FROM ledger WHERE account = ? AND created_at >= ?",
                 (day_start, account, month_start)).fetchone()
+        return daily, monthly
 
 
-def read_ledger(path: str) -> Iterator[dict]:
+def read_ledger(path: str) -> Iterator[dict[str, Any]]:
     """The ledger as design.md's records, in charge order; safe beside a running sandbox."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:

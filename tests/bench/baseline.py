@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         batch.clear()
 
     with EmbeddingsClient(args.base_url, ApiKey(os.environ["EMBEDDINGS_API_KEY"])) as client:
-        for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist()):
+        for doc_id, text in zip(table.column("id").to_pylist(), table.column("text").to_pylist(), strict=True):
             for i, chunk in enumerate(chunk_texts(encoding, text)):
                 batch.append((doc_id, i, chunk))
                 if len(batch) == BATCH:

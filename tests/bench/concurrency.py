@@ -27,7 +27,7 @@ def in_flight(out: Path) -> tuple[float, int]:
     t = pa.concat_tables([pq.read_table(f, columns=["started_at", "latency_ms"]) for f in _current(out, "requests")])
     starts = [s.timestamp() for s in t["started_at"].to_pylist()]
     events = sorted([(s, 1) for s in starts] + [(s + ms / 1000, -1) for s, ms in
-                                                 zip(starts, t["latency_ms"].to_pylist())])
+                                                 zip(starts, t["latency_ms"].to_pylist(), strict=True)])
     now = peak = 0
     area, last = 0.0, events[0][0]
     for at, step in events:

@@ -60,7 +60,7 @@ def _russian(rng: np.random.Generator, n_chars: int) -> str:
     words = rng.choice(_RU + _RU_GLUE * 2, size=n_words)
     ends = rng.random(n_words) < 0.1
     out, sentence = [], []
-    for w, end in zip(words, ends):
+    for w, end in zip(words, ends, strict=True):
         sentence.append(w)
         if end or len(sentence) > 25:
             out.append(" ".join(sentence).capitalize() + ".")

@@ -121,7 +121,7 @@ def _fitting_texts(corpus: Path, n: int, max_tokens: int, path: Path) -> int:
     PATH; their tokens."""
     texts = pq.read_table(corpus, columns=["text"]).column(0).to_pylist()
     counts = get_encoding().encode_ordinary_batch(texts)
-    chosen = [(t, len(c)) for t, c in zip(texts, counts) if len(c) <= max_tokens][:n]
+    chosen = [(t, len(c)) for t, c in zip(texts, counts, strict=True) if len(c) <= max_tokens][:n]
     pq.write_table(pa.table({"text": [t for t, _ in chosen]}), path)
     return sum(k for _, k in chosen)
 

@@ -106,11 +106,11 @@ def draw(path: Path) -> None:
     cap_t = [t for t, _ in CAPACITY] + [END_S]
     cap_v = [c for _, c in CAPACITY] + [CAPACITY[-1][1]]
     for ax, mode, title in zip(axes, ("queue", "429"),
-                               ("a service that queues past its capacity", "a service that refuses past it (429)")):
+                               ("a service that queues past its capacity", "a service that refuses past it (429)"), strict=True):
         limits, in_flight, refusals = simulate(mode)
         ax.step(cap_t, cap_v, where="post", color="black", linestyle="--", linewidth=1.2, label="capacity")
-        ax.step(*zip(*limits), where="post", color="tab:blue", linewidth=1.4, label="in-flight limit")
-        ax.step(*zip(*in_flight), where="post", color="tab:orange", linewidth=0.6, alpha=0.6,
+        ax.step(*zip(*limits, strict=True), where="post", color="tab:blue", linewidth=1.4, label="in-flight limit")
+        ax.step(*zip(*in_flight, strict=True), where="post", color="tab:orange", linewidth=0.6, alpha=0.6,
                 label="requests out (queued or worked on)")
         if refusals:
             ax.plot(refusals, [0.4] * len(refusals), "|", color="tab:red", markersize=8,

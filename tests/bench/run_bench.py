@@ -314,7 +314,7 @@ class Bench:
         tokens = s["prompt_tokens"]
         self._irreducible_input = (corpus, out, tokens)
         parts = self.time_irreducible()
-        per_m = lambda cpu: cpu / tokens * 1e6   # noqa: E731
+        per_m = lambda cpu: cpu / tokens * 1e6
         irr = sum(v for k, v in parts.items() if not k.startswith("_"))
         rows = [["pipeline (default settings, workers 1), whole process", m.cpu_s, per_m(m.cpu_s)],
                 ["  of which fixed: the same job on 10 documents", fixed.cpu_s, ""],

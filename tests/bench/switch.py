@@ -111,7 +111,7 @@ def check(out: Path, day: list[dict], expected: dict[str, Expected]) -> dict:
     models = set()
     if t is not None:
         models = set(pc.unique(t.column("model")).to_pylist())
-        for doc, index, count, sha, model in zip(*(t.column(c).to_pylist() for c in t.column_names)):
+        for doc, index, count, sha, model in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True):
             served[doc].append((index, count, sha, model))
     target = _rows(out / "target") if (out / "target").exists() else None
     mixed = sum(1 for rows in served.values()
@@ -145,7 +145,7 @@ def ledger_checks(db: Path, out: Path, price_b: float) -> dict:
     for f in (out / "history").glob("*/embeddings-*.parquet"):
         t = pq.read_table(f, columns=["text_sha256", "n_tokens", "model"])
         t = t.filter(pc.equal(t.column("model"), B))
-        tokens.update(zip(t.column("text_sha256").to_pylist(), t.column("n_tokens").to_pylist()))
+        tokens.update(zip(t.column("text_sha256").to_pylist(), t.column("n_tokens").to_pylist(), strict=True))
     b_texts = {h for c in b_charges for h in c["input_sha256"]}
     cost = sum(c["cost_rub"] for c in b_charges)
     distinct = sum(tokens.get(h, 0) for h in b_texts) * price_b
@@ -155,7 +155,7 @@ def ledger_checks(db: Path, out: Path, price_b: float) -> dict:
 
 
 def run(bench, docs: int) -> None:
-    from tests.bench.run_bench import _env   # noqa: PLC0415 (run_bench imports this module)
+    from tests.bench.run_bench import _env
 
     work = bench.work / "switch"
     shutil.rmtree(work, ignore_errors=True)
@@ -187,7 +187,7 @@ def run(bench, docs: int) -> None:
         m_small, _ = pipeline("switch-fresh-2k", sb, A, path=small, output=work / "out-2k")
     shutil.rmtree(work / "out-2k", ignore_errors=True)
 
-    rows, ratio = [], lambda m: m.peak_rss_mb / m_small.peak_rss_mb   # noqa: E731
+    rows, ratio = [], lambda m: m.peak_rss_mb / m_small.peak_rss_mb
     rows.append(["fresh A, 2,000 documents (memory reference)", m_small.returncode, "", "", "", "", "", "", "", "",
                  "", "", "", m_small.peak_rss_mb, 1.0, m_small.wall_s, "", ""])
 

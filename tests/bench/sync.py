@@ -51,7 +51,7 @@ def _served(out: Path) -> dict[str, list]:
     rows: dict[str, list] = collections.defaultdict(list)
     for f in sorted((out / "current").glob("embeddings-*.parquet")):
         t = pq.read_table(f, columns=["doc_id", "chunk_index", "chunk_count", "text_sha256"])
-        for doc, index, count, sha in zip(*(t.column(c).to_pylist() for c in t.column_names)):
+        for doc, index, count, sha in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True):
             rows[doc].append((index, count, sha))
     return rows
 

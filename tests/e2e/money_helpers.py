@@ -109,7 +109,7 @@ def assert_every_row_once(out: Path, rows: list[dict]) -> dict[str, int]:
             continue
         cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * table.num_rows
                 for c in ("doc_id", "chunk_index", "chunk_count", "token_start")}
-        for doc_id, index, count, start in zip(*cols.values()):
+        for doc_id, index, count, start in zip(*cols.values(), strict=True):
             key = (doc_id, index, start)
             assert key not in seen, f"{key} is in both {seen[key]} and {kind}"
             seen[key] = kind

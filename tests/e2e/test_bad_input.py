@@ -8,6 +8,7 @@ servers on 127.0.0.1 - the sandbox follows the spec and cannot misbehave that wa
 """
 from __future__ import annotations
 
+from itertools import pairwise
 import base64
 import collections
 import http.server
@@ -133,7 +134,7 @@ def assert_accounted(out: Path, ids: list, chunks: dict[str, int] | None = None)
     assert all(len(k) == 1 for k in where.values()), {c: k for c, k in where.items() if len(k) > 1}
     for key, pieces in spans.items():  # several rows per chunk only as re-split pieces, disjoint
         pieces.sort()
-        assert all(a[1] <= b[0] for a, b in zip(pieces, pieces[1:])), (key, pieces)
+        assert all(a[1] <= b[0] for a, b in pairwise(pieces)), (key, pieces)
     chunk_docs = {d for d, _ in where}
     if chunks is None:
         assert all(len(counts[d]) == 1 for d in chunk_docs), f"chunk counts unknown or inconsistent: {counts}"
@@ -358,7 +359,7 @@ def test_special_tokens_are_embedded_as_plain_text(tmp_path, sb):
     kinds = assert_accounted(out, ["eot", "all"], {"eot": 1, "all": 1})
     enc = get_encoding()
     by_id = {r["doc_id"]: r for r in kinds["embeddings"]}
-    for doc_id, text in zip(["eot", "all"], texts):
+    for doc_id, text in zip(["eot", "all"], texts, strict=True):
         row = by_id[doc_id]
         assert row["n_tokens"] == len(enc.encode_ordinary(text)) > 1  # not one special token
         np.testing.assert_array_equal(np.asarray(row["embedding"], np.float32), embed_text(MODEL, text, 1536))

@@ -70,7 +70,7 @@ def _sent_before_the_first_answer(out) -> int:
     t = pa.concat_tables([pq.read_table(f, columns=["started_at", "latency_ms"])
                           for f in current_files(out, "requests")])
     starts = [s.timestamp() for s in t["started_at"].to_pylist()]
-    first_answer = min(s + ms / 1000 for s, ms in zip(starts, t["latency_ms"].to_pylist()))
+    first_answer = min(s + ms / 1000 for s, ms in zip(starts, t["latency_ms"].to_pylist(), strict=True))
     return sum(s < first_answer for s in starts)
 
 

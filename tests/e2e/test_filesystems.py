@@ -91,12 +91,12 @@ class MemFileSystem(FileSystem):
 
     def copy(self, sources, destinations):
         with _Store.lock:
-            for src, dst in zip(sources, destinations):
+            for src, dst in zip(sources, destinations, strict=True):
                 _Store.objects[dst] = _Store.objects[src]
 
     def rename(self, sources, destinations):
         with _Store.lock:
-            for src, dst in zip(sources, destinations):
+            for src, dst in zip(sources, destinations, strict=True):
                 _Store.objects[dst] = _Store.objects.pop(src)
 
     def exists(self, path):
@@ -234,7 +234,7 @@ def test_resume_delivers_nothing_twice(store, sandbox):
     assert job(store, sandbox, "--resume") == 0
     assert len(ledger(sandbox.db)) == paid
     emb = read_kind(out, "embeddings")
-    keys = list(zip(emb.column("doc_id").to_pylist(), emb.column("chunk_index").to_pylist()))
+    keys = list(zip(emb.column("doc_id").to_pylist(), emb.column("chunk_index").to_pylist(), strict=True))
     assert len(keys) == len(set(keys))
     assert read_summary(out)["cost_rub"] == 0
 

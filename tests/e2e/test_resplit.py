@@ -7,6 +7,7 @@ floor(8192 x 0.95) = 7782 client tokens is 10117 > 8192 for the service.
 """
 from __future__ import annotations
 
+from itertools import pairwise
 import collections
 import hashlib
 import math
@@ -85,10 +86,10 @@ def test_over_length_chunks_are_resplit_not_failed(tmp_path, sandbox_factory, mo
             assert (len(pieces) > 1) == (chunk in too_long)
             # The pieces tile the chunk's token span, in order.
             assert pieces[0]["token_start"] == chunk.token_start and pieces[-1]["token_end"] == chunk.token_end
-            assert all(a["token_end"] == b["token_start"] for a, b in zip(pieces, pieces[1:]))
+            assert all(a["token_end"] == b["token_start"] for a, b in pairwise(pieces))
             piece_texts = piece_texts_of(chunk.text, pieces, enc)
             assert "".join(piece_texts) == chunk.text
-            for piece, text in zip(pieces, piece_texts):
+            for piece, text in zip(pieces, piece_texts, strict=True):
                 assert piece["text_sha256"] == hashlib.sha256(text.encode()).hexdigest()
                 assert piece["n_tokens"] == len(enc.encode_ordinary(text))
                 assert service_tokens(piece["n_tokens"]) <= SPEC.max_input_tokens  # within the service's limit
@@ -99,7 +100,7 @@ def test_over_length_chunks_are_resplit_not_failed(tmp_path, sandbox_factory, mo
     assert resplit_chunks == len(too_long)
 
     # The money still adds up: rows to requests, requests to the ledger (the 400s cost nothing).
-    micro = lambda values: sum(round(v * 1e6) for v in values)  # noqa: E731
+    micro = lambda values: sum(round(v * 1e6) for v in values)
     charges = ledger(sb.db)
     assert micro(r["cost_rub"] for r in rows) == micro(r["cost_rub"] for r in requests) \
         == micro(c["cost_rub"] for c in charges)

@@ -41,7 +41,7 @@ def read_journal(out: Path) -> dict[str, tuple[dict, dict[str, int]]]:
     for path in journal_files(out):
         table = pq.read_table(io.BytesIO(path.read_bytes()))
         request = json.loads(table.schema.metadata[b"request"])
-        shares = dict(zip(table.column("text_sha256").to_pylist(), table.column("share_micro").to_pylist()))
+        shares = dict(zip(table.column("text_sha256").to_pylist(), table.column("share_micro").to_pylist(), strict=True))
         entries[request["request_id"]] = (request, shares)
     return entries
 

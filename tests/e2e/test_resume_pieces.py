@@ -2,6 +2,7 @@
 `--resume` must send exactly the pieces still missing."""
 from __future__ import annotations
 
+from itertools import pairwise
 import collections
 import random
 
@@ -28,7 +29,7 @@ def test_partly_delivered_chunk_is_completed_by_resume(tmp_path, sandbox_factory
     assert current_rows(out, "pending") == [] and current_rows(out, "failed") == []
     assert {r["chunk_index"] for r in rows} == {0}
     assert rows[0]["token_start"] == 0
-    assert all(a["token_end"] == b["token_start"] for a, b in zip(rows, rows[1:]))  # pieces tile the chunk
+    assert all(a["token_end"] == b["token_start"] for a, b in pairwise(rows))  # pieces tile the chunk
     assert sum(r["n_tokens"] for r in rows) == rows[-1]["token_end"]
     sent = collections.Counter(h for c in ledger(sb.db) for h in c["input_sha256"])
     assert max(sent.values()) == 1  # no piece paid twice

@@ -45,7 +45,7 @@ def test_every_row_is_accounted_for_once(clean_run):
     good = {r["id"] for r in rows if r["id"] and r["text"] and r["text"].strip() and r["id"] != "twice"}
     per_doc = collections.Counter(emb.column("doc_id").to_pylist())
     assert set(per_doc) == good
-    counts = {d: c for d, c in zip(emb.column("doc_id").to_pylist(), emb.column("chunk_count").to_pylist())}
+    counts = {d: c for d, c in zip(emb.column("doc_id").to_pylist(), emb.column("chunk_count").to_pylist(), strict=True)}
     assert all(per_doc[d] == counts[d] for d in good)
     assert per_doc["long-1"] > 1
 
@@ -64,7 +64,7 @@ def test_chunks_are_exact_and_vectors_match_the_service(clean_run):
         chunks = splitter.split(doc_id, texts[doc_id])
         assert "".join(c.text for c in chunks) == texts[doc_id]
         assert [c.text_sha256 for c in chunks] == [r["text_sha256"] for r in doc_rows]
-        for chunk, row in zip(chunks, doc_rows):
+        for chunk, row in zip(chunks, doc_rows, strict=True):
             assert row["n_tokens"] == len(enc.encode_ordinary(chunk.text)) <= limit
             expected = embed_text(MODEL, chunk.text, 1536)
             np.testing.assert_array_equal(np.asarray(row["embedding"], dtype=np.float32), expected)
@@ -90,7 +90,7 @@ def test_costs_reconcile_with_the_ledger_to_the_micro_rouble(clean_run):
     _, out, sandbox = clean_run
     emb, req = read_kind(out, "embeddings"), read_kind(out, "requests")
     charges = ledger(sandbox.db)
-    micro = lambda values: sum(round(v * 1e6) for v in values)  # noqa: E731
+    micro = lambda values: sum(round(v * 1e6) for v in values)
     assert micro(emb.column("cost_rub").to_pylist()) == micro(req.column("cost_rub").to_pylist()) \
         == micro(c["cost_rub"] for c in charges)
     assert sorted(req.column("request_id").to_pylist()) == sorted(c["request_id"] for c in charges)

@@ -184,7 +184,7 @@ def assert_same_outputs(ref: Outcome, other: Outcome) -> None:
     for o in (ref, other):
         for sha, share in text_shares(o).items():
             assert abs(share - tokens[sha] * price_micro) < 1.5, sha
-    packing = lambda o: sorted(tuple(c["input_sha256"]) for c in o.charges)  # noqa: E731
+    packing = lambda o: sorted(tuple(c["input_sha256"]) for c in o.charges)
     print(f"requests: {len(ref.charges)} vs {len(other.charges)}, "
           f"{'same' if packing(other) == packing(ref) else 'different'} packing")
     if packing(other) == packing(ref):

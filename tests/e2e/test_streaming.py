@@ -54,7 +54,7 @@ def test_late_duplicates_are_paid_once_and_copied(tmp_path, sandbox_factory, mon
     for first, late in (("long-a", "long-b"), ("short-a", "short-b")):
         a, b = emb[first], emb[late]
         assert len(a) == len(b) and len(a) >= 1
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             same = ("chunk_index", "chunk_count", "token_start", "token_end", "n_tokens", "text_sha256",
                     "request_id", "embedding")
             assert {k: x[k] for k in same} == {k: y[k] for k in same}
@@ -62,7 +62,7 @@ def test_late_duplicates_are_paid_once_and_copied(tmp_path, sandbox_factory, mon
             assert y["cost_rub"] == 0 and x["cost_rub"] > 0  # the first row paid
     assert len(emb["long-a"]) > len({r["chunk_index"] for r in emb["long-a"]}), "expected re-split pieces"
 
-    cost = lambda t: round(sum(t.column("cost_rub").to_pylist()) * 1e6)  # noqa: E731
+    cost = lambda t: round(sum(t.column("cost_rub").to_pylist()) * 1e6)
     assert cost(read_kind(out, "embeddings")) == cost(read_kind(out, "requests")) == \
         round(sum(c["cost_rub"] for c in charges) * 1e6)
     s = summary(out)

@@ -198,7 +198,7 @@ def test_concurrent_use_of_one_client(canned, client):
     texts = [[f"t{i}-{j}" for j in range(1 + i % 5)] for i in range(160)]
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda t: client.embed("m", t), texts))
-    for t, res in zip(texts, results):
+    for t, res in zip(texts, results, strict=True):
         assert np.array_equal(res.vectors, np.asarray([vector_for(x) for x in t], np.float32))
     assert len({r.request_id for r in results}) == 160
 

@@ -16,6 +16,7 @@ import yaml
 from service.catalog import load_models
 from service.credentials import key_fingerprint
 from service.sandbox.embedder import embed_text
+from service.sandbox.launcher import SandboxError, SandboxProcess
 from service.sandbox.money import cost_micro, to_micro
 from service.tokenizer import get_encoding
 
@@ -103,7 +104,7 @@ def test_float_response_shape_usage_and_vectors(account):
     assert body["object"] == "list" and body["model"] == SMALL
     assert [d["object"] for d in body["data"]] == ["embedding"] * 3
     assert [d["index"] for d in body["data"]] == [0, 1, 2]
-    for text, item in zip(texts, body["data"]):
+    for text, item in zip(texts, body["data"], strict=True):
         vec = np.array(item["embedding"], dtype=np.float32)
         assert vec.shape == (MODELS[SMALL].dimensions,)
         np.testing.assert_array_equal(vec, embed_text(SMALL, text, MODELS[SMALL].dimensions))
@@ -118,7 +119,7 @@ def test_base64_is_float32_little_endian_of_the_same_vector(shared):
     texts = ["alpha", "beta gamma"]
     as_float = post(shared, {"model": SMALL, "input": texts}).json()
     as_b64 = post(shared, {"model": SMALL, "input": texts, "encoding_format": "base64"}).json()
-    for f, b in zip(as_float["data"], as_b64["data"]):
+    for f, b in zip(as_float["data"], as_b64["data"], strict=True):
         assert isinstance(b["embedding"], str)
         decoded = np.frombuffer(base64.b64decode(b["embedding"]), dtype="<f4")
         np.testing.assert_array_equal(decoded, np.array(f["embedding"], dtype=np.float32))
@@ -346,6 +347,13 @@ def test_account_segment_is_configurable(sandbox_factory):
     sb = sandbox_factory(key=KEY, balance=3.0, args=["--account-segment", "acme"])
     assert requests.get(sb.base_url + "/acme/balance", headers=AUTH, timeout=10).json() == {"balance": 3.0}
     assert requests.get(sb.base_url + "/service/balance", headers=AUTH, timeout=10).status_code == 404
+
+
+def test_a_key_without_a_balance_is_refused_with_the_sandbox_s_reason(tmp_path):
+    sb = SandboxProcess(tmp_path / "sb.db", key=KEY, balance=None)
+    with pytest.raises(SandboxError, match="--key needs --balance"):
+        sb.start()
+    assert not sb.running()
 
 
 def test_unknown_path_404_and_wrong_method_405(shared):

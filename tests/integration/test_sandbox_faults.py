@@ -75,6 +75,12 @@ def test_draws_depend_on_the_seed_only():
     assert draws(42) == draws(42) != draws(43)
 
 
+def test_a_setting_left_empty_keeps_its_default():
+    # `rate_429:` with no value in a faults file is YAML's null
+    doc = yaml.safe_load("rate_429:\nslow_s:\nrevoke_after:\n")
+    assert FaultConfig.from_mapping(doc, "faults.yaml") == FaultConfig()
+
+
 def test_slow_answer_is_billed_even_when_the_client_gave_up(sandbox_factory):
     sb = sandbox_factory(key=KEY, balance=100.0, args=["--rate-slow", "1", "--slow-s", "3"])
     with requests.Session() as s, pytest.raises(requests.ReadTimeout):

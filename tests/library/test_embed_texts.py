@@ -4,6 +4,7 @@ micro-rouble, each distinct text is paid once, the budget stops spending, no key
 pipeline before it runs."""
 from __future__ import annotations
 
+from itertools import pairwise
 import collections
 import hashlib
 import time
@@ -112,7 +113,7 @@ def test_a_key_file_and_a_named_variable_are_read_the_key_never_shown(sandbox, m
     assert all(SANDBOX_KEY not in repr(v) for kind in out.values() for v in kind)
 
 
-def test_the_portable_runner_gives_the_same_rows(sandbox, key_env, tmp_path, job_endpoint):
+def test_the_portable_runner_gives_the_same_rows(sandbox, key_env, tmp_path, job_endpoint):  # noqa: F811
     """The path Flink and Dataflow take: a job service, the pipeline as a portable proto."""
     rows = corpus_rows() + BAD
     (tmp_path / "local").mkdir()
@@ -184,7 +185,7 @@ def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_
     pieces = sorted((r["token_start"], r["token_end"], r["chunk_index"]) for r in out["embeddings"]
                     if r["doc_id"] == "long")
     assert len(pieces) >= 2 and {p[2] for p in pieces} == {0} and pieces[0][0] == 0
-    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:])) and all(e - s <= 8191 for s, e, _ in pieces)
+    assert all(a[1] == b[0] for a, b in pairwise(pieces)) and all(e - s <= 8191 for s, e, _ in pieces)
     assert out["failed"] == [] and {r["doc_id"] for r in out["embeddings"]} == {"long", "short"}
     assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
 

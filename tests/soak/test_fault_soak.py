@@ -65,7 +65,7 @@ def table(out: Path, kind: str, columns: list[str]):
 
 def vectors_by_chunk(out: Path) -> tuple[list[tuple], np.ndarray]:
     t = table(out, "embeddings", ["doc_id", "chunk_index", "token_start", "embedding"])
-    keys = list(zip(*(t.column(c).to_pylist() for c in ("doc_id", "chunk_index", "token_start"))))
+    keys = list(zip(*(t.column(c).to_pylist() for c in ("doc_id", "chunk_index", "token_start")), strict=True))
     matrix = t.column("embedding").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
     order = sorted(range(len(keys)), key=keys.__getitem__)
     return [keys[i] for i in order], matrix[order]
@@ -77,9 +77,9 @@ def chunk_places(out: Path) -> collections.Counter:
     for kind in ("embeddings", "pending"):
         t = table(out, kind, ["doc_id", "chunk_index", "token_start"])
         if t is not None:
-            places.update(zip(*(t.column(c).to_pylist() for c in ("doc_id", "chunk_index", "token_start"))))
+            places.update(zip(*(t.column(c).to_pylist() for c in ("doc_id", "chunk_index", "token_start")), strict=True))
     failed = table(out, "failed", ["doc_id", "chunk_index"])
-    places.update((d, i, None) for d, i in zip(*(failed.column(c).to_pylist() for c in ("doc_id", "chunk_index"))))
+    places.update((d, i, None) for d, i in zip(*(failed.column(c).to_pylist() for c in ("doc_id", "chunk_index")), strict=True))
     return places
 
 

@@ -51,7 +51,7 @@ def differing(old, new) -> list[str]:
 def served_as(out, rows, ids) -> int:
     """How many of IDS current/ serves with the text ROWS give them."""
     table = current(out, "embeddings")
-    served = dict(zip(table.column("doc_id").to_pylist(), table.column("text_sha256").to_pylist()))
+    served = dict(zip(table.column("doc_id").to_pylist(), table.column("text_sha256").to_pylist(), strict=True))
     text = {r["id"]: r["text"] for r in rows}
     return sum(served.get(d) == sha(text[d]) for d in ids)
 

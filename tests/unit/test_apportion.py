@@ -16,7 +16,7 @@ def test_shares_are_exact_non_negative_and_within_one_micro(total, weights):
     assert sum(shares) == total
     assert all(s >= 0 for s in shares)
     basis = weights if any(weights) else [1] * len(weights)
-    for share, w in zip(shares, basis):
+    for share, w in zip(shares, basis, strict=True):
         exact = Fraction(total * w, sum(basis))
         assert exact - 1 < share < exact + 1
         assert share in (exact.__floor__(), exact.__floor__() + 1)
@@ -26,7 +26,7 @@ def test_shares_are_exact_non_negative_and_within_one_micro(total, weights):
 def test_deterministic_and_zero_weight_gets_nothing(total, weights):
     assert apportion_micro(total, weights) == apportion_micro(total, list(weights))
     if any(weights):
-        assert all(s == 0 for s, w in zip(apportion_micro(total, weights), weights) if w == 0)
+        assert all(s == 0 for s, w in zip(apportion_micro(total, weights), weights, strict=True) if w == 0)
 
 
 def test_ties_go_to_the_lower_index():

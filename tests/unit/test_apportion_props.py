@@ -23,7 +23,7 @@ def test_shares_sum_exactly_and_stay_within_one_micro(total, ws):
     assert all(s >= 0 for s in shares)
     effective = ws if sum(ws) > 0 else [1] * len(ws)   # all-zero weights split evenly
     whole = sum(effective)
-    for share, w in zip(shares, effective):
+    for share, w in zip(shares, effective, strict=True):
         assert abs(share - Fraction(total * w, whole)) < 1
 
 
@@ -38,7 +38,7 @@ def test_deterministic(total, ws):
 def test_zero_weight_gets_nothing_when_others_weigh(total, ws):
     if sum(ws) == 0:
         return
-    for share, w in zip(apportion_micro(total, ws), ws):
+    for share, w in zip(apportion_micro(total, ws), ws, strict=True):
         if w == 0:
             assert share == 0
 

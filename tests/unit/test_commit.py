@@ -24,7 +24,7 @@ PREVIOUS = pa.Table.from_pylist([
 
 
 def changes(*rows) -> pa.Table:
-    return pa.Table.from_pylist([dict(zip(("doc_id", "change", "fingerprint"), r)) for r in rows],
+    return pa.Table.from_pylist([dict(zip(("doc_id", "change", "fingerprint"), r, strict=True)) for r in rows],
                                 schema=CHANGES_SCHEMA)
 
 

@@ -55,7 +55,7 @@ def build(reqs):
 def test_rows_of_a_request_sum_to_its_cost(reqs):
     *_, table = build(reqs)
     per_request = {request_id: 0 for request_id, _, _ in reqs}
-    for request_id, cost in zip(table.column("request_id").to_pylist(), table.column("cost_rub").to_pylist()):
+    for request_id, cost in zip(table.column("request_id").to_pylist(), table.column("cost_rub").to_pylist(), strict=True):
         assert cost >= 0
         per_request[request_id] += round(cost * 1e6)
     assert per_request == {request_id: cost for request_id, cost, _ in reqs}
@@ -67,13 +67,13 @@ def test_rows_sharing_a_text_split_its_share(reqs):
     items, vectors, shares, table = build(reqs)
     rows = table.to_pylist()
     assert len(rows) == sum(len(i.refs) for i in items)
-    for index, (item, share) in enumerate(zip(items, shares)):
+    for index, (item, share) in enumerate(zip(items, shares, strict=True)):
         mine = [r for r in rows if r["text_sha256"] == item.text_sha256]
         assert [r["doc_id"] for r in mine] == [ref.doc_id for ref in item.refs]
         micro = [round(r["cost_rub"] * 1e6) for r in mine]
         assert sum(micro) == share
         assert max(micro) - min(micro) <= 1
-        for r, ref in zip(mine, item.refs):
+        for r, ref in zip(mine, item.refs, strict=True):
             assert r["embedding"] == vectors[index].tolist()
             assert r["lang"] == ref.kept[0] and r["n_tokens"] == ref.n_tokens
             assert r["model"] == "m" and r["run_id"] == "run-1" and r["embedded_at"] == WHEN

@@ -714,7 +714,7 @@ def test_threads_never_exceed_the_ceiling():
     state = {"now": 0, "violations": 0, "n": 0}
 
     def worker(seed):
-        for i in range(300):
+        for _ in range(300):
             permit = lim.acquire()
             with lock:
                 state["now"] += 1

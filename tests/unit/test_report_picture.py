@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 pytest.importorskip("matplotlib")
-from matplotlib.dates import ConciseDateFormatter, num2date  # noqa: E402
+from matplotlib.dates import ConciseDateFormatter, num2date
 
-from pipeline.commands import report  # noqa: E402
+from pipeline.commands import report
 
 T0 = dt.datetime(2026, 11, 24, 9, 0, tzinfo=dt.UTC)
 # (model, seconds after T0, RUB, latency ms, attempts)
@@ -21,7 +21,7 @@ REQUESTS = [("small", 0, 0.10, 30.0, 1), ("large", 5, 0.40, 45.0, 1), ("small", 
 
 
 def requests() -> pa.Table:
-    model, seconds, rub, latency, attempts = zip(*REQUESTS)
+    model, seconds, rub, latency, attempts = zip(*REQUESTS, strict=True)
     return pa.table({"model": model, "total_tokens": [1000] * len(REQUESTS), "cost_rub": rub,
                      "attempts": pa.array(attempts, pa.int32()), "latency_ms": latency,
                      "started_at": pa.array([T0 + dt.timedelta(seconds=s) for s in seconds],

@@ -5,6 +5,7 @@ here the pure parts (re-splitting an over-long input) and what the runner does w
 a sandbox gives: the journal, the start of a request, refusals."""
 from __future__ import annotations
 
+from itertools import pairwise
 import datetime as dt
 import json
 import threading
@@ -46,7 +47,7 @@ def test_resplit_halves_keep_the_chunk_index_and_tile_the_token_span():
     refs = [p.refs[0] for p in pieces]
     assert {r.chunk_index for r in refs} == {3}
     assert refs[0].token_start == 100 and refs[-1].token_end == 100 + sum(p.n_tokens for p in pieces)
-    assert all(a.token_end == b.token_start for a, b in zip(refs, refs[1:]))
+    assert all(a.token_end == b.token_start for a, b in pairwise(refs))
     assert all(p.n_tokens <= item.n_tokens // 2 for p in pieces)
 
 

@@ -69,7 +69,7 @@ def test_others_spending_little_but_steadily_keep_it_shared():
 
 def test_a_new_spender_after_a_quiet_spell_is_seen_and_its_end_told_again():
     acct = Account()
-    for spell in range(2):
+    for _spell in range(2):
         for _ in range(20):
             acct.others_spend(2)
             acct.answer()

@@ -1,5 +1,6 @@
 """Splitter guarantees, each checked on every chunk: exact counts within the limit, whole
 characters, lossless concatenation, consistent token positions."""
+from itertools import pairwise
 import hashlib
 import pickle
 import sys
@@ -48,7 +49,7 @@ def check(chunks: list[Chunk], doc_id: str, text: str, config: SplitConfig) -> N
         assert c.token_end - c.token_start == c.n_tokens
         assert c.text_sha256 == hashlib.sha256(data).hexdigest()
     assert chunks[0].token_start == 0
-    pairs = list(zip(chunks, chunks[1:]))
+    pairs = list(pairwise(chunks))
     if config.overlap_tokens == 0:
         assert "".join(c.text for c in chunks) == text
         assert all(a.token_end == b.token_start for a, b in pairs)
@@ -135,7 +136,7 @@ def test_natural_text_over_many_segments(overlap):
     if overlap == 0:   # natural cuts only: the positions are the document's own
         assert chunks[-1].token_end == len(ENC.encode_ordinary(text))
     else:              # and the shared part is about what was asked
-        shared = [a.token_end - b.token_start for a, b in zip(chunks, chunks[1:])]
+        shared = [a.token_end - b.token_start for a, b in pairwise(chunks)]
         assert min(shared) >= overlap * 3 // 4
     # cut at natural boundaries: paragraph, line or sentence ends, word starts
     assert all(c.text.endswith(("\n", ".", "!", "。", "！")) or c.text[-1].isalnum()

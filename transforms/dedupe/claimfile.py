@@ -86,7 +86,7 @@ class ClaimFile:
         return {"path": self.path}
 
     def __setstate__(self, state):
-        self.__init__(state["path"])
+        ClaimFile.__init__(self, state["path"])
 
     @classmethod
     def create(cls, path: str) -> ClaimFile:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -62,12 +62,18 @@ class _Writers:
     """One compacted file per (model, dims), written under a temporary name, renamed when whole."""
 
     def __init__(self, store: str):
-        self._store, self._open, self.seen, self.texts = store, {}, {}, 0
+        self._store, self.texts = store, 0
+        self._open: dict[tuple[str, int], tuple[str, str, BinaryIO, pq.ParquetWriter]] = {}   # temp, final name
+        self.seen: dict[tuple[str, int], set[str]] = {}
 
     def write(self, model: str, dims: int, table: pa.Table) -> None:
         seen = self.seen.setdefault((model, dims), set())
         shas = table.column("text_sha256").to_pylist()
-        keep = [i for i, sha in enumerate(shas) if not (sha in seen or seen.add(sha))]
+        keep = []
+        for i, sha in enumerate(shas):
+            if sha not in seen:
+                seen.add(sha)
+                keep.append(i)
         if not keep:
             return
         if (model, dims) not in self._open:

@@ -100,17 +100,17 @@ class Claims:
                 return False
             first = self._sent.get(key)
             if first is None and self._shared is not None:
-                first = self._claimed_elsewhere(key, ref)
+                first = self._claimed_elsewhere(self._shared, key, ref)
             if first is None:
                 self._open[key] = [ref]
                 return True
             self._keep_late(LateRef(ref, sha, _unpack_first(first)))
             return False
 
-    def _claimed_elsewhere(self, key: bytes, ref: ChunkRef) -> bytes | None:
-        """Claims KEY in the shared file for REF; if another process had, its first row (kept:
+    def _claimed_elsewhere(self, shared: ClaimFile, key: bytes, ref: ChunkRef) -> bytes | None:
+        """Claims KEY in the SHARED file for REF; if another process had, its first row (kept:
         its other rows here need not ask the file again)."""
-        if (first := self._shared.claim(key, _pack_first(ref))) is not None:
+        if (first := shared.claim(key, _pack_first(ref))) is not None:
             self._sent.put(key, first)
         return first
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -158,7 +158,7 @@ class SealInFlight(beam.PTransform):
         return requests | "Seal" >> beam.Map(seal).with_output_types(Request)
 
 
-def stored_outcome(store: PaidStore, batch: list[StoredItem]) -> tuple[list[TextItem], np.ndarray, list, list]:
+def stored_outcome(store: PaidStore, batch: Sequence[StoredItem]) -> tuple[list[TextItem], np.ndarray, list, list]:
     """(items found, their vectors, the requests that paid for them, items the store lost since
     it said it held them: pending)."""
     found = store.lookup([i.text_sha256 for i in batch])

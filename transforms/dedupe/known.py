@@ -85,7 +85,7 @@ def _stored(path: str, model: str, dims: int) -> Iterator[tuple[int, int, str, s
         for g in range(parquet.metadata.num_row_groups):
             table = parquet.read_row_group(g, columns=["text_sha256", "model", "request_id"])
             columns = (table.column(c).to_pylist() for c in ("text_sha256", "model", "request_id"))
-            for row, (sha, row_model, request_id) in enumerate(zip(*columns)):
+            for row, (sha, row_model, request_id) in enumerate(zip(*columns, strict=True)):
                 if row_model == model:
                     yield g, row, sha, request_id
 
@@ -94,7 +94,7 @@ def _journaled(path: str) -> Iterator[tuple[int, str, str, int]]:
     """(row, text_sha256, request_id, share) of a journal entry's texts."""
     request, table = journal.read_path(path, ["text_sha256", "share_micro"])
     for row, (sha, share) in enumerate(zip(table.column("text_sha256").to_pylist(),
-                                           table.column("share_micro").to_pylist())):
+                                           table.column("share_micro").to_pylist(), strict=True)):
         yield row, sha, request["request_id"], share
 
 
@@ -200,7 +200,7 @@ class KnownIndex:
             return None
         number, file, row_group, row, share = _ENTRY.unpack(held)
         request_id = self._request_ids[number]
-        if share and key16(f"{sha}\x00{request_id}") in self._written:
+        if share and self._written is not None and key16(f"{sha}\x00{request_id}") in self._written:
             share = 0   # DIR holds this text under that request: its share is written there
         return ReuseRef(self.files[file], row_group, row, request_id, share, file >= self._journal_from)
 

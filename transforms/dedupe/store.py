@@ -114,7 +114,7 @@ def _file_rows(path: str, model: str, dims: int):
         columns = ["text_sha256", "model", "request_id", "n_tokens"]
         for g in range(parquet.metadata.num_row_groups):
             t = parquet.read_row_group(g, columns=columns)
-            for row, (sha, m, rid, n) in enumerate(zip(*(t.column(c).to_pylist() for c in columns))):
+            for row, (sha, m, rid, n) in enumerate(zip(*(t.column(c).to_pylist() for c in columns), strict=True)):
                 if m == model:
                     yield g, row, sha, rid, n
 
@@ -129,7 +129,7 @@ def _entry_rows(path: str, model: str, dims: int):
         if request["model"] != model or journal.vector_dims(schema.field("embedding").type) != dims:
             return
         table = parquet.read(columns=["text_sha256", "n_tokens"])
-    for row, (sha, n) in enumerate(zip(table.column("text_sha256").to_pylist(), table.column("n_tokens").to_pylist())):
+    for row, (sha, n) in enumerate(zip(table.column("text_sha256").to_pylist(), table.column("n_tokens").to_pylist(), strict=True)):
         yield 0, row, sha, request["request_id"], n
 
 
@@ -298,7 +298,7 @@ class PaidStore:
                 return
             self._numbers[path] = number = len(self._files)
             self._files.append((path, True))
-            for row, (sha, n) in enumerate(zip(shas, n_tokens)):
+            for row, (sha, n) in enumerate(zip(shas, n_tokens, strict=True)):
                 self._put(key16(sha), number, 0, row, request_row["request_id"], n)
 
     def recall(self, run_id: str, request_id: str):

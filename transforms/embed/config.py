@@ -3,6 +3,7 @@ model, how hard to press it), the money (transforms/money/budget.Budget) and the
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pyarrow as pa
 
@@ -39,7 +40,7 @@ class ServiceConfig:
         attempts (which wait past max_total_s), and the time a refused request is sent again."""
         return self.retry.max_total_s + MAX_TIMED_OUT * self.retry.read_timeout_max_s + self.max_refused_s
 
-    def client(self, **overrides) -> EmbeddingsClient:
+    def client(self, **overrides: Any) -> EmbeddingsClient:
         """A client of this process (the key is loaded here, on the worker, never pickled)."""
         kwargs = {"account_segment": self.account_segment, "retry": self.retry, "pool_size": self.pool_size,
                   "encoding_format": self.encoding_format, "max_decoding": self.max_decoding, **overrides}
@@ -52,7 +53,7 @@ class OutputConfig:
     output_dir: str | None          # DIR: the journal and the progress counts go there (None: neither)
     embeddings_schema: pa.Schema
     pending_schema: pa.Schema
-    kept: tuple                     # the input's kept columns, carried into every row
+    kept: tuple[pa.Field, ...]      # the input's kept columns, carried into every row
     progress_interval_s: float
 
 

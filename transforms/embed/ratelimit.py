@@ -33,6 +33,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
+from typing import overload
 
 from transforms.embed.sharing import AccountSharing
 
@@ -112,7 +113,7 @@ class ConcurrencyLimiter:
         self._ratios = 0.0                # their latency / expected, summed
         self._sent = 0                    # and the in-flight counts they were sent with, summed
         self._seen: dict[int, tuple[float, int]] = {}   # in flight at send -> (latency / expected, answers)
-        self._recent: collections.deque = collections.deque(maxlen=_WINDOW)   # (tokens, latency_s)
+        self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=_WINDOW)   # (tokens, latency_s)
         self._plateau: int | None = None   # the level that drew the last 429
         self._probe_wait = 0               # answers under the plateau before probing it
         self._under = 0
@@ -157,6 +158,11 @@ class ConcurrencyLimiter:
     def in_flight(self) -> int:
         return self._in_flight
 
+    @overload
+    def acquire(self, timeout: None = None) -> Permit: ...
+    @overload
+    def acquire(self, timeout: float) -> Permit | None: ...
+
     def acquire(self, timeout: float | None = None) -> Permit | None:
         """Block until a place is free; None if `timeout` seconds passed first."""
         with self._cond:
@@ -190,7 +196,7 @@ class ConcurrencyLimiter:
 
     def _ramp_at(self) -> float | None:
         """When the ramp before the first answer adds the next place, if it still may."""
-        if not self._ramping or self._limit >= self._ramp_to:
+        if not self._ramping or self._admitted_after_s is None or self._limit >= self._ramp_to:
             return None
         return self._granted_at + self._admitted_after_s
 
@@ -232,8 +238,8 @@ class ConcurrencyLimiter:
         if permit.epoch != self._epoch:   # sent before the last decrease: its latency is old news
             return
         if ratio is not None:   # what the latency was at each concurrency it was sent with
-            mean, n = self._seen.get(permit.sent_with, (ratio, 0))
-            self._seen[permit.sent_with] = ((mean + ratio) / 2 if n else ratio, n + 1)
+            known, n = self._seen.get(permit.sent_with, (ratio, 0))
+            self._seen[permit.sent_with] = ((known + ratio) / 2 if n else ratio, n + 1)
         if self._plateau is not None and self._limit + 1 >= self._plateau:
             self._under += 1
         if self._limit < 1:
@@ -259,7 +265,7 @@ class ConcurrencyLimiter:
         if self._answers < int(self._limit):
             return
         mean = self._ratios / self._timed if self._timed else None   # over one round trip
-        sent_with = self._sent / self._timed if self._timed else None   # the concurrency it measured
+        sent_with = self._sent / self._timed if self._timed else 0.0   # the concurrency it measured
         self._answers = self._timed = self._sent = 0
         self._ratios = 0.0
         self._level += 1   # the next round trip starts here, whatever is decided

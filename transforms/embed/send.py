@@ -101,7 +101,7 @@ class Delivery:
     """One answered request: its texts (without the text itself: lineage and the journal need
     only the rest, and a request's ~1 MB of text would otherwise wait with its vectors until
     the main thread writes them), their vectors and each text's share of the cost."""
-    request_id: str
+    request_id: str | None   # None: a reused text whose file holds no request id
     items: list[TextItem]
     vectors: np.ndarray
     shares_micro: list[int]

@@ -92,21 +92,21 @@ class Sender:
                 max_tokens=n, boundary_window=cfg.boundary_window))),
             concurrency=shared.concurrency, quota=shared.quota if shared.quota.enabled else None,
             max_refused_s=service.max_refused_s,
-            **(self._store_calls() if self.store is not None else self._dir_calls()))
+            **(self._store_calls(self.store) if self.store is not None else self._dir_calls()))
 
     def _dir_calls(self) -> dict:
         """The journal, intents and known texts of the CLI's DIR (none without one)."""
-        cfg, out = self._cfg, self._cfg.output
-        calls = {"known": (lambda sha: known_vector(cfg.known, sha)) if cfg.known and cfg.known.any else None}
+        out, stores = self._cfg.output, self._cfg.known
+        calls = {"known": (lambda sha: known_vector(stores, sha)) if stores and stores.any else None}
         if out.output_dir is None:
             return calls
         return {**calls, "journal": self._journal,
-                "recall": lambda request_id: journal.read_entry(out.output_dir, out.run_id, request_id),
+                "recall": lambda request_id: journal.read_entry(self._dir, out.run_id, request_id),
                 "intend": self._intend}
 
-    def _store_calls(self) -> dict:
+    def _store_calls(self, store: PaidStore) -> dict:
         """The same through the store of paid texts."""
-        store, run_id = self.store, self._cfg.output.run_id
+        run_id = self._cfg.output.run_id
 
         def known(sha: str):
             found = store.lookup([sha]).get(sha)
@@ -118,19 +118,26 @@ class Sender:
                 "intend": lambda request_id, tokens, worst: store.intend(run_id, request_id, tokens, worst),
                 "known": known}
 
+    @property
+    def _dir(self) -> str:
+        """DIR, which every call of _dir_calls has."""
+        if self._cfg.output.output_dir is None:
+            raise RuntimeError("DIR's journal used without a DIR")
+        return self._cfg.output.output_dir
+
     def _intend(self, request_id: str, tokens: int, worst_case_micro: int) -> None:
         """Before REQUEST_ID leaves: its entry's space in DIR's journal, then its intent. A full
         disk raises here, before anything is paid."""
         out = self._cfg.output
         rows = min(tokens, getattr(self._thread, "rows", tokens))   # an input has a token at least
-        journal.reserve(out.output_dir, out.run_id, request_id,
+        journal.reserve(self._dir, out.run_id, request_id,
                         journal.entry_bytes(rows, self._cfg.service.expected_dims))
         getattr(self._thread, "reserved", []).append(request_id)
-        journal.write_intent(out.output_dir, out.run_id, request_id, tokens, worst_case_micro)
+        journal.write_intent(self._dir, out.run_id, request_id, tokens, worst_case_micro)
 
     def _journal(self, delivery, request_row) -> None:
         out = self._cfg.output
-        journal.write_entry(out.output_dir, out.run_id, request_row,
+        journal.write_entry(self._dir, out.run_id, request_row,
                             [i.text_sha256 for i in delivery.items], [i.n_tokens for i in delivery.items],
                             delivery.vectors, delivery.shares_micro)
 
@@ -144,7 +151,7 @@ class Sender:
         finally:
             out = self._cfg.output
             if self._thread.reserved:
-                journal.release(out.output_dir, out.run_id, self._thread.reserved)
+                journal.release(self._dir, out.run_id, self._thread.reserved)
             self.settle(request)
 
     def settle(self, request: Sequence) -> None:

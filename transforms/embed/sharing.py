@@ -35,7 +35,7 @@ class AccountSharing:
     """`answered` once per answer; `shared` is the state it last decided (it keeps it while
     the others' spending is between one and two tolerances)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.told = 0                     # times it said the others had stopped
         self._lowest: int | None = None   # the balance baseline: answers may come out of order
         self._dropped = 0                 # how far it fell since the first answer

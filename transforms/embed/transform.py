@@ -63,6 +63,7 @@ class _EmbedDoFn(beam.DoFn):
 
     def process(self, request: Sequence):
         if isinstance(request[0], StoredItem):   # vectors the store holds: paid already
+            assert self._sender.store is not None   # only a store's Dedupe makes StoredItems
             hits, vectors, request_ids, lost = stored_outcome(self._sender.store, request)
             yield from self._emit(Outcome(pending=lost), [(hits, vectors, request_ids)])
             return
@@ -87,7 +88,7 @@ class _EmbedDoFn(beam.DoFn):
         for fut in cf.as_completed(self._futures):
             for out in self._emit(fut.result()):
                 tag, value = (out.tag, out.value) if isinstance(out, beam.pvalue.TaggedOutput) else (None, out)
-                wv = WindowedValue(value, MIN_TIMESTAMP, [GlobalWindow()])
+                wv = WindowedValue(value, MIN_TIMESTAMP, (GlobalWindow(),))
                 yield beam.pvalue.TaggedOutput(tag, wv) if tag else wv
         self._futures = set()
         if self._progress:

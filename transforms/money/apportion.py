@@ -49,8 +49,8 @@ def apportion_micro(total_micro: int, weights: Sequence[int]) -> list[int]:
     if not any(weights):
         weights = [1] * len(weights)
     whole = sum(weights)
-    shares, remainders = zip(*(divmod(total_micro * w, whole) for w in weights))
-    shares = list(shares)
+    floors, remainders = zip(*(divmod(total_micro * w, whole) for w in weights), strict=True)
+    shares = list(floors)
     left = total_micro - sum(shares)
     for i in sorted(range(len(shares)), key=lambda i: (-remainders[i], i))[:left]:
         shares[i] += 1

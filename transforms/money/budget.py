@@ -57,7 +57,7 @@ class BudgetGuard:
         self._margin = margin
         self._learned_margin = margin if learned_margin is None else learned_margin
         self._lowest_balance = self._before
-        self._key_budget = None
+        self._key_budget: int | None = None
         self._settled = 0
         self._unanswered = 0   # worst cases of attempts that may have been billed without an answer
         self._in_flight = 0
@@ -209,7 +209,7 @@ class Budget:
     spendable amount with the caps it honours, the price and its margins, how often the
     account is read, and the driver's preflight."""
     balance_before: float | None
-    spendable: Spendable | None
+    spendable: Spendable
     price_per_token_rub: float
     margin: float               # until responses show the price
     learned_margin: float       # after: only the token count can be off
@@ -218,12 +218,12 @@ class Budget:
 
     @property
     def has_caps(self) -> bool:
-        return self.spendable is not None and bool(self.spendable.caps.by_name())
+        return bool(self.spendable.caps.by_name())
 
     def guard(self, read_account: Callable[[bool], AccountReading | None] | None) -> BudgetGuard:
         """This worker process's guard; the caps are limits of their own, renewed by READ_ACCOUNT."""
         s = self.spendable
-        return BudgetGuard(balance_before=self.balance_before, spendable_rub=None if s is None else s.without_caps,
+        return BudgetGuard(balance_before=self.balance_before, spendable_rub=s.without_caps,
                            price_per_token_rub=self.price_per_token_rub, margin=self.margin,
                            learned_margin=self.learned_margin,
                            caps=s.cap_usages(self.balance_before) if self.has_caps else (),

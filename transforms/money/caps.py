@@ -37,6 +37,13 @@ USAGE = {DAILY_CAP: "daily_usage", MONTHLY_CAP: "monthly_usage"}
 FORCED_WAIT_MAX_S = 30.0
 
 
+def _usage(stats: Mapping[str, float] | None, cap_name: str) -> float:
+    """The account's usage under the cap CAP_NAME, from STATS."""
+    if stats is None:
+        raise ValueError("spending caps need the account's statistics")
+    return stats[USAGE[cap_name]]
+
+
 @dataclasses.dataclass(frozen=True)
 class Caps:
     daily_cap_rub: float | None = None
@@ -49,9 +56,7 @@ class Caps:
 
     def rooms(self, stats: Mapping[str, float] | None) -> dict[str, float]:
         """Room under each cap that is set: cap - the account's usage, never below 0."""
-        if self.by_name() and stats is None:
-            raise ValueError("spending caps need the account's statistics")
-        return {name: max(cap - stats[USAGE[name]], 0.0) for name, cap in self.by_name().items()}
+        return {name: max(cap - _usage(stats, name), 0.0) for name, cap in self.by_name().items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +83,7 @@ class Spendable:
 
     def cap_usages(self, balance_rub: float | None) -> list[CapUsage]:
         """One CapUsage per cap that is set, from the statistics read with the limits."""
-        return [CapUsage(name, cap, self.stats[USAGE[name]], balance_rub) for name, cap in self.caps.by_name().items()]
+        return [CapUsage(name, cap, _usage(self.stats, name), balance_rub) for name, cap in self.caps.by_name().items()]
 
 
 class CapUsage:
@@ -99,7 +104,7 @@ class CapUsage:
             self._lowest = min(self._lowest, balance)
 
     def room(self, settled: int) -> int:
-        fell = 0 if self._balance_at is None else self._balance_at - self._lowest
+        fell = 0 if self._balance_at is None or self._lowest is None else self._balance_at - self._lowest
         return self.cap - self._usage - max(settled - self._settled_at, fell)
 
 
@@ -139,7 +144,8 @@ class AccountWatch:
             try:
                 balance = self._client.balance()
             except errors.EmbeddingsError as exc:
-                return self._refused(exc, now)
+                self._refused(exc, now)
+                return None
             stats = None
             if self._with_stats:
                 try:

@@ -21,6 +21,8 @@ import io
 import json
 import os
 import uuid
+from collections.abc import Set
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +48,7 @@ def journal_dir(output_dir: str, run_id: str | None = None) -> str:
     return FileSystems.join(base, run_id) if run_id else base
 
 
-def write_entry(output_dir: str, run_id: str, request_row: dict, shas: list[str], n_tokens: list[int],
+def write_entry(output_dir: str, run_id: str, request_row: dict[str, Any], shas: list[str], n_tokens: list[int],
                 vectors: np.ndarray, shares_micro: list[int]) -> str:
     rows = np.ascontiguousarray(vectors, dtype="<f4")
     row = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in request_row.items()}
@@ -132,7 +134,7 @@ def entry_vectors(table: pa.Table) -> np.ndarray:
         width = column.type.byte_width
         return np.frombuffer(column.buffers()[1], dtype="<f4", count=len(column) * width // 4,
                              offset=column.offset * width).reshape(len(column), width // 4)
-    return column.flatten().to_numpy().reshape(len(column), column.type.list_size)
+    return np.asarray(column.flatten().to_numpy()).reshape(len(column), column.type.list_size)
 
 
 def write_intent(output_dir: str, run_id: str, request_id: str, tokens: int, worst_case_micro: int) -> None:
@@ -144,14 +146,14 @@ def write_intent(output_dir: str, run_id: str, request_id: str, tokens: int, wor
         fh.write(json.dumps(intent).encode())
 
 
-def _named(pattern: str, suffix: str, skip: set[str]) -> list[str]:
+def _named(pattern: str, suffix: str, skip: Set[str]) -> list[str]:
     """Paths matching PATTERN whose request id (the name before SUFFIX) is not in SKIP: a name
     is listed cheaply, a file is opened one request at a time."""
     paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
     return [p for p in paths if FileSystems.split(p)[1][:-len(suffix)] not in skip]
 
 
-def read_intents(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
+def read_intents(output_dir: str, skip: Set[str] = frozenset()) -> list[dict[str, Any]]:
     """Every intent in OUTPUT_DIR's journal, but those of the request ids in SKIP."""
     intents = []
     for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*" + INTENT_SUFFIX), INTENT_SUFFIX, skip):
@@ -165,14 +167,15 @@ def read_intents(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
     return intents
 
 
-def read_path(path: str, columns: list[str] | None = None) -> tuple[dict, pa.Table]:
+def read_path(path: str, columns: list[str] | None = None) -> tuple[dict[str, Any], pa.Table]:
     """(request row, table of sha/n_tokens/share_micro/embedding, or COLUMNS) of the entry at PATH."""
     with FileSystems.open(path) as fh:
         table = read_whole(io.BytesIO(fh.read()), columns)
     return json.loads(table.schema.metadata[b"request"]), table
 
 
-def read_entry(output_dir: str, run_id: str, request_id: str) -> tuple[dict, list[str], list[int], np.ndarray] | None:
+def read_entry(output_dir: str, run_id: str,
+               request_id: str) -> tuple[dict[str, Any], list[str], list[int], np.ndarray] | None:
     """This run's entry for REQUEST_ID, if an earlier attempt of the bundle already paid for it:
     (request row, text_sha256 of each input, its share_micro, the vectors)."""
     path = FileSystems.join(journal_dir(output_dir, run_id), f"{request_id}.parquet")
@@ -183,7 +186,7 @@ def read_entry(output_dir: str, run_id: str, request_id: str) -> tuple[dict, lis
             entry_vectors(table))
 
 
-def read_requests(output_dir: str, skip: set[str] = frozenset()) -> list[dict]:
+def read_requests(output_dir: str, skip: Set[str] = frozenset()) -> list[dict[str, Any]]:
     """The request row of every whole entry but those in SKIP, from the file's footer alone."""
     rows = []
     for path in _named(FileSystems.join(journal_dir(output_dir), "*", "*.parquet"), ".parquet", skip):
@@ -205,10 +208,11 @@ def discard(output_dir: str, run_id: str) -> None:
 
 def vector_dims(vector_type: pa.DataType) -> int:
     """Floats per vector: a fixed-size binary of float32 bytes, or (earlier entries) a float list."""
-    return vector_type.byte_width // 4 if pa.types.is_fixed_size_binary(vector_type) else vector_type.list_size
+    return int(vector_type.byte_width // 4 if pa.types.is_fixed_size_binary(vector_type) else vector_type.list_size)
 
 
-def unwritten(output_dir: str, written_requests: set[str], model: str, dims: int) -> tuple[list[str], list[dict]]:
+def unwritten(output_dir: str, written_requests: set[str], model: str,
+              dims: int) -> tuple[list[str], list[dict[str, Any]]]:
     """The journal entries in OUTPUT_DIR for MODEL at DIMS: (their paths, the request rows that
     no requests file has yet). Footers only: the vectors are read where they are used, by the
     job (transforms/dedupe/known.py), never gathered in the driver."""

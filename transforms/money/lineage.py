@@ -37,7 +37,8 @@ def embeddings_table(items: Sequence[TextItem], vectors: np.ndarray, request_ids
                      shares_micro: Sequence[int], schema: pa.Schema, model: str, run_id: str,
                      kept: Sequence[pa.Field], embedded_at: dt.datetime) -> pa.Table:
     """One row per (text, row sharing it); ITEM i has VECTORS[i], REQUEST_IDS[i], SHARES_MICRO[i]."""
-    refs, shas, costs, rows_of_item, req = [], [], [], [], []
+    refs: list[ChunkRef] = []
+    shas, costs, rows_of_item, req = [], [], [], []
     for i, item in enumerate(items):
         refs += item.refs
         shas += [item.text_sha256] * len(item.refs)
@@ -63,7 +64,8 @@ def embeddings_table(items: Sequence[TextItem], vectors: np.ndarray, request_ids
 
 def pending_table(pending: Iterable[tuple[TextItem, str]], schema: pa.Schema, model: str,
                   run_id: str, kept: Sequence[pa.Field]) -> pa.Table:
-    refs, shas, texts, reasons = [], [], [], []
+    refs: list[ChunkRef] = []
+    shas, texts, reasons = [], [], []
     for item, reason in pending:
         refs += item.refs
         shas += [item.text_sha256] * len(item.refs)

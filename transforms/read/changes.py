@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
@@ -40,7 +40,7 @@ CHANGES_SCHEMA = pa.schema([required("doc_id", pa.string()), required("change", 
                             pa.field("fingerprint", FINGERPRINT)])
 
 
-def changes_table(doc_ids: list, changes: list, fingerprints: list) -> pa.Table:
+def changes_table(doc_ids: list[str], changes: list[str], fingerprints: Sequence[bytes | None]) -> pa.Table:
     """Change records (CHANGES_SCHEMA), a table at a time: one Beam element, not one a row."""
     return pa.Table.from_pydict({"doc_id": doc_ids, "change": changes, "fingerprint": fingerprints},
                                 schema=CHANGES_SCHEMA)
@@ -53,7 +53,7 @@ def signature(tokenizer: str, chunk_tokens: int, overlap_tokens: int, boundary_w
                                 tuple(kept))).encode()).digest()
 
 
-def fingerprint(sig: bytes, text: str | None, kept: tuple = (), refusal: str | None = None) -> bytes:
+def fingerprint(sig: bytes, text: str | None, kept: tuple[Any, ...] = (), refusal: str | None = None) -> bytes:
     """A document version: its text and kept values under SIG; REFUSAL stands for a row that
     is refused whatever its text (a repeated id, bytes that are not UTF-8)."""
     h = hashlib.sha256(sig)
@@ -110,7 +110,7 @@ class DocIndex:
             parquet = parquet_file(fh)
             for g in range(parquet.metadata.num_row_groups):
                 table = parquet.read_row_group(g)
-                for doc_id, served, target, todo in zip(*(table.column(c).to_pylist() for c in DOCINDEX.names)):
+                for doc_id, served, target, todo in zip(*(table.column(c).to_pylist() for c in DOCINDEX.names), strict=True):
                     self._index.put(key16(doc_id), _pack(Entry(served, target, tuple(todo) if todo else None)))
 
     def __len__(self) -> int:

@@ -78,7 +78,7 @@ class _ReadRows(beam.DoFn):
             yield WindowedValue(entry, _END, (_GLOBAL,))
 
     def _entries(self, batch):
-        for (doc_id, _), chunks in zip(batch, self._splitter.split_many(batch)):
+        for (doc_id, _), chunks in zip(batch, self._splitter.split_many(batch), strict=True):
             self._chunks.inc(len(chunks))
             yield from chunk_entries(doc_id, chunks)
 

@@ -231,7 +231,7 @@ class ReadParquetTables(beam.PTransform):
         super().__init__()
         if partitions is not None and len(partitions) != len(files):
             raise ValueError("one partition mapping per file")
-        self._entries = [(f, dict(p)) for f, p in zip(files, partitions or [{}] * len(files))]
+        self._entries = [(f, dict(p)) for f, p in zip(files, partitions or [{}] * len(files), strict=True)]
         self._columns = list(columns)
         self._spread = spread
         self._stamps = dict(stamps or {})

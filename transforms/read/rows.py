@@ -44,4 +44,8 @@ def check_row(element: Any, id_field: str, text_field: str) -> tuple[str, str] |
     text = element[text_field]
     if text is not None and not isinstance(text, str):
         return Rejected(doc_id, None, "not_text", f"the {text_field!r} field is a {type(text).__name__}, not a str")
-    return text_rejection(doc_id, text) or (doc_id, text)
+    rejected = text_rejection(doc_id, text)
+    if rejected is not None:
+        return rejected
+    assert text is not None   # text_rejection rejects a null text
+    return doc_id, text

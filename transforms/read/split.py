@@ -65,7 +65,7 @@ class SplitConfig:
     segment_chars: int = 1 << 18
     batch_chars: int = 1 << 20
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_tokens < MIN_MAX_TOKENS:
             raise ValueError(f"max_tokens must be >= {MIN_MAX_TOKENS}, got {self.max_tokens}")
         if not 0 <= self.overlap_tokens <= self.max_tokens // 4:
@@ -209,8 +209,8 @@ class _Stream:
 
     def bytes_at(self, positions: np.ndarray, shift: int) -> np.ndarray:
         """The byte at each document offset + shift (clipped to the buffer)."""
-        index = np.clip(positions + shift - self.offs[0], 0, len(self._view) - 1)
-        return self._view[index]
+        index: np.ndarray = np.clip(positions + shift - self.offs[0], 0, len(self._view) - 1)
+        return self._view.take(index)
 
     def is_char_start(self, pos: int) -> bool:
         return pos >= self.end_byte or (self._view[pos - self.offs[0]] & 0xC0) != 0x80
@@ -283,17 +283,17 @@ class Splitter:
             plans = self._plan_group(["" if _blank(text) else text for _, text in group])
             self._count([cut for plan in plans for cut in plan])
             out.extend(self._chunks(doc_id, self._fit(plan))
-                       for (doc_id, _), plan in zip(group, plans))
+                       for (doc_id, _), plan in zip(group, plans, strict=True))
         return out
 
     def _plan_group(self, texts: list[str]) -> list[list[_Cut]]:
         """Plans for a group, its first segments encoded in one batch; none for an empty text. A
         blank one is planned: a piece of a document that _fit splits again may be all spaces."""
         segments = [_segments(text, self._config.segment_chars) for text in texts]
-        firsts = [next(it)[0] if text else None for text, it in zip(texts, segments)]
+        firsts = [next(it)[0] if text else None for text, it in zip(texts, segments, strict=True)]
         tokens = iter(_encode(self._encoding, [f for f in firsts if f is not None]))
         plans: list[list[_Cut]] = []
-        for text, it, first in zip(texts, segments, firsts):
+        for text, it, first in zip(texts, segments, firsts, strict=True):
             if first is None:
                 plans.append([])
                 continue
@@ -312,6 +312,7 @@ class Splitter:
         can count one token less). Ends: each pass yields shorter texts, down to one character."""
         fitted: list[_Cut] = []
         for cut in plan:
+            assert cut.n_tokens is not None   # the caller counted the plan
             if cut.n_tokens <= self._config.max_tokens:
                 fitted.append(cut)
                 continue
@@ -340,7 +341,7 @@ class Splitter:
             size += len(cut.data)
             if size >= self._config.batch_chars or i == len(todo) - 1:
                 batch = todo[start:i + 1]
-                for c, n in zip(batch, map(len, _encode(self._encoding, [c.data for c in batch]))):
+                for c, n in zip(batch, map(len, _encode(self._encoding, [c.data for c in batch])), strict=True):
                     c.n_tokens = n
                 start, size = i + 1, 0
 
@@ -413,6 +414,7 @@ class Splitter:
         chunks = []
         start = end = 0
         for index, cut in enumerate(plan):
+            assert cut.n_tokens is not None   # _fit's cuts are counted
             start = max(start, end - min(cut.overlap, cut.n_tokens))
             end = start + cut.n_tokens
             chunks.append(Chunk(doc_id, index, len(plan), start, end, cut.n_tokens,

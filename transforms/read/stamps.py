@@ -41,7 +41,7 @@ def change(path: str, was: Stamp) -> str | None:
     """What differs between PATH now and WAS, or None when nothing does."""
     try:
         now = stamp(path)
-    except Exception:  # noqa: BLE001  BeamIOError on every store, whatever the cause
+    except Exception:
         return "it is gone"
     if now.size != was.size:
         return f"{was.size} bytes when listed, {now.size} now"

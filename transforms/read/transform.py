@@ -97,11 +97,12 @@ class _SplitTable(beam.DoFn):
     def process(self, table: pa.Table):
         ids = _id_strings(table.column(self._id_column))
         texts, invalid = _texts(table.column(self._text_column))
-        kept = list(zip(*(table.column(c).to_pylist() for c in self._keep_columns))) or [()] * len(ids)
+        kept = list(zip(*(table.column(c).to_pylist() for c in self._keep_columns), strict=True)) or [()] * len(ids)
         self._rows.inc(len(ids))
-        valid, todos = [], []
+        valid: list[tuple[str, str, tuple]] = []   # (doc_id, text, kept values)
+        todos: list[tuple[int, ...] | None] = []
         changed_ids, changes, versions = [], [], []
-        for row, (doc_id, text, extra) in enumerate(zip(ids, texts, kept)):
+        for row, (doc_id, text, extra) in enumerate(zip(ids, texts, kept, strict=True)):
             if doc_id is None:  # no id: nothing to match across runs; a failed row every time
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejected(None, None, "null_id", "the id column is null"))
                 continue
@@ -113,8 +114,8 @@ class _SplitTable(beam.DoFn):
             changes.append(change)
             versions.append(version)
             if doc_id in self._duplicate_ids:  # every row of a repeated id: ambiguity is not resolved
-                rejection = Rejected(doc_id, None, "duplicate_id",
-                                     f"id occurs {self._duplicate_ids[doc_id]} times in the input")
+                rejection: Rejected | None = Rejected(doc_id, None, "duplicate_id",
+                                                       f"id occurs {self._duplicate_ids[doc_id]} times in the input")
             elif row in invalid:
                 rejection = Rejected(doc_id, None, "invalid_utf8", invalid[row])
             else:
@@ -127,7 +128,7 @@ class _SplitTable(beam.DoFn):
         if changed_ids:
             yield beam.pvalue.TaggedOutput(CHANGED, changes_table(changed_ids, changes, versions))
         chunk_lists = self._splitter.split_many([(d, t) for d, t, _ in valid])
-        for (doc_id, _, extra), chunks, todo in zip(valid, chunk_lists, todos):
+        for (doc_id, _, extra), chunks, todo in zip(valid, chunk_lists, todos, strict=True):
             if todo is not None:   # resumed: only the chunks still pending
                 chunks = [c for c in chunks if c.chunk_index in todo]
             self._chunks.inc(len(chunks))
@@ -163,7 +164,7 @@ class ReadDocuments(beam.PTransform):
 
 def pending_entries(table: pa.Table, kept_names: tuple):
     cols = {name: table.column(name).to_pylist() for name in table.schema.names}
-    kept = list(zip(*(cols[name] for name in kept_names))) or [()] * table.num_rows
+    kept = list(zip(*(cols[name] for name in kept_names), strict=True)) or [()] * table.num_rows
     for i in range(table.num_rows):
         ref = ChunkRef(cols["doc_id"][i], cols["chunk_index"][i], cols["chunk_count"][i],
                        cols["token_start"][i], cols["token_end"][i], cols["n_tokens"][i], tuple(kept[i]))

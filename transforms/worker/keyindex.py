@@ -32,7 +32,7 @@ class KeyIndex:
     MERGE_EVERY = 4096
     _SEEN_BITS = 24
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._seen = bytearray(1 << (self._SEEN_BITS - 3))   # 2 MB
         self._hi = np.empty(0, np.uint64)
         self._lo = np.empty(0, np.uint64)

@@ -29,7 +29,7 @@ class Counts:
     cost_micro: int = 0
 
     def __add__(self, other: Counts) -> Counts:
-        return Counts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+        return Counts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
 
 
 def progress_dir(output_dir: str, run_id: str) -> str:

@@ -8,7 +8,7 @@ own; worker processes of their own end with the job).
 from __future__ import annotations
 
 import threading
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 from collections.abc import Callable
 
 T = TypeVar("T")
@@ -23,10 +23,10 @@ def shared(run_id: str, name: str, build: Callable[[], T]) -> T:
         objects = _by_run.setdefault(run_id, {})
         if name not in objects:
             objects[name] = build()
-        return objects[name]
+        return cast(T, objects[name])   # NAME's object: built by a BUILD of the same type
 
 
-def get(run_id: str, name: str):
+def get(run_id: str, name: str) -> Any:
     """RUN_ID's object called NAME in this process; None if none was built."""
     with _lock:
         return _by_run.get(run_id, {}).get(name)

@@ -19,7 +19,7 @@ def documents_schema(dims: int, meta: dict) -> pa.Schema:
 def _chunk_vectors(table: pa.Table):
     dims = table.schema.field("embedding").type.list_size
     vectors = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(-1, dims)
-    cols = zip(*(table.column(c).to_pylist() for c in ("doc_id", "chunk_index", "chunk_count", "n_tokens")))
+    cols = zip(*(table.column(c).to_pylist() for c in ("doc_id", "chunk_index", "chunk_count", "n_tokens")), strict=True)
     for i, (doc_id, chunk_index, chunk_count, n_tokens) in enumerate(cols):
         yield doc_id, (chunk_index, chunk_count, n_tokens, vectors[i].tobytes())
 

@@ -86,6 +86,7 @@ def _row_groups(parquet: pq.ParquetFile):
         n = parquet.metadata.num_row_groups
         coming = ahead.submit(parquet.read_row_group, 0) if n else None
         for g in range(n):
+            assert coming is not None   # submitted for every group below n
             group = coming.result()
             coming = ahead.submit(parquet.read_row_group, g + 1) if g + 1 < n else None
             yield group
@@ -133,13 +134,13 @@ def load_rules(path: str) -> dict[str, Rules]:
     with open_parquet(path) as fh:
         table = read_whole(fh)
     found: dict[str, dict] = {}
-    for name, field, value in zip(*(table.column(c).to_pylist() for c in ("rules", "field", "value"))):
+    for name, field, value in zip(*(table.column(c).to_pylist() for c in ("rules", "field", "value")), strict=True):
         fields = found.setdefault(name, {f: [] for f in _ARRAYS})
         if field in _ARRAYS:
             fields[field].append(value)
         elif field == "drop_null_ids":
             fields["drop_null_ids"] = True
-    return {name: Rules(*(pa.array(f[a], pa.string()) for a in _ARRAYS), f.get("drop_null_ids", False))
+    return {name: Rules._make([*(pa.array(f[a], pa.string()) for a in _ARRAYS), f.get("drop_null_ids", False)])
             for name, f in found.items()}
 
 

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping
+from typing import BinaryIO
 
 import apache_beam as beam
 import pyarrow as pa
@@ -54,7 +55,7 @@ def open_writer(sink, schema: pa.Schema, codec: Codec) -> pq.ParquetWriter:
                             write_statistics=scalars)
 
 
-def _create(path: str):
+def _create(path: str) -> BinaryIO:
     return FileSystems.create(path, mime_type=_MIME, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
@@ -84,7 +85,7 @@ class _WriteBundles(beam.DoFn):
 
     def __init__(self, output: Output, prefix: str, temp_dir: str, codec: Codec):
         self._output, self._prefix, self._temp_dir, self._codec = output, prefix, temp_dir, codec
-        self._writer = None
+        self._writer: tuple[pq.ParquetWriter, BinaryIO, str] | None = None   # (writer, its file, its path)
 
     def start_bundle(self):
         self._abandon()   # a failed bundle's file is never named; the finalising step deletes it
