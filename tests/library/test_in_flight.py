@@ -1,9 +1,11 @@
 """A row whose text is in a request in flight waits for that request's settle, however long
-the request takes, and every sealed request is settled, even one that never left: EmbedTexts's
-stage driven as the SDK harness drives it (tests/library/bundles.py), against the sandbox."""
+the request takes, and every sealed request is settled, even one that never left; a request
+leaves only once its answer has room in the store. EmbedTexts's stage driven as the SDK
+harness drives it (tests/library/bundles.py), against the sandbox."""
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
 import threading
 
@@ -11,7 +13,7 @@ import pytest
 import yaml
 
 from service.catalog import load_models
-from tests.conftest import SANDBOX_KEY
+from tests.conftest import SANDBOX_KEY, fill
 from tests.library.bundles import MODEL, Processor, library_fns, rows_of
 from tests.library.test_embed_texts import MODEL_FIELDS
 
@@ -79,3 +81,18 @@ def _one_bundle(fns, rows) -> dict:
     bundle = Processor(fns).bundle()
     bundle.push(rows)
     return rows_of(bundle.finish())
+
+
+def test_a_local_store_takes_an_answers_space_before_its_request_leaves(sandbox, small_disk):
+    """A store on a full disk: the request is not sent (nothing billed, no intent), as with
+    DIR's journal; an answer paid for can never fail to be kept."""
+    store = small_disk / "store"
+    fns, _ = library_fns(sandbox.base_url, str(store), max_inputs=1)
+    bundle = Processor(fns).bundle()
+    fill(small_disk, 8192)   # room for an intent, not for an answer of 1536 floats
+    with pytest.raises(OSError) as full:
+        bundle.push([{"id": "a", "text": "a text"}])
+        bundle.finish()
+    bundle.fail()
+    assert full.value.errno == errno.ENOSPC
+    assert sandbox.ledger() == [] and not list(store.rglob("*.intent.json"))
