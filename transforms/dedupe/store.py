@@ -1,6 +1,7 @@
 """The store of paid texts (the library's `store=`): each answer is kept there as soon as it is
 paid, keyed by (model, dimensions, text digest), and a text it holds is never sent again, by a
-later run, a retried bundle or another pipeline on the same store. No Beam step here.
+later run, a retried bundle or another pipeline on the same store (the CLI's index of paid
+texts is known.py: why two, there). No Beam step here.
 
 Layout, on any Beam filesystem (a local directory, s3://, gs://):
   STORE/_journal/<run>/<request>.parquet  one answered request, written by the CLI's journal
@@ -21,8 +22,7 @@ Per worker process (`PaidStore.shared(spec, model, dims, run_id)`), for one mode
   found = store.lookup(shas)      # {sha: Found(vector, request_id, n_tokens)}: costs nothing
   store.put(request_row, shas, n_tokens, vectors, shares_micro)  # as soon as it is paid
   store.recall(run_id, request_id)   # a retried bundle's answer, by its request id
-(the Sender writes each request's intent and takes its entry's space before it leaves, as in
-DIR's journal: transforms/embed/sender.py)
+(intents and the entries' space: as in DIR's journal, by the Sender, transforms/embed/sender.py)
 A text paid in this process is found at once; one paid elsewhere, after the next refresh
 (StoreSpec.refresh_s). Growth: one entry per paid request, never pruned (a text paid once
 may come back); compaction.py merges entries into large files, safe beside writers and readers.
