@@ -26,13 +26,13 @@ from transforms.read.transform import REJECTED
 MODEL = "text-embedding-3-small"
 
 
-def library_fns(base_url: str, store: str | None, *, keys: KeySource = KeySource(), run_config: str | None = None,
+def library_fns(base_url: str, store: str | None, *, run_config: str | None = None,
                 models_config: str | None = None, max_inputs: int | None = None, budget=None,
                 run_id: str | None = None) -> tuple[list[beam.DoFn], object]:
     """The DoFns EmbedTexts(MODEL, BASE_URL, store=STORE) runs in its fused stage, ReadRows
     reading one row at a time (so that each row reaches the claims at once), and the budget
     (read from the account unless BUDGET is given)."""
-    cfg = resolve(MODEL, base_url, keys, models_config=models_config, run_config=run_config)
+    cfg = resolve(MODEL, base_url, KeySource(), models_config=models_config, run_config=run_config)
     s = cfg.settings
     where = spec(store, refresh_s=s.store.refresh_s)
     where = where if where.path else where._replace(spool=True)
