@@ -9,11 +9,12 @@ EmbedTexts's claims (transforms/dedupe/inflight.py): a text whose request ended 
 that waited for it claims it again and sends it itself.
 
 Why a second class and not InFlightClaims: those hold rows that stream into a bundle and join
-a claim until its request leaves, and a row blocks on a text in flight; a batch here claims
-all its texts at once and must send its own before it waits, or two batches waiting on each
-other's unsent texts would each pay them. And the vectors are kept here: without a store,
-MLTransform must still give a text met in any earlier batch its vector, read back by offset
-(a store's entry is read whole, ~12 MB for one vector of a 2048-input request).
+a claim until its request leaves, and a row blocks on a text in flight. A batch here claims
+all its texts at once and sends its own before it waits: blocking on one text first, as a row
+does, would hold its other claims unsent meanwhile, and batches meeting them would pay them
+too. And the vectors are kept here: without a store, MLTransform must still give a text met
+in any earlier batch its vector, read back by offset (a store's entry is read whole, ~12 MB
+for one vector of a 2048-input request).
 
 Memory stays flat in the number of texts: vectors go to a temporary file of the process's
 (4 bytes a dimension), and a KeyIndex keeps, per text, where its vector lies, its tokens and
