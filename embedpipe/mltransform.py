@@ -7,9 +7,10 @@ limit, breaker and quota, and its request runner wired to the store of paid text
   within max_spend_rub and the balance; a text the budget, the breaker or a timeout stops comes
   out without a vector, with its pending reason (transforms/pending.py), counted in `pending_texts`;
 - each distinct text is paid once per worker process, whatever batch it comes in
-  (embedpipe/paid.py): a text met before gets its vector at cost 0; with `store=`, across
-  processes and pipelines too (transforms/dedupe/store.py): a text the store holds is not sent,
-  and each answer is put there as soon as it is paid (by the Sender);
+  (embedpipe/paid.py): a text met before gets its vector at cost 0, one another batch is sending
+  is waited for (and sent again by this batch if it got no vector there); with `store=`, across
+  processes and pipelines too (transforms/dedupe/store.py, listed every store.refresh_s): a text
+  the store holds is not sent, and each answer is put there as soon as it is paid (by the Sender);
 - a text over the model's input limit is split token-exact, as the job splits (configs/
   pipeline.yaml, split), and gets the token-weighted mean of its pieces' vectors, re-normalised
   (what the CLI's --doc-vectors computes, transforms/write/docvectors.py);
@@ -101,22 +102,27 @@ class _Service:
 
     def embed(self, texts: Sequence[str]) -> list[Embedded]:
         """One result per text; its pieces (one, or several for a text over the limit) are sent
-        unless this process holds their answers or another batch is sending them."""
+        unless this process holds their answers or another batch sends them with success."""
         pieces = self.splitter.split_many([("", t) for t in texts])   # a blank text: no piece
         wanted = {c.text_sha256: c for chunks in pieces for c in chunks}
-        held, waiting, mine = self.paid.claim(wanted)
-        try:
-            stored = self._held({sha: wanted[sha] for sha in mine})
-            for sha, answer in stored.items():
-                self.paid.settle(sha, answer)
-            held.update(stored)
-            answers, shares = self._send([wanted[sha] for sha in mine if sha not in stored])
-        finally:   # a batch that failed leaves no claim behind: a retry or another batch sends them
-            for sha in mine:
-                self.paid.settle(sha, Answer(None, 0, None, "not_sent", "its batch failed"))
-        answers.update(held)
-        answers.update((sha, future.result()) for sha, future in waiting.items())
-        self.m["reused_texts"].inc(len(held) + len(waiting))
+        answers: dict[str, Answer] = {}
+        shares: dict[str, int] = {}
+        todo = list(wanted)
+        while todo:   # again for the texts another batch was sending and got no vector for
+            held, waiting, mine = self.paid.claim(todo)
+            try:
+                stored = self._held({sha: wanted[sha] for sha in mine})
+                for sha, answer in stored.items():
+                    self.paid.settle(sha, answer)
+                sent, sent_shares = self._send([wanted[sha] for sha in mine if sha not in stored])
+            finally:   # a batch that failed leaves no claim behind: whoever waits sends them
+                for sha in mine:
+                    self.paid.release(sha)
+            waited = {sha: future.result() for sha, future in waiting.items()}
+            answers.update(held | stored | sent | {sha: a for sha, a in waited.items() if a is not None})
+            shares.update(sent_shares)
+            todo = [sha for sha, a in waited.items() if a is None]
+            self.m["reused_texts"].inc(len(held) + len(stored) + len(waiting) - len(todo))
         uses = collections.Counter(c.text_sha256 for chunks in pieces for c in chunks)
         costs = {sha: collections.deque(apportion_micro(shares.get(sha, 0), [1] * n)) for sha, n in uses.items()}
         results = []
@@ -261,7 +267,8 @@ class ServiceTextEmbeddings(EmbeddingsManager):
         """What the workers of one pipeline get: the settings, the store (a CLI output DIR as
         store=: a StoreError) and the budget read from the account now (no key: a
         MissingApiKeyError naming where to put it, before any bundle runs)."""
-        cfg, store = self._config(), stores.spec(self.store, self.read_stores)
+        cfg = self._config()
+        store = stores.spec(self.store, self.read_stores, refresh_s=cfg.settings.store.refresh_s)
         run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-mlt-" + secrets.token_hex(3)
         return _Job(cfg, cfg.embed_config(run_id, cfg.budget(self.max_spend_rub), store))
 

@@ -2,9 +2,19 @@
 
 ServiceTextEmbeddings sees one batch at a time; a text met in an earlier batch, or in a batch
 another thread of the process is sending, must not be paid again. Each distinct text (by
-digest) is claimed by the first batch that meets it: later batches take its answer (a claim
-still open: they wait for it, after sending their own texts). An answer without a vector (a
-dead letter, a text the budget stopped) is not kept: a later batch may try again.
+digest) is claimed by the first batch that meets it: later batches take its vector (a claim
+still open: they wait for it, after sending their own texts). Only a vector is shared, as with
+EmbedTexts's claims (transforms/dedupe/inflight.py): a text whose request ended without one
+(a dead letter, a text the budget stopped) or whose batch failed is released, and a batch
+that waited for it claims it again and sends it itself.
+
+Why a second class and not InFlightClaims: those hold rows that stream into a bundle and join
+a claim until its request leaves, and a row blocks on a text in flight. A batch here claims
+all its texts at once and sends its own before it waits: blocking on one text first, as a row
+does, would hold its other claims unsent meanwhile, and batches meeting them would pay them
+too. And the vectors are kept here: without a store, MLTransform must still give a text met
+in any earlier batch its vector, read back by offset (a store's entry is read whole, ~12 MB
+for one vector of a 2048-input request).
 
 Memory stays flat in the number of texts: vectors go to a temporary file of the process's
 (4 bytes a dimension), and a KeyIndex keeps, per text, where its vector lies, its tokens and
@@ -45,8 +55,9 @@ class PaidTexts:
         self._open: dict[str, cf.Future] = {}
 
     def claim(self, shas: Iterable[str]) -> tuple[dict[str, Answer], dict[str, cf.Future], list[str]]:
-        """SHAS -> (answers held, answers other batches are waiting for, texts claimed for the caller
-        to send: it must `settle` each one, with an answer or an error)."""
+        """SHAS -> (answers held, futures of the texts other batches are sending, texts claimed for
+        the caller to send: it must `settle` or `release` each one). A future's result is the
+        answer with its vector, or None: it ended without one, claim it again."""
         held, waiting, mine = {}, {}, []
         with self._lock:
             for sha in shas:
@@ -60,6 +71,7 @@ class PaidTexts:
         return {sha: self._read(row) for sha, row in held.items()}, waiting, mine
 
     def settle(self, sha: str, answer: Answer) -> None:
+        """SHA's request ended with ANSWER: kept if it has a vector; the claim is released."""
         if answer.vector is not None:
             data = np.ascontiguousarray(answer.vector, dtype=np.float32).tobytes()
             with self._lock:
@@ -71,7 +83,14 @@ class PaidTexts:
                 self._index.put(key16(sha), row)
             future = self._open.pop(sha, None)
         if future is not None:
-            future.set_result(answer)
+            future.set_result(answer if answer.vector is not None else None)
+
+    def release(self, sha: str) -> None:
+        """SHA's batch failed before its answer (if it is still claimed): whoever waits claims it again."""
+        with self._lock:
+            future = self._open.pop(sha, None)
+        if future is not None:
+            future.set_result(None)
 
     def _read(self, row: bytes) -> Answer:
         at, n_tokens = _ROW.unpack_from(row)

@@ -89,7 +89,7 @@ class EmbedTexts(beam.PTransform):
         run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-lib-" + secrets.token_hex(3)
         embed = cfg.embed_config(run_id, cfg.budget(self._max_spend), store, claims=run_id)
         read = rows | "Read" >> ReadRows(*self._fields, cfg.split, run_id)
-        dedupe = StoreDedupe(run_id, store, cfg.model.name, cfg.service.expected_dims, cfg.service.longest_request_s)
+        dedupe = StoreDedupe(run_id, store, cfg.model.name, cfg.service.expected_dims)
         out = read[ENTRIES] | "EmbedChunks" >> EmbedChunks(dedupe, cfg.model, s.pack.fill_target,
                                                            s.pack.max_open_requests, embed)
         failed = (read[REJECTED], out[FAILED]) | "AllFailed" >> beam.Flatten()   # small records only

@@ -23,6 +23,7 @@ class TextItem(NamedTuple):
     text: str
     n_tokens: int
     refs: tuple  # of ChunkRef
+    claim: int = 0  # the library's: the bundle whose claim it is (transforms/dedupe/inflight.py); 0: none
 
 
 class StoredItem(NamedTuple):

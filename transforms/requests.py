@@ -2,7 +2,8 @@
 and the library (embedpipe.EmbedTexts: ReadRows -> EmbedChunks -> dicts) run: chunk entries ->
 distinct texts (a Dedupe: the CLI's, transforms/dedupe/transform.py, or the library's,
 transforms/dedupe/inflight.StoreDedupe) -> packed requests within the model's caps -> each text
-with every row that shares it (the Dedupe's seal) -> Embed. `plan` runs it without Embed
+with every row that shares it (the CLI's seal step; the library's claims are sealed by Embed)
+-> Embed. `plan` runs it without Embed
 (packed)."""
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ def packed(entries, dedupe: Dedupe | StoreDedupe, model: ModelSpec, fill_target:
 
 
 def pack(items, dedupe: Dedupe | StoreDedupe, model: ModelSpec, fill_target: float, max_open: int):
-    """Dedupe's distinct texts -> sealed requests within the model's caps."""
-    return (items
-            | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens, fill_target, max_open)
-            | "SealClaims" >> dedupe.seal())
+    """Dedupe's distinct texts -> requests within the model's caps, sealed by the Dedupe's seal
+    step (the library's has none: Embed seals each request as it submits it)."""
+    requests = items | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
+                                                      fill_target, max_open)
+    seal = dedupe.seal()
+    return requests if seal is None else requests | "SealClaims" >> seal
 
 
 class EmbedChunks(beam.PTransform):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 
 import apache_beam as beam
 import numpy as np
@@ -18,7 +19,7 @@ from apache_beam.ml.transforms.base import MLTransform
 
 import embedpipe
 from embedpipe._config import resolve
-from embedpipe.mltransform import _combined
+from embedpipe.mltransform import _combined, _Service
 from embedpipe.paid import Answer, PaidTexts
 from embedpipe.rag import COST, ERROR, TOKENS
 from service.catalog import load_models
@@ -280,17 +281,20 @@ def test_with_a_store_a_pipeline_that_failed_after_paying_is_rerun_without_payin
 
 
 def test_paid_texts_claims_keep_answers_with_vectors_and_release_the_rest():
-    paid, sha, other = PaidTexts(4), "a" * 64, "b" * 64
-    assert paid.claim([sha, other]) == ({}, {}, [sha, other])
-    held, waiting, mine = paid.claim([sha])
+    paid, sha, other, failed = PaidTexts(4), "a" * 64, "b" * 64, "c" * 64
+    assert paid.claim([sha, other, failed]) == ({}, {}, [sha, other, failed])
+    held, waiting, mine = paid.claim([sha, other, failed])
     assert (held, mine) == ({}, []) and not waiting[sha].done()
     vector = np.arange(4, dtype=np.float32)
     paid.settle(sha, Answer(vector, 7, "r1"))
     paid.settle(other, Answer(None, 0, None, "budget_exhausted", "not sent"))
+    paid.release(failed)      # its batch failed
+    paid.release(sha)         # settled already: nothing changes
     assert waiting[sha].result().request_id == "r1"
-    held, waiting, mine = paid.claim([sha, other])
+    assert waiting[other].result() is None and waiting[failed].result() is None   # the waiter claims them again
+    held, waiting, mine = paid.claim([sha, other, failed])
     assert np.array_equal(held[sha].vector, vector) and held[sha][1:3] == (7, "r1")
-    assert waiting == {} and mine == [other]   # no vector: claimed again, sent again
+    assert waiting == {} and mine == [other, failed]   # no vector: claimed again, sent again
 
 
 def test_a_cli_dir_read_as_a_store_sends_nothing_and_the_long_text_gets_the_cli_document_vector(
@@ -306,3 +310,43 @@ def test_a_cli_dir_read_as_a_store_sends_nothing_and_the_long_text_gets_the_cli_
     documents = {d["doc_id"]: d["embedding"] for d in read_kind(out, "documents").to_pylist()}
     assert np.allclose(embedded["long-1"]["text"], documents["long-1"], atol=1e-6)
     assert all(np.allclose(embedded[i]["text"], documents[i], atol=1e-6) for i in ("en-1", "ru-2", "code-1"))
+
+
+def test_a_batch_waiting_on_a_text_another_batch_failed_to_send_sends_it_itself(sandbox, key_env):
+    """Batch A claims SHARED and fails while sending it; batch B, in another thread, was waiting
+    for it: B claims it again and sends it, and both its texts get vectors."""
+    shared, own = "a text both batches have", "a text of batch B"
+    service = _Service(embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url).job())
+    a_sending, b_waiting = threading.Event(), threading.Event()
+    send, claim = service.sender.run, service.paid.claim
+
+    def run(request):
+        if [i.text for i in request] == [shared] and not a_sending.is_set():
+            a_sending.set()
+            b_waiting.wait(10)
+            raise RuntimeError("batch A fails while sending")
+        return send(request)
+
+    def claiming(shas):
+        got = claim(shas)
+        if hashlib.sha256(own.encode()).hexdigest() in got[2]:
+            b_waiting.set()
+        return got
+    service.sender.run, service.paid.claim = run, claiming
+    failed = []
+    a = threading.Thread(target=lambda: failed.append(pytest.raises(RuntimeError, service.embed, [shared])))
+    a.start()
+    assert a_sending.wait(10)
+    b = service.embed([shared, own])
+    a.join(10)
+    assert failed and all(r.vector is not None and r.vector.shape == (1536,) for r in b), [r.error for r in b]
+    paid = [sha for c in sandbox.ledger() for sha in c["input_sha256"]]
+    assert sorted(paid) == sorted(hashlib.sha256(t.encode()).hexdigest() for t in (shared, own))
+
+
+def test_the_store_is_listed_as_often_as_the_run_config_says(sandbox, key_env, tmp_path):
+    settings = tmp_path / "pipeline.yaml"
+    settings.write_text(yaml.safe_dump({"store": {"refresh_s": 7.0}}))
+    manager = embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url, store=str(tmp_path / "store"),
+                                              run_config=str(settings))
+    assert manager.job().embed.store.refresh_s == 7.0

@@ -78,3 +78,21 @@ def test_keys_of_hex_digests_and_of_other_strings():
     assert key16(sha) == bytes.fromhex(sha)[:16]
     assert key16("doc-1\x000") == hashlib.sha256(b"doc-1\x000").digest()[:16]
     assert key16("z" * 64) == hashlib.sha256(b"z" * 64).digest()[:16]   # 64 characters, not hex
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(keys, st.binary(max_size=8)), unique_by=lambda kv: kv[0], max_size=200),
+       st.lists(st.booleans(), max_size=200), st.lists(keys, max_size=20), st.integers(1, 16))
+def test_discarded_keys_are_gone_and_the_others_kept(pairs, drop, others, merge_every):
+    index, expected = KeyIndex(), dict(pairs)
+    index.MERGE_EVERY = merge_every
+    for key, row in pairs:
+        index.put(key, row)
+    gone = [key for (key, _), d in zip(pairs, drop, strict=False) if d]  # as many as drop says
+    index.discard(gone + others)
+    for key in gone + others:
+        expected.pop(key, None)
+    assert len(index) == len(expected)
+    assert all(index.get(key) == row for key, row in expected.items()) and not any(key in index for key in gone)
+    index.put(gone[0] if gone else bytes(16), b"again")   # a key discarded may come back
+    assert index.get(gone[0] if gone else bytes(16)) == b"again"

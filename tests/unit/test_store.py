@@ -1,16 +1,22 @@
 """The store of paid texts (transforms/dedupe/store.py) on a local directory: what one process
 puts it finds at once, another finds after a refresh, compaction keeps every text findable
-(by a reader whose index predates it too), and a CLI output DIR is refused for writing."""
+(by a reader whose index predates it too, or whose listing it runs in the middle of), and a
+CLI output DIR is refused for writing and for compaction."""
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import shutil
 
 import numpy as np
 import pytest
+from apache_beam.io.filesystems import FileSystems
 
+from embedpipe.compact import main as compact_main
+from embedpipe.store import compact_store
 from transforms.dedupe.compaction import compact
 from transforms.dedupe.store import PaidStore, StoreError, StoreSpec, spec
+from transforms.money import journal
 
 MODEL, DIMS = "text-embedding-3-small", 8
 
@@ -67,3 +73,59 @@ def test_a_worker_lists_the_store_again_when_its_listing_is_due(tmp_path):
     lazy = PaidStore(StoreSpec(str(tmp_path / "s"), refresh_s=3600.0), MODEL, DIMS)
     _put(writer, "run1", "r1", ["alpha"])
     assert eager.holds(_sha("alpha")) and not lazy.holds(_sha("alpha"))
+
+
+@pytest.mark.parametrize("after_match", [1, 2])
+def test_a_compaction_between_the_steps_of_a_listing_loses_no_text(tmp_path, monkeypatch, after_match):
+    """A compaction renames its merged file in and deletes the entries right after the
+    listing's first match (between its two steps), or after both (before the files are read):
+    the reader still finds every text, so none of them is paid again."""
+    where = StoreSpec(str(tmp_path / "store"), refresh_s=3600.0)
+    writer = PaidStore(where, MODEL, DIMS)
+    vectors = _put(writer, "run1", "r1", ["alpha", "beta"])
+    matches, real_match = [], FileSystems.match
+
+    def match(patterns, *args, **kwargs):
+        result = real_match(patterns, *args, **kwargs)
+        matches.append(patterns)
+        if len(matches) == after_match:
+            assert compact(where.path).entries == 1
+        return result
+    monkeypatch.setattr(FileSystems, "match", match)
+    reader = PaidStore(where, MODEL, DIMS)
+    monkeypatch.setattr(FileSystems, "match", real_match)
+    assert reader.holds(_sha("alpha")) and reader.holds(_sha("beta"))
+    assert np.array_equal(reader.lookup([_sha("beta")])[_sha("beta")].vector, vectors[1])
+
+
+def _cli_dir(root) -> str:
+    """An output DIR of the CLI whose first run was killed after paying: its start record, its
+    lock and a journal entry with its intent (the CLI's own layout, pipeline/outdir/layout.py)."""
+    out = root / "out"
+    (out / "_runs").mkdir(parents=True)
+    (out / "_runs" / "run1.json").write_text("{}")
+    (out / "_lock.json").write_text("{}")
+    _put(PaidStore(StoreSpec(str(out)), MODEL, DIMS), "run1", "r1", ["alpha"])
+    journal.write_intent(str(out), "run1", "r1", 3, 10)
+    return str(out)
+
+
+def _tree(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("marker", ["_runs", "_current.json"])
+def test_compaction_refuses_a_cli_output_dir_and_touches_nothing(tmp_path, marker, capsys):
+    out = _cli_dir(tmp_path)
+    if marker == "_current.json":   # one that committed a view, its start records gone
+        shutil.rmtree(f"{out}/_runs")
+        (tmp_path / "out" / "_current.json").write_text("{}")
+    before = _tree(tmp_path / "out")
+    with pytest.raises(StoreError, match="output DIR of the CLI"):
+        compact(out)
+    with pytest.raises(StoreError):
+        compact_store(out)
+    assert compact_main([out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "output DIR of the CLI" in err and "nothing was changed" in err
+    assert _tree(tmp_path / "out") == before

@@ -2,7 +2,9 @@
 small file per paid request, merged into one file per model and length under `_compacted/`, with
 the columns reuse reads. Safe beside pipelines that write and read the store: the merged file is
 written under a temporary name and renamed whole before anything it holds is deleted, and a
-reader that finds a file gone lists the store again. No Beam step here."""
+reader that finds a file gone lists the store again. A CLI output DIR is refused, whole: its
+journal is the CLI's (a killed run's answers and intents, read by --resume and the
+reconciliation), and the CLI never reads `_compacted/`. No Beam step here."""
 from __future__ import annotations
 
 import os
@@ -14,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.dedupe.store import COMPACTED, listing, missing
+from transforms.dedupe.store import COMPACTED, StoreError, cli_output_dir, listing, missing
 from transforms.money import journal
 from transforms.read.parquet import open_parquet, parquet_file
 from transforms.schemas import required
@@ -106,7 +108,11 @@ def compact(store: str, small_bytes: int = SMALL_BYTES) -> Compaction:
     """Merge STORE's journal entries (and its compacted files under SMALL_BYTES) into one file
     per model and length. Safe beside running pipelines: the new file is whole (renamed) before
     anything it holds is deleted, an entry written meanwhile is not touched, and a reader that
-    finds a file gone lists the store again. Intents of merged entries go with them."""
+    finds a file gone lists the store again. Intents of merged entries go with them. A CLI
+    output DIR: a StoreError, nothing touched."""
+    if cli_output_dir(store):
+        raise StoreError(f"{store} is an output DIR of the CLI, not a store of paid texts: its journal is the "
+                         "CLI's to read (run --resume), so it is not compacted; nothing was changed")
     files = [m for r in FileSystems.match([FileSystems.join(store, COMPACTED, "*.parquet")]) for m in r.metadata_list]
     small = sorted(m.path for m in files if m.size_in_bytes < small_bytes)
     entries = listing(store)[1]

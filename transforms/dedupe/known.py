@@ -16,6 +16,15 @@ place (ReuseRef):
   KnownIndex (~50 bytes a text) once; texts pass through it as they stream.
 Either way a reused text's vector is read afterwards from its place, a row group at a time
 (FetchReused), so vectors never gather.
+
+Why not the library's PaidStore (store.py): a CLI run has a driver before and after its job.
+The index is built once from what the driver listed and knows shares (a journaled text no file
+holds carries its share, which this run's rows must write); repeats within the run are the
+claims' (distinct.py: late rows copy the first row's outcome after the job). When a bundle
+fails: the local runner does not retry (the job fails; --resume indexes its journal), and a
+retried bundle after the grouping finds a request it packs as before by its id in the run's
+journal (recall). The library has no driver: its store indexes each answer as it is paid, so a
+retried bundle finds it by text, however it packs.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The store of paid texts (the library's `store=`): each answer is kept there as soon as it is
 paid, keyed by (model, dimensions, text digest), and a text it holds is never sent again, by a
-later run, a retried bundle or another pipeline on the same store. No Beam step here.
+later run, a retried bundle or another pipeline on the same store (the CLI's index of paid
+texts is known.py: why two, there). No Beam step here.
 
 Layout, on any Beam filesystem (a local directory, s3://, gs://):
   STORE/_journal/<run>/<request>.parquet  one answered request, written by the CLI's journal
@@ -11,14 +12,17 @@ Layout, on any Beam filesystem (a local directory, s3://, gs://):
       n_tokens, embedding)
 Every name is written once, under a name no other writer uses, so pipelines on one store at
 once never overwrite each other; readers take a file that appears later at their next refresh
-and one that compaction removed by listing again. A CLI output DIR is read the same way (its
-history's embeddings files and its journal), never written.
+and one that compaction removed by listing again. A listing reads the journal before the
+compacted files and lists again when a file it named is gone before it is read: compaction
+renames its merged file in before it deletes what it merged, so whatever it runs between
+those steps, each text is in a file the listing reads. A CLI output DIR is read the same way
+(its history's embeddings files and its journal), never written nor compacted.
 
 Per worker process (`PaidStore.shared(spec, model, dims, run_id)`), for one model and length:
   found = store.lookup(shas)      # {sha: Found(vector, request_id, n_tokens)}: costs nothing
-  store.intend(run_id, request_id, tokens, worst_case_micro)   # before a request leaves
   store.put(request_row, shas, n_tokens, vectors, shares_micro)  # as soon as it is paid
   store.recall(run_id, request_id)   # a retried bundle's answer, by its request id
+(intents and the entries' space: as in DIR's journal, by the Sender, transforms/embed/sender.py)
 A text paid in this process is found at once; one paid elsewhere, after the next refresh
 (StoreSpec.refresh_s). Growth: one entry per paid request, never pruned (a text paid once
 may come back); compaction.py merges entries into large files, safe beside writers and readers.
@@ -46,7 +50,8 @@ from transforms.worker.keyindex import KeyIndex, key16
 
 COMPACTED = "_compacted"
 SCOPE = "paid-store"      # the process-wide objects' scope (transforms/worker/runscoped.py)
-CLI_MARKERS = ("_current.json", "summary.json")   # an output DIR of the CLI: read, never written
+# An output DIR of the CLI, its first run's start included (pipeline/outdir/layout.py): read, never written
+CLI_MARKERS = ("_current.json", "summary.json", "_lock.json", "_runs/*", "history/*/*")
 
 
 class StoreError(Exception):
@@ -70,9 +75,15 @@ class StoreSpec(NamedTuple):
         return bool(self.locations) or self.spool
 
 
+def cli_output_dir(location: str) -> bool:
+    """Whether LOCATION holds anything of a CLI output DIR's layout."""
+    patterns = [FileSystems.join(location, *marker.split("/")) for marker in CLI_MARKERS]
+    return any(result.metadata_list for result in FileSystems.match(patterns, limits=[1] * len(patterns)))
+
+
 def spec(store: str | None, read: Sequence[str] = (), refresh_s: float = 60.0) -> StoreSpec:
     """The store a transform is given, checked in the driver: a CLI output DIR is read only."""
-    if store and any(FileSystems.exists(FileSystems.join(store, m)) for m in CLI_MARKERS):
+    if store and cli_output_dir(store):
         raise StoreError(f"store={store} is an output DIR of the CLI: give it in read_stores= to take its "
                          f"vectors, and another location as store=")
     return StoreSpec(store or None, tuple(read), refresh_s=refresh_s)
@@ -90,18 +101,18 @@ def _spool() -> str:
     return path
 
 
+def _matching(patterns: list[str]) -> list[str]:
+    return sorted(m.path for result in FileSystems.match(patterns) for m in result.metadata_list)
+
+
 def listing(location: str) -> tuple[list[str], list[str]]:
-    """(files read as embeddings files, journal entries) under LOCATION; none if it is missing."""
-    patterns = ([FileSystems.join(location, COMPACTED, "*.parquet"),
-                 FileSystems.join(location, "history", "*", "embeddings-*.parquet")],
-                [FileSystems.join(journal.journal_dir(location), "*", "*.parquet")])
-    found = []
-    for group in patterns:
-        paths = []
-        for result in FileSystems.match(group):
-            paths += [m.path for m in result.metadata_list]
-        found.append(sorted(paths))
-    return found[0], found[1]
+    """(files read as embeddings files, journal entries) under LOCATION; none if it is missing.
+    The journal first: an entry merged after it was listed is in a file listed after it (or,
+    when that file came later still, the entry is gone when read, and the caller lists again)."""
+    entries = _matching([FileSystems.join(journal.journal_dir(location), "*", "*.parquet")])
+    files = _matching([FileSystems.join(location, COMPACTED, "*.parquet"),
+                       FileSystems.join(location, "history", "*", "embeddings-*.parquet")])
+    return files, entries
 
 
 def _file_rows(path: str, model: str, dims: int):
@@ -181,18 +192,22 @@ class PaidStore:
     def refresh(self) -> None:
         """Index what appeared in the stores since the last listing (entries another process
         or pipeline wrote, a compaction's files); when a file indexed before has gone (compacted),
-        index the stores again from scratch."""
+        index the stores again from scratch. A file listed and gone before it was read was
+        merged meanwhile, into a file this listing may have missed: list again."""
         with self._lock:
             self._listed_at = time.monotonic()
-            listed = [listing(location) for location in self.spec.locations]
-            paths = {p for files, entries in listed for p in files + entries}
-            if any(path not in paths for path, _ in self._files):
-                self._reset()
-            for files, entries in listed:
-                for path in files:
-                    self._add(path, False, _file_rows)
-                for path in entries:
-                    self._add(path, True, _entry_rows)
+            gone = True
+            while gone:
+                listed = [listing(location) for location in self.spec.locations]
+                paths = {p for files, entries in listed for p in files + entries}
+                if any(path not in paths for path, _ in self._files):
+                    self._reset()
+                gone = False
+                for files, entries in listed:
+                    for path in files:
+                        gone |= not self._add(path, False, _file_rows)
+                    for path in entries:
+                        gone |= not self._add(path, True, _entry_rows)
 
     def _reset(self) -> None:
         self._index = KeyIndex()
@@ -200,20 +215,22 @@ class PaidStore:
         self._numbers: dict[str, int] = {}
         self._cache: collections.OrderedDict = collections.OrderedDict()
 
-    def _add(self, path: str, journaled: bool, rows) -> None:
+    def _add(self, path: str, journaled: bool, rows) -> bool:
+        """Index PATH's texts; False if it is gone (removed by a compaction since the listing)."""
         if path in self._numbers:
-            return
+            return True
         number = len(self._files)
         try:
             found = list(rows(path, self.model, self.dims))
-        except Exception as exc:   # removed by a compaction since the listing: its rows are in its file
+        except Exception as exc:
             if missing(exc):
-                return
+                return False
             raise
         self._files.append((path, journaled))
         self._numbers[path] = number
         for g, row, sha, request_id, n_tokens in found:
             self._put(key16(sha), number, g, row, request_id, n_tokens)
+        return True
 
     def _put(self, key: bytes, number: int, row_group: int, row: int, request_id: str | None,
              n_tokens: int | None) -> None:
@@ -279,11 +296,6 @@ class PaidStore:
         return self._cache[key][row]
 
     # -- writing ---------------------------------------------------------------------------
-
-    def intend(self, run_id: str, request_id: str, tokens: int, worst_case_micro: int) -> None:
-        """Before REQUEST_ID leaves: what it may cost, for whoever reconciles the account."""
-        if self.spec.path:
-            journal.write_intent(self.spec.path, run_id, request_id, tokens, worst_case_micro)
 
     def put(self, request_row: dict, shas: Sequence[str], n_tokens: Sequence[int], vectors: np.ndarray,
             shares_micro: Sequence[int]) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from service.client import MAX_TIMED_OUT, EmbeddingsClient, RetryPolicy
+from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import KeySource
 from transforms.dedupe.known import KnownStores
 from transforms.dedupe.store import StoreSpec
@@ -34,12 +34,6 @@ class ServiceConfig:
     requests_per_minute: int        # explicit quotas; 0: none
     tokens_per_minute: int
 
-    @property
-    def longest_request_s(self) -> float:
-        """The longest one request can take: the client's retries (max_total_s), its timed-out
-        attempts (which wait past max_total_s), and the time a refused request is sent again."""
-        return self.retry.max_total_s + MAX_TIMED_OUT * self.retry.read_timeout_max_s + self.max_refused_s
-
     def client(self, **overrides: Any) -> EmbeddingsClient:
         """A client of this process (the key is loaded here, on the worker, never pickled)."""
         kwargs = {"account_segment": self.account_segment, "retry": self.retry, "pool_size": self.pool_size,
@@ -65,4 +59,4 @@ class EmbedConfig:
     boundary_window: float          # re-splitting a text the service refused as too long
     known: KnownStores | None = None  # where pieces of a re-split text are looked up first
     store: StoreSpec | None = None    # where answers are kept and looked up (the library's; not with a DIR)
-    claims: str | None = None         # the scope of in-flight claims to settle as requests end (inflight.py)
+    claims: str | None = None         # the scope of the library's in-flight claims, sealed and settled by Embed

@@ -1,7 +1,8 @@
 """Sending packed requests from one worker process, for the Embed step (transform.py) and the
 library's ServiceTextEmbeddings alike: the client, the budget guard, breaker and rate limiters
 every sender of a run in the process shares, and the request runner wired to where answers
-are kept (DIR's journal, or the store of paid texts) and to the library's in-flight claims.
+are kept: DIR's journal, or the store of paid texts, whose entries are the same journal's.
+Either way each request's entry takes its space and its intent is written before it leaves.
 No Beam here."""
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections.abc import Sequence
 
 from service.timeouts import ReadTimeouts
 from service.tokenizer import get_encoding
-from transforms.dedupe.inflight import InFlightClaims
 from transforms.dedupe.known import ReuseRef, known_vector
 from transforms.dedupe.store import PaidStore
 from transforms.embed.config import EmbedConfig
@@ -73,17 +73,17 @@ RESPLIT_PIECES = 3  # a text the service finds too long goes again as at most th
 
 class Sender:
     """CFG's requests from this process: run(request) -> Outcome, each answer kept as soon as it
-    is paid (CFG.output's DIR, or CFG.store); with CFG.claims, the rows waiting for a text in
-    the request go on when it ends (settle)."""
+    is paid (CFG.output's DIR, or CFG.store)."""
 
     def __init__(self, cfg: EmbedConfig):
         service, out = cfg.service, cfg.output
         self.shared = shared = Shared.for_run(cfg)
         self._cfg, self.client = cfg, service.client(timeouts=shared.timeouts)
         self._thread = threading.local()   # the request a pool thread works on: its journal space
-        self._claims = InFlightClaims.for_run(cfg.claims, service.longest_request_s) if cfg.claims else None
         self.store = (PaidStore.shared(cfg.store, service.model, service.expected_dims, out.run_id)
                       if cfg.store else None)
+        # where entries and intents go: the store's location (None when it is only read), or DIR
+        self._journal_at = self.store.spec.path if self.store is not None else out.output_dir
         encoding = get_encoding()
         self.runner = RequestRunner(
             self.client, model=service.model, dimensions=service.dimensions, expected_dims=service.expected_dims,
@@ -101,7 +101,7 @@ class Sender:
         if out.output_dir is None:
             return calls
         return {**calls, "journal": self._journal,
-                "recall": lambda request_id: journal.read_entry(self._dir, out.run_id, request_id),
+                "recall": lambda request_id: journal.read_entry(self._at, out.run_id, request_id),
                 "intend": self._intend}
 
     def _store_calls(self, store: PaidStore) -> dict:
@@ -115,48 +115,40 @@ class Sender:
         return {"journal": lambda d, row: store.put(row, [i.text_sha256 for i in d.items],
                                                     [i.n_tokens for i in d.items], d.vectors, d.shares_micro),
                 "recall": lambda request_id: store.recall(run_id, request_id),
-                "intend": lambda request_id, tokens, worst: store.intend(run_id, request_id, tokens, worst),
-                "known": known}
+                "intend": self._intend if self._journal_at else None, "known": known}
 
     @property
-    def _dir(self) -> str:
-        """DIR, which every call of _dir_calls has."""
-        if self._cfg.output.output_dir is None:
-            raise RuntimeError("DIR's journal used without a DIR")
-        return self._cfg.output.output_dir
+    def _at(self) -> str:
+        """Where entries and intents go (DIR, or the store), which every call using it has."""
+        if self._journal_at is None:
+            raise RuntimeError("the journal used without a location")
+        return self._journal_at
 
     def _intend(self, request_id: str, tokens: int, worst_case_micro: int) -> None:
-        """Before REQUEST_ID leaves: its entry's space in DIR's journal, then its intent. A full
-        disk raises here, before anything is paid."""
-        out = self._cfg.output
+        """Before REQUEST_ID leaves: its entry's space in the journal (DIR's or the store's), then
+        its intent. A full disk raises here, before anything is paid."""
+        run_id = self._cfg.output.run_id
         rows = min(tokens, getattr(self._thread, "rows", tokens))   # an input has a token at least
-        journal.reserve(self._dir, out.run_id, request_id,
-                        journal.entry_bytes(rows, self._cfg.service.expected_dims))
+        journal.reserve(self._at, run_id, request_id, journal.entry_bytes(rows, self._cfg.service.expected_dims))
         getattr(self._thread, "reserved", []).append(request_id)
-        journal.write_intent(self._dir, out.run_id, request_id, tokens, worst_case_micro)
+        journal.write_intent(self._at, run_id, request_id, tokens, worst_case_micro)
 
     def _journal(self, delivery, request_row) -> None:
         out = self._cfg.output
-        journal.write_entry(self._dir, out.run_id, request_row,
+        journal.write_entry(self._at, out.run_id, request_row,
                             [i.text_sha256 for i in delivery.items], [i.n_tokens for i in delivery.items],
                             delivery.vectors, delivery.shares_micro)
 
     def run(self, request: Sequence) -> Outcome:
-        """One request (thread-safe), and then its rows that wait in this process's claims go on.
-        The journal space its requests reserve is bounded by its inputs (a part of them each, or a
-        re-split text's pieces); what a request that got no entry reserved is given back."""
+        """One request (thread-safe). The journal space its requests reserve is bounded by its
+        inputs (a part of them each, or a re-split text's pieces); what a request that got no
+        entry reserved is given back."""
         self._thread.rows, self._thread.reserved = max(len(request), RESPLIT_PIECES), []
         try:
             return self.runner.run(request)
         finally:
-            out = self._cfg.output
             if self._thread.reserved:
-                journal.release(self._dir, out.run_id, self._thread.reserved)
-            self.settle(request)
-
-    def settle(self, request: Sequence) -> None:
-        if self._claims is not None:
-            self._claims.settle(request)
+                journal.release(self._at, self._cfg.output.run_id, self._thread.reserved)
 
     def close(self) -> None:
         self.client.close()

@@ -6,6 +6,10 @@ flight with a thread pool, as many as the process's adaptive limit allows
 (transforms/embed/ratelimit.ConcurrencyLimiter, at most `max_in_flight`): requests is blocking
 and releases the GIL while waiting, and threads need no new dependency (asyncio would need an
 async HTTP client). Batches of StoredItems are the store's vectors, paid already.
+
+The library's claims (EmbedConfig.claims, transforms/dedupe/inflight.py) are sealed here, right
+before a request is submitted, and settled when it ends, or at once if it never left: rows
+that wait for a text in flight wait for exactly that, so no path may skip the settle.
 """
 from __future__ import annotations
 
@@ -21,13 +25,13 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from transforms.dedupe.inflight import stored_outcome
+from transforms.dedupe.inflight import InFlightClaims, stored_outcome
 from transforms.embed.config import EmbedConfig
 from transforms.embed.send import Outcome
 from transforms.embed.sender import Sender
 from transforms.money.lineage import embeddings_table, pending_table
 from transforms.pending import PREFLIGHT
-from transforms.records import StoredItem
+from transforms.records import Request, StoredItem
 from transforms.worker import coders, collector  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.worker.progress import Progress
 
@@ -54,6 +58,7 @@ class _EmbedDoFn(beam.DoFn):
         self._progress = (Progress.for_run(out.output_dir, out.run_id, out.progress_interval_s)
                           if out.output_dir is not None else None)
         self._pool = cf.ThreadPoolExecutor(self._cfg.service.max_in_flight + 1, thread_name_prefix="embed")
+        self._claims = InFlightClaims.for_run(self._cfg.claims) if self._cfg.claims else None
 
     def start_bundle(self):
         # Requests of a bundle that failed may still be running: let them finish (their answers
@@ -61,15 +66,16 @@ class _EmbedDoFn(beam.DoFn):
         cf.wait(getattr(self, "_futures", ()))
         self._futures: set[cf.Future] = set()
 
-    def process(self, request: Sequence):
+    def process(self, request: Request):
         if isinstance(request[0], StoredItem):   # vectors the store holds: paid already
             assert self._sender.store is not None   # only a store's Dedupe makes StoredItems
             hits, vectors, request_ids, lost = stored_outcome(self._sender.store, request)
             yield from self._emit(Outcome(pending=lost), [(hits, vectors, request_ids)])
             return
         if not self._cfg.budget.fits:  # the preflight said no (and no --allow-partial): send nothing
+            request, sent = self._seal(request)
+            self._settle(sent)
             yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
-            self._sender.settle(request)
             return
         self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
         # Answers are written out as soon as this thread comes by: each holds its vectors until
@@ -80,9 +86,32 @@ class _EmbedDoFn(beam.DoFn):
         while len(self._futures) - len(done) > self._shared.concurrency.allowed:
             done |= cf.wait(self._futures - done, timeout=_RECHECK_S, return_when=cf.FIRST_COMPLETED).done
         self._futures -= done
+        self._futures.add(self._submit(request))
         for fut in done:
             yield from self._emit(fut.result())
-        self._futures.add(self._pool.submit(self._sender.run, request))
+
+    def _seal(self, request: Request) -> tuple[Request, list[bytes]]:
+        return self._claims.seal(request) if self._claims is not None else (request, [])
+
+    def _settle(self, sent: list[bytes]) -> None:
+        if sent and self._claims is not None:
+            self._claims.settle(sent)
+
+    def _submit(self, request: Request) -> cf.Future:
+        """REQUEST sealed (its claims' rows with it) and in the pool; its claims settled when it
+        ends, or here if it never left."""
+        request, sent = self._seal(request)
+        try:
+            return self._pool.submit(self._run, request, sent)
+        except BaseException:
+            self._settle(sent)
+            raise
+
+    def _run(self, request: Sequence, sent: list) -> Outcome:
+        try:
+            return self._sender.run(request)
+        finally:
+            self._settle(sent)
 
     def finish_bundle(self):
         for fut in cf.as_completed(self._futures):

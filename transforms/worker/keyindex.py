@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -58,6 +59,13 @@ class KeyIndex:
         self._recent[key] = at
         if len(self._recent) >= self.MERGE_EVERY:
             self._merge()
+
+    def discard(self, keys: Iterable[bytes]) -> None:
+        """Forget KEYS (16 bytes each; those not held are ignored). Their rows stay behind in
+        _rows, unread, as a replaced row does: this is for the rare undo (a failed bundle's)."""
+        drop = [i for key in keys if self._recent.pop(key, None) is None and (i := self._position(key)) is not None]
+        if drop:
+            self._hi, self._lo, self._at = np.delete(self._hi, drop), np.delete(self._lo, drop), np.delete(self._at, drop)
 
     def get(self, key: bytes) -> bytes | None:
         at = self._where(key)
