@@ -3,6 +3,7 @@
     python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [--json] [options]
     python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
     python -m pipeline compare DIR           during a switch: the two models' nearest neighbours
+    python -m pipeline publish DIR --to TARGET [--table NAME]   a PostgreSQL table serves DIR's view
     python -m pipeline run --help            embedpipe's options, grouped
     python -m pipeline beam-options          every Beam pipeline option (they all pass through)
 
@@ -110,8 +111,13 @@ def cmd_compare(argv: list[str]) -> int:
     return compare_main(argv)
 
 
+def cmd_publish(argv: list[str]) -> int:
+    from pipeline.commands.publish import main as publish_main
+    return publish_main(argv)
+
+
 COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report,
-            "compare": cmd_compare, "beam-options": cmd_beam_options}
+            "compare": cmd_compare, "publish": cmd_publish, "beam-options": cmd_beam_options}
 
 
 def main(argv: list[str] | None = None) -> int:
