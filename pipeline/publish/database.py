@@ -290,6 +290,84 @@ def loaded(conn: psycopg.Connection, names: Names, table: str) -> tuple[int, int
     return n, int(rows)
 
 
+def table_rows(conn: psycopg.Connection, names: Names, table: str, batch: int = 50_000):
+    """TABLE's keys and identities (pipeline/publish/delta.py), BATCH rows at a time."""
+    with conn.transaction(), conn.cursor(name="embedpipe_keys") as cur:
+        cur.execute(sql.SQL("SELECT doc_id, chunk_index, token_start, run_id, text_sha256, request_id FROM {}")
+                    .format(names(table)))
+        while rows := cur.fetchmany(batch):
+            yield rows
+
+
+def _changed(conn: psycopg.Connection, statement: sql.Composable, params=None) -> list[tuple[int, int, int]]:
+    """(bucket, rows, xor of hashes) of the rows STATEMENT (a DELETE or INSERT ... RETURNING
+    the bucket and hash columns) changed."""
+    return conn.execute(sql.SQL("WITH changed AS ({}) SELECT b, count(*), bit_xor(h) FROM changed GROUP BY b")
+                        .format(statement), params).fetchall()
+
+
+@dataclasses.dataclass
+class Checksums:
+    counts: list[int]
+    hashes: list[int]
+
+    def apply(self, changes: list[tuple[int, int, int]], sign: int) -> int:
+        """Rows deleted (SIGN -1) or inserted (+1) per bucket: the checksums after; the rows."""
+        total = 0
+        for bucket, n, x in changes:
+            self.counts[bucket] += sign * n
+            self.hashes[bucket] ^= x
+            total += n
+        return total
+
+
+class Inexact(Exception):
+    """A delta that would leave the table with other than the view's number of rows."""
+
+
+def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging: str | None,
+                cols: Sequence[Column], gone, drifted: list[int], sums: Checksums, make_record,
+                recreate_view: bool, before_commit=lambda: None) -> tuple[int, int, int]:
+    """The delta in one transaction (readers see the table before it or after it, whole): the
+    keys GONE, the DRIFTED buckets and the keys STAGING replaces deleted, STAGING's rows
+    inserted, the record saved with the checksums SUMS carried through; rolled back (Inexact)
+    when the rows they count are not the record's. (inserted, updated, deleted)."""
+    data, key = names(record.data_table), sql.SQL(" AND ").join(
+        sql.SQL("d.{k} = s.{k}").format(k=sql.Identifier(k)) for k in KEY)
+    returning = sql.SQL("RETURNING d.{} AS b, d.{} AS h").format(sql.Identifier(BUCKET), sql.Identifier(HASH))
+    with conn.transaction():
+        deleted = 0
+        if gone.num_rows:
+            conn.execute("CREATE TEMP TABLE embedpipe_gone (doc_id text, chunk_index integer, token_start integer) "
+                         "ON COMMIT DROP")
+            with conn.cursor().copy("COPY embedpipe_gone FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["text", "int4", "int4"])
+                for row in zip(*(gone.column(k).to_pylist() for k in KEY)):
+                    copy.write_row(row)
+            deleted += sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d USING embedpipe_gone s WHERE {} {}")
+                                           .format(data, key, returning)), -1)
+        if drifted:
+            deleted += sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d WHERE d.{} = ANY(%s) {}").format(
+                data, sql.Identifier(BUCKET), returning), (drifted,)), -1)
+        inserted = updated = 0
+        if staging is not None:
+            names_list = sql.SQL(", ").join(sql.Identifier(c.name) for c in cols)
+            updated = sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d USING {} s WHERE {} {}").format(
+                data, names(staging), key, returning)), -1)
+            inserted = sums.apply(_changed(conn, sql.SQL("INSERT INTO {} AS d ({}) SELECT {} FROM {} {}").format(
+                data, names_list, names_list, names(staging), returning)), +1) - updated
+            conn.execute(sql.SQL("DROP TABLE {}").format(names(staging)))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(names(LOADS)), (staging,))
+        if recreate_view:
+            conn.execute(view_sql(names, record.data_table, cols, replace=False))
+        new = make_record(sums)
+        if sum(sums.counts) != new.rows:
+            raise Inexact(f"{sum(sums.counts)} rows where the view has {new.rows}")
+        save_record(conn, names, new)
+        before_commit()
+    return inserted, updated, deleted
+
+
 def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: bool) -> sql.Composed:
     return sql.SQL("CREATE {}VIEW {} AS SELECT {} FROM {}").format(
         sql.SQL("OR REPLACE " if replace else ""), names(), sql.SQL(", ").join(sql.Identifier(c.name) for c in cols),

@@ -30,11 +30,12 @@ from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
 from pipeline.publish import database as dbs
-from pipeline.publish.database import DATA, Names, Record
+from pipeline.publish import delta as deltas
+from pipeline.publish.database import DATA, STAGING, Names, Record
 from pipeline.publish.target import Database, TableName, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
-from transforms.publish.columns import Column, columns
+from transforms.publish.columns import BUCKETS, Column, columns
 from transforms.publish.transform import Load, LoadRows, Task
 from transforms.read.parquet import open_parquet, parquet_file
 
@@ -153,13 +154,54 @@ def _publish(ctx: Context) -> dict:
     dbs.check_ours(ctx.conn, ctx.names, record)
     keep = [record.data_table] if record else []
     dropped = dbs.remove_leftovers(ctx.conn, ctx.names, keep, ctx.settings)
-    if record is not None and record.view == ctx.view.view and compatible(record, ctx) and _view_exists(ctx) \
-            and dbs.aggregates(ctx.conn, ctx.names, record.data_table) == (list(record.counts), list(record.hashes)):
-        result = {"action": "unchanged", "inserted": 0, "updated": 0, "deleted": 0}
-    else:
+    if not compatible(record, ctx) or dbs.relkind(ctx.conn, ctx.names.schema, record.data_table) is None:
         result = build(ctx, record)
+    else:
+        result = update(ctx, record)
     result["leftovers_dropped"] = dropped
     return result
+
+
+def update(ctx: Context, record: Record) -> dict:
+    """The served table brought to the view: nothing, a delta, or (when the delta is a large
+    share of the rows) a build."""
+    names, view = ctx.names, ctx.view
+    sums = dbs.Checksums(*dbs.aggregates(ctx.conn, names, record.data_table))
+    drifted = [b for b in range(BUCKETS) if (sums.counts[b], sums.hashes[b]) != (record.counts[b], record.hashes[b])]
+    if drifted:
+        log.warning("%s differs from what was published in %d of %d buckets (edited by hand?): their rows are "
+                    "written again", names.qualified, len(drifted), BUCKETS)
+    view_missing = not _view_exists(ctx)
+    if record.view == view.view and not drifted and not view_missing:
+        return {"action": "unchanged", "inserted": 0, "updated": 0, "deleted": 0}
+    started = time.monotonic()
+    delta = deltas.plan(ctx.out, view, deltas.served_view(ctx.out, record.view),
+                        lambda: dbs.table_rows(ctx.conn, names, record.data_table), drifted)
+    if delta.rows > ctx.settings.rebuild_share * max(view.rows("embeddings"), 1):
+        log.info("%s: %d of %d rows change, more than publish.rebuild_share: built beside and swapped in",
+                 names.qualified, delta.rows, view.rows("embeddings"))
+        return build(ctx, record)
+    staging = None
+    if delta.tasks:
+        staging = names.new(STAGING)
+        dbs.create_staging(ctx.conn, names, staging, ctx.cols)
+        run_load(delta.tasks, ctx.load(staging), ctx.opts)
+        ctx.loaded_all(staging, delta.tasks, delta.writes)
+    pause("loaded")
+    loaded_at = time.monotonic()
+    rows = view.rows("embeddings")
+    try:
+        inserted, updated, deleted = dbs.apply_delta(
+            ctx.conn, names, record, staging, ctx.cols, delta.gone, drifted, sums,
+            lambda s: ctx.record(record.data_table, rows, s.counts, s.hashes), view_missing, lambda: pause("apply"))
+    except dbs.Inexact as exc:   # never served: the whole view instead
+        if staging is not None:
+            dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
+        log.warning("%s: the delta was not exact (%s): built beside and swapped in", names.qualified, exc)
+        return build(ctx, record)
+    return {"action": "delta", "inserted": inserted, "updated": updated, "deleted": deleted,
+            "drifted_buckets": len(drifted),
+            "seconds": {"load": round(loaded_at - started, 3), "apply": round(time.monotonic() - loaded_at, 3)}}
 
 
 def publish(out: OutputDir, target: str, table: TableName, settings: PublishSettings, opts) -> dict:
