@@ -63,12 +63,20 @@ def cmd_run(argv: list[str]) -> int:
     from pipeline.commands.run import execute
     job = resolve(_options(argv), need_output=True)
     opts = job.opts
+    if opts.publish or opts.publish_table:   # refused before anything is spent
+        from pipeline.commands import publish
+        publish.check_after_run(opts)
     code, report = execute(job)
     next_step = short.advice(report, opts.output, job.again)
-    print(json.dumps(report, indent=2, default=str) if opts.json
-          else "\n".join(short.lines(report, opts.output, next_step)))
+    if not opts.json:
+        print("\n".join(short.lines(report, opts.output, next_step)), flush=True)
     if next_step:  # logged too, for logs and schedulers; a screen showing the summary has it already
         log.error(next_step, extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
+    if opts.publish:   # the view is committed: the run's outcome stands, whatever the publish does
+        from pipeline.commands import publish
+        code = publish.after_run(opts, code, report)
+    if opts.json:
+        print(json.dumps(report, indent=2, default=str))
     return code
 
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
-from pipeline.exits import EXIT_OK, UsageError
+from pipeline.exits import EXIT_FAILED, EXIT_OK, JobFailed, UsageError
 from pipeline.outdir import OutputDir
+from pipeline.outdir.view import is_local
 from pipeline.publish.publisher import publish
-from pipeline.publish.target import DEFAULT_TABLE, parse_table
+from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, parse_table, parse_url
 from pipeline.settings import profiles
 from pipeline.settings.options import EmbedPipeOptions, check_beam, unknown_flags, use_filesystems
 from pipeline.settings.steps import run_settings
 from pipeline.terminal.figures import count
+
+log = logging.getLogger("embedpipe")
 
 
 def beam_options(flags: list[str]) -> EmbedPipeOptions:
@@ -64,3 +68,37 @@ def main(argv: list[str]) -> int:
     report = publish(OutputDir(args.dir), args.target, table, run_settings(opts.run_config).publish, opts)
     print(json.dumps(report, indent=2) if args.json else render(report, args.dir))
     return EXIT_OK
+
+
+def check_after_run(opts) -> None:
+    """`run --publish TARGET [--publish-table NAME]`: refused before the run when either is wrong."""
+    if not opts.publish:
+        raise UsageError("--publish-table goes with --publish TARGET")
+    if opts.publish != EMBEDDED:
+        parse_url(opts.publish, "--publish")
+    elif not is_local(opts.output):
+        raise UsageError(f"--publish embedded keeps its database in DIR/_postgres/, on a local disk; {opts.output} "
+                         "is not one: give a postgresql:// URL")
+    parse_table(opts.publish_table or DEFAULT_TABLE, "--publish-table")
+
+
+def after_run(opts, code: int, report: dict) -> int:
+    """The committed view published; summary.json gains `publish`. A failed publish is exit 1
+    (when the run's own code is 0) with one line saying what to run."""
+    out = OutputDir(opts.output)
+    table = parse_table(opts.publish_table or DEFAULT_TABLE, "--publish-table")
+    try:
+        result = publish(out, opts.publish, table, run_settings(opts.run_config).publish, opts)
+    except (JobFailed, UsageError) as exc:
+        again = f"python -m pipeline publish {opts.output} --to {opts.publish}" + (
+            f" --table {opts.publish_table}" if opts.publish_table else "")
+        log.error("the view of %s is committed (run %s), but publishing it failed: %s. Publish it with: %s",
+                  opts.output, report.get("run_id"), exc, again)
+        report["publish"] = {"error": str(exc), "command": again}
+        out.write_summary(report)
+        return code or EXIT_FAILED
+    report["publish"] = result
+    out.write_summary(report)
+    if not opts.json:
+        print(render(result, opts.output))
+    return code

@@ -59,9 +59,12 @@ class Database:
 
 def shown(params: dict) -> str:
     user = f"{params['user']}@" if params.get("user") else ""
-    host = params.get("host") or "localhost"
+    host = params.get("host") or ""
     port = f":{params['port']}" if params.get("port") else ""
-    return f"postgresql://{user}{host}{port}/{params.get('dbname') or ''}"
+    database = params.get("dbname") or ""
+    if host.startswith("/"):   # a Unix socket's directory
+        return f"postgresql://{user}{port and 'localhost' + port}/{database}?host={host}"
+    return f"postgresql://{user}{host}{port}/{database}"
 
 
 def parse_url(value: str, flag: str = "--to") -> Database:
