@@ -82,7 +82,11 @@ def run_load(tasks: list[Task], load: Load, opts) -> None:
     try:
         pipeline.run().wait_until_finish()
     except Exception as exc:   # a worker's error arrives wrapped by the runner
-        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {worker_error(exc)}") from None
+        why = worker_error(exc)
+        if "DiskFull" in why:
+            why = f"the database server's disk is full ({why.split('DiskFull: ', 1)[-1]})"
+        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {why}; the table serves "
+                        "what it did before: publish again") from None
 
 
 @dataclasses.dataclass
