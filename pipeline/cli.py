@@ -16,6 +16,7 @@ import sys
 
 from pipeline.checks.reach import check_workers_reach_paths
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
+from pipeline.runner import use_prism_build
 from pipeline.settings import profiles
 from pipeline.settings.job import model_names, resolve
 from pipeline.settings.options import EmbedPipeOptions, all_options_parser, check_beam, unknown_flags, use_filesystems
@@ -34,13 +35,23 @@ ON_SCREEN = "on_screen"   # a log record's flag: the screen already shows it, th
 # Beam logs a worker's failure with its traceback; the driver reports the failed job in one line
 # (pipeline/commands/run.py), so the traceback shows with --verbose only.
 WORKER_FAILURES = "apache_beam.runners.common"
+# A portable runner's own voice: Prism's log (its logger renames records PrismRunner and
+# SdkWorker@ID, and raises their level to Prism's: a failed bundle is an ERROR with the worker's
+# traceback), the runner's job messages (logged on the root logger by portable_runner), and
+# the start and stop of its job server. The local runner says none of this; --verbose shows it.
+RUNNER_VOICES = ("PrismRunner", "SdkWorker@")
+
+
+def _runner_voice(record: logging.LogRecord) -> bool:
+    return (record.name.startswith(RUNNER_VOICES) or record.module == "portable_runner"
+            or (record.name == "apache_beam.utils.subprocess_server" and str(record.msg).startswith("Really ")))
 
 
 def _logging(verbose: bool) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(lambda record: not getattr(record, ON_SCREEN, False))
     if not verbose:
-        console.addFilter(lambda record: record.name != WORKER_FAILURES)
+        console.addFilter(lambda record: record.name != WORKER_FAILURES and not _runner_voice(record))
     logging.basicConfig(level=logging.WARNING, handlers=[console],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in OWN_LOGGERS:
@@ -53,6 +64,7 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
     opts = EmbedPipeOptions(flags)
     check_beam(opts)
+    use_prism_build(opts)
     check_workers_reach_paths(opts)
     use_filesystems(opts)
     return opts
