@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 
+from pipeline import prism
 from pipeline.checks.reach import check_workers_reach_paths
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
-from pipeline.runner import use_prism_build
 from pipeline.settings import profiles
 from pipeline.settings.job import model_names, resolve
 from pipeline.settings.options import EmbedPipeOptions, all_options_parser, check_beam, unknown_flags, use_filesystems
@@ -37,9 +38,13 @@ ON_SCREEN = "on_screen"   # a log record's flag: the screen already shows it, th
 WORKER_FAILURES = "apache_beam.runners.common"
 # A portable runner's own voice: Prism's log (its logger renames records PrismRunner and
 # SdkWorker@ID, and raises their level to Prism's: a failed bundle is an ERROR with the worker's
-# traceback), the runner's job messages (logged on the root logger by portable_runner), and
-# the start and stop of its job server. The local runner says none of this; --verbose shows it.
-RUNNER_VOICES = ("PrismRunner", "SdkWorker@")
+# traceback), the runner's job messages (logged on the root logger by portable_runner), the
+# start and stop of its job server, and LOOPBACK workers (threads of the launcher): their
+# modules log each failed bundle's traceback, and their threads end in exceptions when the
+# runner dies (THREADS, which threading would print). The local runner says none of this; the
+# one line of pipeline/checks/workers.py does; --verbose shows it all.
+RUNNER_VOICES = ("PrismRunner", "SdkWorker@", "apache_beam.runners.worker")
+THREADS = "apache_beam.runners.worker.threads"
 
 
 def _runner_voice(record: logging.LogRecord) -> bool:
@@ -47,11 +52,17 @@ def _runner_voice(record: logging.LogRecord) -> bool:
             or (record.name == "apache_beam.utils.subprocess_server" and str(record.msg).startswith("Really ")))
 
 
+def _thread_ended(args: threading.ExceptHookArgs) -> None:
+    logging.getLogger(THREADS).error("thread %s ended", getattr(args.thread, "name", "?"),
+                                     exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+
 def _logging(verbose: bool) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(lambda record: not getattr(record, ON_SCREEN, False))
     if not verbose:
         console.addFilter(lambda record: record.name != WORKER_FAILURES and not _runner_voice(record))
+    threading.excepthook = _thread_ended
     logging.basicConfig(level=logging.WARNING, handlers=[console],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in OWN_LOGGERS:
@@ -64,7 +75,7 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
     opts = EmbedPipeOptions(flags)
     check_beam(opts)
-    use_prism_build(opts)
+    prism.use_build(opts)
     check_workers_reach_paths(opts)
     use_filesystems(opts)
     return opts

@@ -4,21 +4,18 @@ from __future__ import annotations
 import os
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import (DirectOptions, PortableOptions, PrismRunnerOptions, ProfilingOptions,
-                                                  StandardOptions, WorkerOptions)
+from apache_beam.options.pipeline_options import DirectOptions, ProfilingOptions, StandardOptions, WorkerOptions
 from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
-from apache_beam.version import __version__ as beam_version
 from google.protobuf import struct_pb2
 
-from pipeline.exits import UsageError
+from pipeline import prism
 from pipeline.terminal import OWN_LOGGERS
 
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner")
 HARNESS_LOG_LEVEL = "WARNING"   # the rest, in local worker processes, unless --default_sdk_harness_log_level
 _PROFILING = ("profile_cpu", "profile_memory", "profile_location", "profile_sample_rate")
-PRISM_CACHE = os.path.join(".cache", "prism")   # under the repository root: `make prism` builds there
 
 
 def is_local(opts) -> bool:
@@ -40,32 +37,6 @@ def local_workers(opts) -> int:
     return opts.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
 
 
-def is_prism(opts) -> bool:
-    return (opts.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1] == "PrismRunner"
-
-
-def prism_build(root: str, version: str = beam_version) -> str:
-    """Where `make prism` (tools/prism.py) puts the Prism binary of Beam VERSION under ROOT."""
-    return os.path.join(root, PRISM_CACHE, f"v{version}", "prism")
-
-
-def use_prism_build(opts) -> None:
-    """--runner PrismRunner without --prism_location or --job_endpoint takes `make prism`'s
-    binary (of the repository, or of the working directory). Beam would otherwise download one
-    from GitHub at submit time, and without the internet fail with its traceback after the
-    input's scan and the account's reads."""
-    prism = opts.view_as(PrismRunnerOptions)
-    if not is_prism(opts) or prism.prism_location or opts.view_as(PortableOptions).job_endpoint:
-        return
-    roots = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.getcwd())
-    for path in (prism_build(root) for root in roots):
-        if os.path.isfile(path):
-            prism.prism_location = path
-            return
-    raise UsageError(f"--runner PrismRunner: no Prism at {prism_build('.')}: run `make prism` (builds it from the "
-                     "Go module proxy), or pass --prism_location PATH (a binary, or Beam's release URL)")
-
-
 def make_runner(opts):
     """The DirectRunner would first try to download Prism; FnApiRunner runs the same pipeline
     locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched.
@@ -75,6 +46,8 @@ def make_runner(opts):
     (channels created, state caches, empty options), and --profile_cpu profiled only the driver,
     which waits for them. They now log as the driver's console does, and profile their bundles
     when asked."""
+    if prism.is_prism(opts):   # Beam's PrismRunner, its Prism ending with this process
+        return prism.runner()
     if not is_local(opts):
         return None
     worker = opts.view_as(WorkerOptions)

@@ -72,7 +72,7 @@ def port_of(pid: int) -> int | None:
     return None
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         return True
     return False
@@ -94,7 +94,7 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None) -> 
                                 stdout=fh, stderr=subprocess.STDOUT, env=worker_env(env), cwd=state,
                                 start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not _listening(port):
+    while not listening(port):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_pid(proc.pid)
             raise SystemExit(f"the worker pool did not start on port {port}: {log.read_text()[-1500:]}")
@@ -107,7 +107,7 @@ def up(port: int, state: Path = STATE, env: dict[str, str] | None = None) -> lis
     """A pool on PORT unless a recorded one runs there: the pids recorded afterwards."""
     alive = [p for p in recorded(state) if port_of(p) is not None]
     if port not in {port_of(p) for p in alive}:
-        if _listening(port):
+        if listening(port):
             raise SystemExit(f"port {port} is taken by a process .pool/pids.json does not know: "
                              f"choose another with POOL_PORT=N")
         start(port, state, env)

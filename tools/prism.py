@@ -4,7 +4,7 @@
 github.com/apache/beam/sdks/v2/go/cmd/prism@v<apache-beam version>` with every Go directory
 (GOPATH, module and build caches) under `.cache/prism/` in the tree, so the build needs nothing
 outside it and `make clean` or `rm -rf .cache` removes all of it. The binary lands in
-`.cache/prism/v<version>/prism` (where `--runner PrismRunner` looks: pipeline/runner.py): a
+`.cache/prism/v<version>/prism` (where `--runner PrismRunner` looks: pipeline/prism.py): a
 binary of another Beam version is never taken for this one, and one already there is not built
 again (~2.5-4 min and 66 MB the first time on 2 cores). The build goes to a directory of its
 own and is renamed into place, so a build stopped halfway leaves no binary that looks finished;
@@ -24,7 +24,8 @@ from importlib import metadata
 from pathlib import Path
 
 logging.getLogger().setLevel(logging.ERROR)   # Beam warns at import about GCP libraries this does not use
-from pipeline.runner import PRISM_CACHE, prism_build  # noqa: E402
+from pipeline.prism import CACHE as PRISM_CACHE  # noqa: E402
+from pipeline.prism import build_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / PRISM_CACHE
@@ -36,7 +37,7 @@ def beam_version() -> str:
 
 
 def binary(version: str | None = None) -> Path:
-    return Path(prism_build(str(ROOT), version or beam_version()))
+    return Path(build_path(str(ROOT), version or beam_version()))
 
 
 def _go_env(gobin: Path) -> dict[str, str]:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import uuid
 from pathlib import Path
 
+import grpc
 import pytest
+from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
 
 from tests.prism.twin import Pair, Side, env_for, wait_until
 from tools import pool as pools
@@ -96,16 +99,17 @@ def own_pool(tmp_path, leak_key):
 
 
 class Wrapper:
-    """Prism's binary behind a script that records each Prism's pid and copies its log (at
-    debug) to a file, so that the launcher starts Prism as it always does and the test still
-    reads everything Prism said."""
+    """Prism's binary behind a script that records each Prism's pid and sends its log (at debug)
+    to a file, so that the launcher starts Prism as it always does and the test reads everything
+    Prism said. Not a copy to the launcher too: a Prism writing to a dead launcher's pipe dies of
+    SIGPIPE, which would hide a Prism that outlives its launcher."""
 
     def __init__(self, where: Path, binary: str):
         where.mkdir(parents=True, exist_ok=True)
         self.path, self.log, self.pids_file = where / "prism", where / "prism.log", where / "pids"
         # Go's flags: the last one wins over the launcher's --log_level
         self.path.write_text(f'#!/usr/bin/env bash\necho $$ >> "{self.pids_file}"\n'
-                             f'exec "{binary}" "$@" --log_level=debug > >(tee -a "{self.log}") 2>&1\n')
+                             f'exec "{binary}" "$@" --log_level=debug >> "{self.log}" 2>&1\n')
         self.path.chmod(0o755)
 
     def pids(self) -> list[int]:
@@ -153,3 +157,44 @@ def both(request, tmp_path, sandbox_factory, leak_key, wrapper):
         return Pair(*sides, price_per_token=price_per_token)
 
     return make
+
+
+class JobService:
+    """Prism as a job service of its own, as a cluster's: the launcher submits to it with
+    --job_endpoint, and it outlives the launcher. Its log (at debug) goes to a file."""
+
+    def __init__(self, binary: str, where: Path):
+        where.mkdir(parents=True, exist_ok=True)
+        self.port, self.log = free_port(), where / "prism-job-service.log"
+        with open(self.log, "wb") as fh:
+            self.proc = subprocess.Popen([binary, "--job_port", str(self.port), "--log_level", "debug",
+                                          "--serve_http=false"], stdout=fh, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        wait_until(lambda: pools.listening(self.port), 30, "Prism's job service")
+        channel = grpc.insecure_channel(self.endpoint)
+        self.stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+
+    @property
+    def endpoint(self) -> str:
+        return f"localhost:{self.port}"
+
+    def jobs(self) -> list:
+        """(JobInfo, Pipeline) of every job Prism was given."""
+        infos = self.stub.GetJobs(beam_job_api_pb2.GetJobsRequest()).job_info
+        return [(i, self.stub.GetPipeline(beam_job_api_pb2.GetJobPipelineRequest(job_id=i.job_id)).pipeline)
+                for i in infos]
+
+    def states(self) -> list[str]:
+        return [beam_job_api_pb2.JobState.Enum.Name(i.state) for i, _ in self.jobs()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def job_service(tmp_path, prism_binary):
+    service = JobService(prism_binary, tmp_path / "job-service")
+    yield service
+    service.stop()

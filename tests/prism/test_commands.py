@@ -4,9 +4,10 @@ Each test runs on both Prism variants: LOOPBACK workers (threads of the launcher
 ones (processes of a separate worker pool, as a Flink cluster runs Python)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from tests.e2e.helpers import corpus_rows, write_corpus
+from tests.e2e.money_helpers import PRICE_PER_1M, assert_every_row_once, billed_twice, write_models
+from tests.e2e.money_helpers import corpus_rows as money_rows
+from tests.e2e.money_helpers import write_corpus as money_corpus
 
 MODEL = "text-embedding-3-small"
 
@@ -60,3 +61,23 @@ def test_switch_model(both, tmp_path):
     local, _ = pair.cli("run", "--input", corpus, "--output", "{out}", "--model", "text-embedding-3-large",
                         "--base-url", "{base_url}", "--sync", "--switch-model")
     assert local.code == 0 and local.summary["switch"]["switched"]
+
+
+def test_a_budget_cut_partway_then_resume(both, tmp_path):
+    """Many small requests, a cap that stops the run halfway: which rows are left pending follows
+    the order texts reach the packer (each runner's own), so that step is checked by what must
+    hold on both; the resume then ends in the same view, each text paid once."""
+    models = write_models(tmp_path / "models.yaml")
+    rows = money_rows(n_short=60, n_long=2)
+    corpus = money_corpus(tmp_path / "corpus.parquet", rows)
+    pair = both(balance=100.0, sandbox_args=["--models", models], price_per_token=PRICE_PER_1M / 1e6)
+    common = ("--output", "{out}", "--model", MODEL, "--base-url", "{base_url}", "--models-config", models)
+    for outcome, side in zip(pair.cli("run", "--input", corpus, *common, "--max-spend-rub", "0.3", "--allow-partial",
+                                      compare=False), pair.sides):
+        s = outcome.summary
+        assert outcome.code == 4 and s["pending"] and s["embedded"] and s["cost_rub"] <= 0.3, side.name
+        assert_every_row_once(side.out, rows)
+    pair.cli("run", "--input", corpus, *common, "--resume")
+    for side in pair.sides:
+        assert assert_every_row_once(side.out, rows)["pending"] == 0
+        assert not billed_twice(side.ledger())
