@@ -6,7 +6,7 @@ configs/profiles/prism-pool.yaml), and records its pid in `.pool/pids.json` as
 `{"worker_pools": [PID, ...]}`; its log is `.pool/worker_pool-PORT.log`. Run again, it starts
 only what is missing: a recorded pool that still runs is kept, one that died is replaced.
 `make pool-down` stops exactly the recorded pids (and the SDK workers each started: the pool is
-a process group of its own) and nothing else.
+a process group of its own) and nothing else. POOL_DIR puts that state elsewhere (tests).
 
 The pool starts each SDK worker as `python` from its PATH, with its own environment: the
 .venv's bin comes first in PATH, and EMBEDDINGS_API_KEY reaches the workers only when it is
@@ -154,19 +154,21 @@ def down(state: Path = STATE) -> list[int]:
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     port = int(os.environ.get("POOL_PORT", "50000"))
+    state = Path(os.environ.get("POOL_DIR", STATE))
     if command == "up":
         if not os.environ.get(KEY_VAR, "").strip():
             print(f"note: {KEY_VAR} is not set here, so the pool's workers have no key in their environment: runs "
                   "on it need --api-key-file PATH on a path they read, or --api-key-secret NAME", file=sys.stderr)
-        pids = up(port)
-        print(f"worker pool on localhost:{port} (pids {pids} in {_pids_file(STATE).relative_to(ROOT)}; "
-              f"log .pool/worker_pool-{port}.log)")
+        pids = up(port, state)
+        print(f"worker pool on localhost:{port} (pids {pids} in {_pids_file(state)}; "
+              f"log {state / f'worker_pool-{port}.log'})")
         return 0
     if command == "down":
-        stopped = down()
+        stopped = down(state)
         print(f"stopped worker pool pids {stopped}" if stopped else "no worker pool was running")
         return 0
-    print("usage: python -m tools.pool up|down   (POOL_PORT, default 50000)", file=sys.stderr)
+    print("usage: python -m tools.pool up|down   (POOL_PORT, default 50000; POOL_DIR, default .pool)",
+          file=sys.stderr)
     return 2
 
 

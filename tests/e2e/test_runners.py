@@ -49,7 +49,8 @@ def _options(*argv: str) -> EmbedPipeOptions:
 
 
 @pytest.mark.parametrize("name, runner", [("local", "DirectRunner"), ("dataflow", "DataflowRunner"),
-                                          ("flink", "FlinkRunner")])
+                                          ("flink", "FlinkRunner"), ("prism", "PrismRunner"),
+                                          ("prism-pool", "PrismRunner")])
 def test_profile_parses_and_the_command_line_wins(name, runner):
     from apache_beam.options.pipeline_options import StandardOptions
     opts = _options("--profile", name)
@@ -74,6 +75,16 @@ def test_dataflow_profile_passes_beams_validation():
     # the validator is not a rubber stamp: a local temp_location is refused
     bad = _options("--profile", "dataflow", "--temp_location", "/tmp/x", "--staging_location", "/tmp/y")
     assert PipelineOptionsValidator(bad, DataflowRunner()).validate()
+
+
+def test_prism_without_a_build_is_a_usage_error_naming_make_prism(tmp_path, monkeypatch, caplog):
+    """Beam would download Prism from GitHub at submit time: offline, its traceback after the scan."""
+    from pipeline import prism
+    monkeypatch.setattr(prism, "build_path", lambda root, version="0": str(tmp_path / "none" / "prism"))
+    code = run("--profile", "prism", "--input", str(tmp_path / "x.parquet"), "--output", str(tmp_path / "out"),
+               "--model", MODEL, "--base-url", "http://127.0.0.1:9/v1")
+    assert code == 2 and "run `make prism`" in caplog.text and "--prism_location" in caplog.text
+    assert not (tmp_path / "out").exists()
 
 
 def test_flink_profile_uses_a_prestaged_job_server_jar(tmp_path):
