@@ -72,7 +72,7 @@ pool-down:
 # The tests marked prism: each command on Prism (LOOPBACK, and EXTERNAL workers of pools it starts
 # on free ports) against the local runner; faults across processes. Builds Prism when missing.
 prism-test: prism
-	$(PYTEST) -q -m "prism and not soak"
+	$(PYTEST) -q -n 2 -m "prism and not soak"
 
 clean:
 	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .hypothesis

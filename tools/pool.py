@@ -8,10 +8,10 @@ only what is missing: a recorded pool that still runs is kept, one that died is 
 `make pool-down` stops exactly the recorded pids (and the SDK workers each started: the pool is
 a process group of its own) and nothing else. POOL_DIR puts that state elsewhere (tests).
 
-The pool starts each SDK worker as `python` from its PATH, with its own environment: the
-.venv's bin comes first in PATH, and EMBEDDINGS_API_KEY reaches the workers only when it is
-in the environment of `make pool-up` (else they need --api-key-file on a path they read, or
---api-key-secret). A pid is stopped only while its command line is still a worker pool's: a
+The pool starts each SDK worker as the SDK container's pool does, booted with the job's options
+(tools/worker_boot.py: FileSystems, log levels, pickler), with the pool's own environment:
+EMBEDDINGS_API_KEY reaches the workers only when it is in the environment of `make pool-up`
+(else they need --api-key-file on a path they read, or --api-key-secret). A pid is stopped only while its command line is still a worker pool's: a
 pid the system gave to another process since is left alone.
 """
 from __future__ import annotations
@@ -85,12 +85,21 @@ def worker_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _boot(state: Path) -> Path:
+    """The executable the pool starts each worker with: tools/worker_boot.py on this interpreter."""
+    boot = state / "boot"
+    boot.write_text(f'#!/bin/sh\ncd "{ROOT}" && exec "{sys.executable}" -m tools.worker_boot "$@"\n')
+    boot.chmod(0o755)
+    return boot
+
+
 def start(port: int, state: Path = STATE, env: dict[str, str] | None = None) -> int:
     """A worker pool on PORT (its own process group), once it listens; its pid is added to STATE."""
     state.mkdir(parents=True, exist_ok=True)
     log = state / f"worker_pool-{port}.log"
     with open(log, "ab") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", MODULE, f"--service_port={port}"], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", MODULE, f"--service_port={port}",
+                                 f"--container_executable={_boot(state)}"], stdin=subprocess.DEVNULL,
                                 stdout=fh, stderr=subprocess.STDOUT, env=worker_env(env), cwd=state,
                                 start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT_S

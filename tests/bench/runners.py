@@ -114,7 +114,7 @@ def _measure(bench, env: dict, label: str, corpus: Path, flags: list[str], pool_
             raise SystemExit(f"{label} exited with {m.returncode}:\n{m.log}")
     summary = json.loads((output / "summary.json").read_text())
     prism_cpu, prism_rss = watch.of(prism.PACKAGE.rsplit("/", 1)[1] + " --job_port")
-    workers_cpu, workers_rss = watch.of("SdkHarness")
+    workers_cpu, workers_rss = watch.of("sdk_worker_main")
     launcher_cpu = m.cpu_s - prism_cpu   # os.wait4 counts the Prism it waited for
     bench.say(f"    {m.wall_s:.1f} s wall; launcher {launcher_cpu:.1f} s CPU {m.peak_rss_mb:.0f} MB; Prism "
               f"{prism_cpu:.1f} s {prism_rss:.0f} MB; pool workers {workers_cpu:.1f} s {workers_rss:.0f} MB; "

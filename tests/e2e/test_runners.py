@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import apache_beam as beam
 import numpy as np
 import pytest
 
@@ -223,6 +224,34 @@ def test_direct_one_worker_and_two_threads_agree(env, reference):
 def test_direct_two_processes_agree(env, reference):
     assert_same_outputs(reference, run_job(env, "direct-2-processes", "--direct_num_workers", "2",
                                            "--direct_running_mode", "multi_processing"))
+
+
+class _ReportFileSystemOptions(beam.DoFn):
+    """Where a worker's FileSystems would send an s3:// path: from the options its process has."""
+
+    def __init__(self, where: str):
+        self._where = where
+
+    def process(self, _):
+        from apache_beam.io.filesystems import FileSystems
+        from apache_beam.options.pipeline_options import S3Options
+        options = FileSystems._pipeline_options
+        endpoint = options.view_as(S3Options).s3_endpoint_url if options is not None else None
+        Path(self._where, f"{os.getpid()}.txt").write_text(str(endpoint))
+        yield endpoint
+
+
+def test_worker_processes_have_the_jobs_filesystem_options(tmp_path):
+    """A worker process sets its FileSystems from the options the runner provides: without the
+    job's, an s3:// input went to AWS's endpoint instead of --s3_endpoint_url."""
+    from pipeline.runner import make_runner
+    opts = _options("--direct_num_workers", "2", "--direct_running_mode", "multi_processing",
+                    "--s3_endpoint_url", "http://127.0.0.1:9")
+    with beam.Pipeline(runner=make_runner(opts), options=opts) as p:
+        _ = p | beam.Create(range(4)) | beam.Reshuffle() | beam.ParDo(_ReportFileSystemOptions(str(tmp_path)))
+    reports = {int(f.stem): f.read_text() for f in tmp_path.glob("*.txt")}
+    assert reports and os.getpid() not in reports
+    assert set(reports.values()) == {"http://127.0.0.1:9"}
 
 
 def test_worker_processes_profile_when_asked(env, tmp_path):

@@ -6,6 +6,7 @@ Every test in this directory is marked `prism`: `make test` leaves them out."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import uuid
@@ -30,9 +31,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range: a pool restarted on its port after a
+    kill must find it free, and the ports other processes bind to port 0 meanwhile come from
+    that range."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(low // 2, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 @pytest.fixture(scope="session")

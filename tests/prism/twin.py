@@ -161,10 +161,11 @@ def _row(row: dict, names: _Names) -> dict:
 
 
 def _own_lines(stderr: str, names: _Names) -> list[str]:
-    """The launcher's own log lines without their time: what the user reads."""
+    """The launcher's own log lines without their time: what the user reads (but the progress
+    line, which a run shows when it lasts long enough)."""
     lines = []
     for line in stderr.splitlines():
-        if (m := _LOG_LINE.match(line)) and m.group(2).split(".")[0] in _OWN:
+        if (m := _LOG_LINE.match(line)) and m.group(2).split(".")[0] in _OWN and m.group(2) != "embedpipe.progress":
             lines.append(f"{m.group(1)} {m.group(2)}: {names.text(m.group(3))}")
     return lines
 
@@ -196,7 +197,8 @@ def assert_same(local: Outcome, other: Outcome, price_per_token: float | None = 
     assert other.extra == local.extra, where
     if other.same_packing(local):
         for part in ("log", "stdout", "view", "summary"):
-            assert getattr(other, part) == getattr(local, part), f"{where}: {difference(getattr(local, part), getattr(other, part), part)}"
+            a, b = getattr(local, part), getattr(other, part)
+            assert a == b, f"{where}: {difference(a, b, part)}" + (f"\n{a}\n{b}" if part == "log" else "")
         return
     strip = lambda rows: [{k: v for k, v in r.items() if k not in _PACKING} for r in rows]  # noqa: E731
     for kind in set(local.view) | set(other.view):
