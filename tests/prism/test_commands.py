@@ -81,3 +81,14 @@ def test_a_budget_cut_partway_then_resume(both, tmp_path):
     for side in pair.sides:
         assert assert_every_row_once(side.out, rows)["pending"] == 0
         assert not billed_twice(side.ledger())
+
+
+def test_mistakes_end_alike(both, tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.parquet")
+    pair = both()
+    common = ("--output", "{out}", "--model", MODEL, "--base-url", "{base_url}")
+    pair.cli("run", "--input", corpus, *common)
+    local, _ = pair.cli("run", "--input", corpus, *common)   # DIR holds results: --sync or --resume
+    assert local.code == 2
+    local, _ = pair.cli("run", "--input", tmp_path / "missing.parquet", *common, "--resume")
+    assert local.code == 2

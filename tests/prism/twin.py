@@ -8,7 +8,8 @@ the key is searched for in Prism's log, the worker pool's log, both launchers' o
     pair.cli("plan", "--input", corpus, "--model", MODEL, "--base-url", "{base_url}", "--json")
 
 `{out}` (the side's DIR), `{base_url}` (its sandbox) and `{tmp}` (a directory of its own) are
-each side's. What differs between any two runs is normalised: run ids (by their order in DIR's
+each side's. `extra=fn` compares fn(side) too (what a command leaves outside DIR: a table it
+published, say); `compare=False` returns both outcomes unchecked. What differs between any two runs is normalised: run ids (by their order in DIR's
 history), request ids (by the texts each request carried, from the sandbox's ledger), times,
 latencies and DIR's path. Runners cut bundles differently, and requests are packed per bundle:
 when the two sides packed other requests, what follows from the packing (a row's request and
