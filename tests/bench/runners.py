@@ -20,7 +20,6 @@ import os
 import shutil
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
