@@ -64,8 +64,11 @@ class Watch:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            seen = self.seen.setdefault(pid, {"command": command, "cpu_s": 0.0, "peak_rss_mb": 0.0})
-            seen["cpu_s"], seen["peak_rss_mb"] = cpu, max(seen["peak_rss_mb"], rss or 0.0)
+            seen = self.seen.setdefault(pid, {"command": "", "cpu_s": 0.0, "peak_rss_mb": 0.0})
+            # the command as it is now (a pool's worker is a boot script until it execs the worker;
+            # an exited one, a zombie, has none)
+            seen.update(command=command.strip() or seen["command"], cpu_s=cpu,
+                        peak_rss_mb=max(seen["peak_rss_mb"], rss or 0.0))
 
     def _descendants(self) -> list[int]:
         parents: dict[int, list[int]] = {}
@@ -118,9 +121,14 @@ def _measure(bench, env: dict, label: str, corpus: Path, flags: list[str], pool_
     bench.say(f"    {m.wall_s:.1f} s wall; launcher {launcher_cpu:.1f} s CPU {m.peak_rss_mb:.0f} MB; Prism "
               f"{prism_cpu:.1f} s {prism_rss:.0f} MB; pool workers {workers_cpu:.1f} s {workers_rss:.0f} MB; "
               f"load {m.load_before:.1f}->{m.load_after:.1f}")
-    return [label, summary["documents"], summary["requests"], m.wall_s, launcher_cpu, m.peak_rss_mb,
-            prism_cpu or "", prism_rss or "", workers_cpu or "", workers_rss or "",
-            f"{m.load_before:.1f}->{m.load_after:.1f}"]
+    return [label, summary["documents"], summary["requests"], summary["metrics"].get("in_flight_peak", ""),
+            m.wall_s, launcher_cpu, m.peak_rss_mb, prism_cpu or "", prism_rss or "", workers_cpu or "",
+            workers_rss or "", f"{m.load_before:.1f}->{m.load_after:.1f}"]
+
+
+def _total(row: list) -> float:
+    """Peak RSS of the launcher, Prism and the pool's workers, added up (each at its own peak)."""
+    return sum(v for v in (row[6], row[8], row[10]) if v != "")
 
 
 def run(bench, docs: int, env: dict) -> None:
@@ -150,17 +158,18 @@ def run(bench, docs: int, env: dict) -> None:
         pools.stop_pid(pool_pid)
     local, loopback, external = rows[:3]
     bench.emit(table(
-        ["run", "documents", "requests", "wall s", "launcher CPU s", "launcher peak RSS MB", "Prism CPU s",
-         "Prism peak RSS MB", "pool workers CPU s", "pool workers peak RSS MB", "load"], rows,
+        ["run", "documents", "requests", "in flight, peak", "wall s", "launcher CPU s", "launcher peak RSS MB",
+         "Prism CPU s", "Prism peak RSS MB", "pool workers CPU s", "pool workers peak RSS MB", "load"], rows,
         f"Runners: {docs:,} documents ({text_mb:.0f} MB of text), zero-latency sandboxes, default settings. "
-        f"Prism / local runner, wall: LOOPBACK {loopback[3] / local[3]:.2f}x, worker pool {external[3] / local[3]:.2f}x; "
-        f"peak RSS of every process of the run added up: LOOPBACK "
-        f"{(loopback[5] + (loopback[7] or 0)) / local[5]:.2f}x, worker pool "
-        f"{(external[5] + (external[7] or 0) + (external[9] or 0)) / local[5]:.2f}x"))
+        f"Prism / local runner, wall: LOOPBACK {loopback[4] / local[4]:.2f}x, worker pool {external[4] / local[4]:.2f}x; "
+        f"peak RSS of the run's processes added up: LOOPBACK {_total(loopback) / _total(local):.2f}x, worker pool "
+        f"{_total(external) / _total(local):.2f}x"))
     bench.emit("Prism holds a PCollection that crosses a stage boundary in its own memory until the consuming "
                "stage has read it. On Prism the job groups texts by digest (its workers are not the launcher's "
                "threads, so the local runner's in-process claims cannot dedupe): the grouping's input, one "
                "(text_sha256, (text, n_tokens, ChunkRef)) per chunk of the run, is what Prism's peak follows: "
                "compare the tenth of the corpus, and the next day's --sync with nothing changed, whose Read "
-               "passes no text to the grouping. Flink and Dataflow spill that shuffle to disk.")
+               "passes no text to the grouping. Flink and Dataflow spill that shuffle to disk. The SDK worker "
+               "(LOOPBACK: the launcher) receives the grouped input over the Fn API's data plane, in messages of "
+               "tens of MB, while Prism runs several bundles of a stage at once in it.")
     shutil.rmtree(work, ignore_errors=True)
