@@ -116,13 +116,24 @@ def up(port: int, state: Path = STATE, env: dict[str, str] | None = None) -> lis
     """A pool on PORT unless a recorded one runs there: the pids recorded afterwards."""
     alive = [p for p in recorded(state) if port_of(p) is not None]
     if port not in {port_of(p) for p in alive}:
-        if listening(port):
+        if not _closes(port):
             raise SystemExit(f"port {port} is taken by a process .pool/pids.json does not know: "
                              f"choose another with POOL_PORT=N")
         start(port, state, env)
     else:
         _record(state, alive)
     return recorded(state)
+
+
+def _closes(port: int, within_s: float = 5.0) -> bool:
+    """Whether PORT is free, or becomes free soon: a pool just killed holds it until its last
+    thread has exited, a moment after its pid is gone."""
+    deadline = time.monotonic() + within_s
+    while listening(port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def stop_pid(pid: int) -> None:

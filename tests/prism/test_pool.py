@@ -32,7 +32,7 @@ def test_up_is_idempotent_and_down_stops_exactly_its_pids(tmp_path):
         first = pools.up(port, state)
         assert json.loads((state / "pids.json").read_text()) == {"worker_pools": first} and len(first) == 1
         assert pools.up(port, state) == first   # running: nothing started
-        os.kill(first[0], signal.SIGKILL)       # died: replaced, and only it
+        os.kill(first[0], signal.SIGKILL)       # died: replaced, and only it (its port free a moment later)
         wait_until(lambda: pools.port_of(first[0]) is None or not _alive(first[0]), 10, "the pool's death")
         second = pools.up(port, state)
         assert len(second) == 1 and second != first and pools.listening(port)
