@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup run test lint soak bench conformance sandbox airflow-test interop clean
+.PHONY: setup run test lint soak bench conformance sandbox airflow-test interop prism pool-up pool-down prism-test clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ run: setup
 # Two pytest processes: most tests wait on a sandbox or a pipeline's subprocesses, so two share
 # 2 cores well (6 minutes against 10 serially, measured on the same machine in one hour).
 test: setup
-	$(PYTEST) -q -n 2 -m "not soak and not bench and not airflow and not interop"
+	$(PYTEST) -q -n 2 -m "not soak and not bench and not airflow and not interop and not prism"
 
 # Static checks: ruff (the rules in ruff.toml) and mypy (mypy.ini: strict where every function
 # is annotated), with the versions the lint extra pins.
@@ -61,6 +61,25 @@ airflow-test: setup
 # recipes of docs/outputs.md ("Reading the vectors"); the engines live in .venv-interop (~1 GB, built on first use).
 interop: setup
 	$(PYTEST) -q -m interop -s
+
+# Beam's Prism runner (Go) of the installed apache-beam, built once from the Go module proxy into
+# .cache/prism/ (needs Go; ~3 min and 66 MB): what --profile prism and prism-pool run on.
+prism: setup
+	$(BIN)/python -m tools.prism install
+
+# A Beam worker pool on this .venv (EXTERNAL workers, as beside a Flink TaskManager), its pid in
+# .pool/pids.json. Its workers take EMBEDDINGS_API_KEY from this environment.
+POOL_PORT ?= 50000
+pool-up: setup
+	POOL_PORT=$(POOL_PORT) $(BIN)/python -m tools.pool up
+
+pool-down:
+	$(BIN)/python -m tools.pool down
+
+# The tests marked prism: each command on Prism (LOOPBACK, and EXTERNAL workers of pools it starts
+# on free ports) against the local runner; faults across processes. Builds Prism when missing.
+prism-test: prism
+	$(PYTEST) -q -n 2 -m "prism and not soak"
 
 clean:
 	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 
+from pipeline import prism
 from pipeline.checks.reach import check_workers_reach_paths
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
 from pipeline.settings import profiles
@@ -37,13 +39,33 @@ ON_SCREEN = "on_screen"   # a log record's flag: the screen already shows it, th
 # Beam logs a worker's failure with its traceback; the driver reports the failed job in one line
 # (pipeline/commands/run.py), so the traceback shows with --verbose only.
 WORKER_FAILURES = "apache_beam.runners.common"
+# A portable runner's own voice: Prism's log (its logger renames records PrismRunner and
+# SdkWorker@ID, and raises their level to Prism's: a failed bundle is an ERROR with the worker's
+# traceback), the runner's job messages (logged on the root logger by portable_runner), the
+# start and stop of its job server, and LOOPBACK workers (threads of the launcher): their
+# modules log each failed bundle's traceback, and their threads end in exceptions when the
+# runner dies (THREADS, which threading would print). The local runner says none of this; the
+# one line of pipeline/checks/workers.py does; --verbose shows it all.
+RUNNER_VOICES = ("PrismRunner", "SdkWorker@", "apache_beam.runners.worker")
+THREADS = "apache_beam.runners.worker.threads"
+
+
+def _runner_voice(record: logging.LogRecord) -> bool:
+    return (record.name.startswith(RUNNER_VOICES) or record.module == "portable_runner"
+            or (record.name == "apache_beam.utils.subprocess_server" and str(record.msg).startswith("Really ")))
+
+
+def _thread_ended(args: threading.ExceptHookArgs) -> None:
+    logging.getLogger(THREADS).error("thread %s ended", getattr(args.thread, "name", "?"),
+                                     exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
 def _logging(verbose: bool) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(lambda record: not getattr(record, ON_SCREEN, False))
     if not verbose:
-        console.addFilter(lambda record: record.name != WORKER_FAILURES)
+        console.addFilter(lambda record: record.name != WORKER_FAILURES and not _runner_voice(record))
+    threading.excepthook = _thread_ended
     logging.basicConfig(level=logging.WARNING, handlers=[console],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in OWN_LOGGERS:
@@ -56,6 +78,7 @@ def _options(argv: list[str]) -> EmbedPipeOptions:
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
     opts = EmbedPipeOptions(flags)
     check_beam(opts)
+    prism.use_build(opts)
     check_workers_reach_paths(opts)
     use_filesystems(opts)
     return opts

@@ -4,17 +4,17 @@ from __future__ import annotations
 import os
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions, ProfilingOptions, StandardOptions, WorkerOptions
+from apache_beam.options.pipeline_options import DirectOptions, StandardOptions, WorkerOptions
 from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
-from google.protobuf import struct_pb2
+from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
+from pipeline import prism
 from pipeline.terminal import OWN_LOGGERS
 
 LOCAL_RUNNERS = (None, "DirectRunner", "FnApiRunner")
 HARNESS_LOG_LEVEL = "WARNING"   # the rest, in local worker processes, unless --default_sdk_harness_log_level
-_PROFILING = ("profile_cpu", "profile_memory", "profile_location", "profile_sample_rate")
 
 
 def is_local(opts) -> bool:
@@ -41,22 +41,23 @@ def make_runner(opts):
     locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched.
 
     Worker processes of their own (multi_processing) take their options from the ones the runner
-    provides them, none by default: each logged ~20 lines at INFO on the user's terminal
-    (channels created, state caches, empty options), and --profile_cpu profiled only the driver,
-    which waits for them. They now log as the driver's console does, and profile their bundles
-    when asked."""
+    provides them, none by default: their FileSystems had none of the job's (an s3:// input
+    went to AWS's own endpoint, with no --s3_endpoint_url), each logged ~20 lines at INFO on the
+    user's terminal, and --profile_cpu profiled only the driver, which waits for them. They get
+    the job's options, as Beam's DirectRunner gives them, log as the driver's console does, and
+    profile their bundles when asked."""
+    if prism.is_prism(opts):   # Beam's PrismRunner, its Prism ending with this process
+        return prism.runner()
     if not is_local(opts):
         return None
     worker = opts.view_as(WorkerOptions)
-    provided = struct_pb2.Struct()
-    provided.update({"default_sdk_harness_log_level": worker.default_sdk_harness_log_level or HARNESS_LOG_LEVEL,
-                     "sdk_harness_log_level_overrides": {**{name: "INFO" for name in OWN_LOGGERS},
-                                                         **(worker.sdk_harness_log_level_overrides or {})}})
-    profiling = opts.view_as(ProfilingOptions)
-    if profiling.profile_cpu or profiling.profile_memory:
-        provided.update({name: getattr(profiling, name) for name in _PROFILING})
+    provided = {**opts.get_all_options(drop_default=True),
+                "default_sdk_harness_log_level": worker.default_sdk_harness_log_level or HARNESS_LOG_LEVEL,
+                "sdk_harness_log_level_overrides": {**{name: "INFO" for name in OWN_LOGGERS},
+                                                    **(worker.sdk_harness_log_level_overrides or {})}}
     return FnApiRunner(provision_info=ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
-        pipeline_options=provided, retrieval_token="unused-retrieval-token")))
+        pipeline_options=JobServiceHandle.encode_pipeline_options(provided),
+        retrieval_token="unused-retrieval-token")))
 
 
 def counters(result) -> dict[str, int]:

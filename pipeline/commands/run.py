@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline import graph
-from pipeline.checks import reading, switching
+from pipeline.checks import reading, switching, workers
 from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.prior import Prior, pending_input, prior, removed
 from pipeline.checks.scan import Scan, scan_input, scan_pending
@@ -176,6 +176,8 @@ def _failed(job: Job, out: OutputDir, info: InputInfo, exc: Exception) -> JobFai
     """A job that failed on a worker, as one line; an input file that changed or cannot be read is named."""
     if (changed := reading.changed(info)) is not None:
         return _changed(job, out, changed)
+    if (where := workers.message(job, exc)) is not None:   # the workers or the runner, not the data
+        return JobFailed(where)
     paid = f"What was paid for is journaled in {journal.journal_dir(job.opts.output, job.run_id)}"
     if (reason := reading.unreadable(exc)) is not None:
         return JobFailed(f"{reason}; {_kept(out, job)}. {paid}; replace the file with a readable copy and run "

@@ -22,6 +22,10 @@ Sections, in order (docs/BENCH.md says what each measures and what bounds it):
 6. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
 7. Library (tests/bench/library.py): embedpipe.EmbedTexts against the CLI job, and MLTransform
    with ServiceTextEmbeddings against Beam's OpenAITextEmbeddings (--only-library: alone).
+8. Runners (tests/bench/runners.py): the job on the local runner, on Prism with LOOPBACK workers
+   and with a worker pool's (EXTERNAL), on --runners-docs documents: wall, CPU and peak RSS of
+   the launcher, of Prism and of the pool's workers (--only-runners: alone; builds Prism when
+   missing, as `make prism`).
 Each run is a child process: wall, its CPU and peak RSS (os.wait4), the sandbox's CPU over the
 same span, and from the ledger the first request and the answers' span. Figures go to the
 terminal and to the generated section of docs/BENCH.md. Nothing here asserts speed.
@@ -48,7 +52,7 @@ from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, switch, sync
+from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, runners, switch, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -448,6 +452,9 @@ class Bench:
         if a.only_switch:
             switch.run(self, a.switch_docs)
             return self._finish(started)
+        if a.only_runners:
+            runners.run(self, a.runners_docs, _env())
+            return self._finish(started)
         corpus = self.work / "corpus.parquet"
         docs = write_corpus(corpus, a.docs)
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
@@ -479,6 +486,8 @@ class Bench:
             self.profile(corpus)
         if whole:
             library.run(self, corpus)
+        if whole and a.runners_docs:
+            runners.run(self, a.runners_docs, _env())
         self._finish(started)
 
     def _finish(self, started: float) -> None:
@@ -537,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-library", action="store_true", help="run the library section alone")
     ap.add_argument("--library-texts", type=int, default=5000, help="texts of the library's MLTransform runs")
     ap.add_argument("--library-repeats", type=int, default=2, help="CLI / EmbedTexts pairs of the library section")
+    ap.add_argument("--runners-docs", type=int, default=20000,
+                    help="documents of the runners section (0: skip it)")
+    ap.add_argument("--only-runners", action="store_true", help="run the runners section alone")
     Bench(ap.parse_args(argv)).run()
     return 0
 

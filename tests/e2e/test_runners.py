@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import apache_beam as beam
 import numpy as np
 import pytest
 
@@ -49,7 +50,8 @@ def _options(*argv: str) -> EmbedPipeOptions:
 
 
 @pytest.mark.parametrize("name, runner", [("local", "DirectRunner"), ("dataflow", "DataflowRunner"),
-                                          ("flink", "FlinkRunner")])
+                                          ("flink", "FlinkRunner"), ("prism", "PrismRunner"),
+                                          ("prism-pool", "PrismRunner")])
 def test_profile_parses_and_the_command_line_wins(name, runner):
     from apache_beam.options.pipeline_options import StandardOptions
     opts = _options("--profile", name)
@@ -74,6 +76,16 @@ def test_dataflow_profile_passes_beams_validation():
     # the validator is not a rubber stamp: a local temp_location is refused
     bad = _options("--profile", "dataflow", "--temp_location", "/tmp/x", "--staging_location", "/tmp/y")
     assert PipelineOptionsValidator(bad, DataflowRunner()).validate()
+
+
+def test_prism_without_a_build_is_a_usage_error_naming_make_prism(tmp_path, monkeypatch, caplog):
+    """Beam would download Prism from GitHub at submit time: offline, its traceback after the scan."""
+    from pipeline import prism
+    monkeypatch.setattr(prism, "build_path", lambda root, version="0": str(tmp_path / "none" / "prism"))
+    code = run("--profile", "prism", "--input", str(tmp_path / "x.parquet"), "--output", str(tmp_path / "out"),
+               "--model", MODEL, "--base-url", "http://127.0.0.1:9/v1")
+    assert code == 2 and "run `make prism`" in caplog.text and "--prism_location" in caplog.text
+    assert not (tmp_path / "out").exists()
 
 
 def test_flink_profile_uses_a_prestaged_job_server_jar(tmp_path):
@@ -212,6 +224,34 @@ def test_direct_one_worker_and_two_threads_agree(env, reference):
 def test_direct_two_processes_agree(env, reference):
     assert_same_outputs(reference, run_job(env, "direct-2-processes", "--direct_num_workers", "2",
                                            "--direct_running_mode", "multi_processing"))
+
+
+class _ReportFileSystemOptions(beam.DoFn):
+    """Where a worker's FileSystems would send an s3:// path: from the options its process has."""
+
+    def __init__(self, where: str):
+        self._where = where
+
+    def process(self, _):
+        from apache_beam.io.filesystems import FileSystems
+        from apache_beam.options.pipeline_options import S3Options
+        options = FileSystems._pipeline_options
+        endpoint = options.view_as(S3Options).s3_endpoint_url if options is not None else None
+        Path(self._where, f"{os.getpid()}.txt").write_text(str(endpoint))
+        yield endpoint
+
+
+def test_worker_processes_have_the_jobs_filesystem_options(tmp_path):
+    """A worker process sets its FileSystems from the options the runner provides: without the
+    job's, an s3:// input went to AWS's endpoint instead of --s3_endpoint_url."""
+    from pipeline.runner import make_runner
+    opts = _options("--direct_num_workers", "2", "--direct_running_mode", "multi_processing",
+                    "--s3_endpoint_url", "http://127.0.0.1:9")
+    with beam.Pipeline(runner=make_runner(opts), options=opts) as p:
+        _ = p | beam.Create(range(4)) | beam.Reshuffle() | beam.ParDo(_ReportFileSystemOptions(str(tmp_path)))
+    reports = {int(f.stem): f.read_text() for f in tmp_path.glob("*.txt")}
+    assert reports and os.getpid() not in reports
+    assert set(reports.values()) == {"http://127.0.0.1:9"}
 
 
 def test_worker_processes_profile_when_asked(env, tmp_path):

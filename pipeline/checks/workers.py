@@ -1,0 +1,56 @@
+"""A job that failed because of where it ran, not of what it read: in one line that says what to
+do. Three such causes the launcher can name from the runner's error:
+
+- a worker without the API key. Every worker loads the key itself in setup(), before its first
+  request (service/credentials.py `KeySource`): from its own environment, a file at the same
+  path as on the launcher, or a secret. The launcher loads it too, so where the workers share its
+  process (the local runner, LOOPBACK workers) its own check has covered them before anything
+  is sent. EXTERNAL workers (a worker pool, a Flink cluster) are processes of their own whose
+  environment the launcher cannot see: there the first worker without a key fails the job.
+- the workers gone mid-run (their pool or host died): Prism says "SDK worker disconnected".
+- the runner gone mid-run (Prism's process died): its job service stops answering. A runner
+  this command started ended the job with it; a job service of its own (--job_endpoint, a
+  cluster's) may still run the job, which must end before the next run on the same DIR.
+"""
+from __future__ import annotations
+
+import grpc
+from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+
+from pipeline.checks import reading
+from service.credentials import ENV_VAR, MissingApiKeyError
+from transforms.money import journal
+
+MISSING = MissingApiKeyError.__name__ + ":"   # a worker's exception reaches the launcher as text
+DISCONNECTED = "SDK worker disconnected"
+RUNNER_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+def message(job, exc: Exception) -> str | None:
+    """The line for a job that failed for one of the causes above; None for any other failure."""
+    portable = job.opts.view_as(PortableOptions)
+    pool = portable.environment_config if portable.environment_type == "EXTERNAL" else None
+    workers = f"the workers of the worker pool at {pool}" if pool else "the workers"
+    paid = (f"What was paid for is journaled in {journal.journal_dir(job.opts.output, job.run_id)}; "
+            f"run {job.again} then: nothing is paid twice.")
+    if isinstance(exc, grpc.RpcError) and exc.code() in RUNNER_GONE:
+        if portable.job_endpoint:   # a job service of its own: the job may outlive the connection
+            return (f"the job service at {portable.job_endpoint} stopped answering mid-run ({exc.code().name}): the "
+                    f"job may still run there; once it has ended: {paid}")
+        runner = job.opts.view_as(StandardOptions).runner
+        return f"the runner ({runner}, started by this command) stopped mid-run ({exc.code().name}). {paid}"
+    error = reading.worker_error(exc)
+    if DISCONNECTED in error:
+        back = "start the pool again (`make pool-up`)" if pool else "bring the workers back"
+        return f"{workers} went away mid-run ({DISCONNECTED}): {back}. {paid}"
+    if MISSING not in error:
+        return None
+    said = error.split(MISSING, 1)[1].strip()
+    source = job.key_source
+    if source.secret or source.file:
+        where = (f"give the workers' identity access to the secret {source.secret}" if source.secret else
+                 f"put the key file at {source.file} on every worker (a path they read: the launcher's file is its own)")
+        return f"{workers} could not read the API key ({said}): {where}. {paid}"
+    start = f"start the pool with it (`{ENV_VAR}=... make pool-up`)" if pool else "set it where they run"
+    return (f"{workers} found no {ENV_VAR} in their own environment (the launcher's is not theirs): {start}, or "
+            f"pass --api-key-file PATH on a path every worker reads, or --api-key-secret NAME. {paid}")

@@ -1,0 +1,83 @@
+"""`make pool-up` and `make pool-down` (tools/pool.py): a pool starts once and records its pid,
+a second `up` starts only what is missing, `down` stops exactly the recorded pids (with the SDK
+workers each started) and nothing else, and a pid the system gave to another process is left alone."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.prism.conftest import free_port
+from tests.prism.twin import wait_until
+from tools import pool as pools
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_up_is_idempotent_and_down_stops_exactly_its_pids(tmp_path):
+    state, port = tmp_path / ".pool", free_port()
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        first = pools.up(port, state)
+        assert json.loads((state / "pids.json").read_text()) == {"worker_pools": first} and len(first) == 1
+        assert pools.up(port, state) == first   # running: nothing started
+        os.kill(first[0], signal.SIGKILL)       # died: replaced, and only it (its port free a moment later)
+        wait_until(lambda: pools.port_of(first[0]) is None or not _alive(first[0]), 10, "the pool's death")
+        second = pools.up(port, state)
+        assert len(second) == 1 and second != first and pools.listening(port)
+        assert pools.down(state) == second
+        wait_until(lambda: not pools.listening(port), 10, "the pool's port closed")
+        assert not _alive(second[0]) and bystander.poll() is None
+        assert pools.down(state) == []          # nothing recorded: nothing to stop
+    finally:
+        bystander.kill()
+        pools.down(state)
+
+
+def test_a_recorded_pid_that_is_no_pool_is_left_alone(tmp_path):
+    state = tmp_path / ".pool"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        state.mkdir()
+        (state / "pids.json").write_text(json.dumps({"worker_pools": [other.pid]}))
+        assert pools.down(state) == []
+        time.sleep(0.2)
+        assert other.poll() is None
+    finally:
+        other.kill()
+
+
+def test_a_port_taken_by_another_process_is_refused(tmp_path):
+    port = free_port()
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with pytest.raises(SystemExit, match="taken by a process"):
+            pools.up(port, tmp_path / ".pool")
+
+
+def test_make_pool_up_and_down(tmp_path):
+    """The make targets as a user runs them, on a port of the test's own."""
+    env = {**os.environ, "POOL_PORT": str(free_port()), "POOL_DIR": str(tmp_path / ".pool")}
+    repo = pools.ROOT
+    up = subprocess.run(["make", "-s", "pool-up"], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        pids = json.loads((tmp_path / ".pool" / "pids.json").read_text())["worker_pools"]
+        assert f"localhost:{env['POOL_PORT']}" in up.stdout and all(pools.port_of(p) for p in pids)
+    finally:
+        down = subprocess.run(["make", "-s", "pool-down"], cwd=repo, env=env, capture_output=True, text=True,
+                              timeout=120)
+    assert down.returncode == 0 and f"stopped worker pool pids {pids}" in down.stdout
+    assert not any(pools.port_of(p) for p in pids)

@@ -1,0 +1,1 @@
+"""Developer tools run from the repository (make targets): not part of the package workers install."""

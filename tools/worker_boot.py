@@ -1,0 +1,47 @@
+"""What the Beam SDK container's boot does before a Python worker runs, for the worker pool of
+tools/pool.py (its `--container_executable`): the job's options from the runner's provision
+service, then `apache_beam.runners.worker.sdk_worker_main` with them in its environment.
+
+worker_pool_main alone starts each worker as a bare SdkHarness, which never sees the job's
+options: its FileSystems had none (an s3:// path went to AWS's own endpoint without the job's
+--s3_endpoint_url, or failed for want of options), nor its log levels or pickler. A Flink
+cluster's pool (the SDK container started with --worker_pool) boots its workers this way; the
+container also installs the staged artifacts, which a pool on this project's .venv needs not.
+
+    python -m tools.worker_boot --id=ID --provision_endpoint=HOST:PORT --control_endpoint=HOST:PORT \\
+        --logging_endpoint=HOST:PORT [--artifact_endpoint=HOST:PORT]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import grpc
+from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc, endpoints_pb2
+from google.protobuf import json_format, text_format
+
+
+def _descriptor(url: str) -> str:
+    return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="python -m tools.worker_boot")
+    for name in ("id", "provision_endpoint", "control_endpoint", "logging_endpoint", "artifact_endpoint"):
+        ap.add_argument(f"--{name}", required=name != "artifact_endpoint")
+    args = ap.parse_args(argv)
+    with grpc.insecure_channel(args.provision_endpoint) as channel:
+        info = beam_provision_api_pb2_grpc.ProvisionServiceStub(channel).GetProvisionInfo(
+            beam_provision_api_pb2.GetProvisionInfoRequest(), metadata=[("worker_id", args.id)]).info
+    env = {**os.environ, "WORKER_ID": args.id, "PIPELINE_OPTIONS": json_format.MessageToJson(info.pipeline_options),
+           "CONTROL_API_SERVICE_DESCRIPTOR": _descriptor(args.control_endpoint),
+           "LOGGING_API_SERVICE_DESCRIPTOR": _descriptor(args.logging_endpoint),
+           "SEMI_PERSISTENT_DIRECTORY": tempfile.mkdtemp(prefix=f"beam-worker-{args.id}-"),
+           "RUNNER_CAPABILITIES": " ".join(info.runner_capabilities)}
+    os.execve(sys.executable, [sys.executable, "-m", "apache_beam.runners.worker.sdk_worker_main"], env)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
