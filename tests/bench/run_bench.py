@@ -22,6 +22,8 @@ Sections, in order (docs/BENCH.md says what each measures and what bounds it):
 6. --profile: the zero-latency pipeline and sandbox again under tests/bench/sampler.py.
 7. Library (tests/bench/library.py): embedpipe.EmbedTexts against the CLI job, and MLTransform
    with ServiceTextEmbeddings against Beam's OpenAITextEmbeddings (--only-library: alone).
+8. Publish (tests/bench/publish.py): the view into PostgreSQL against a bare COPY and
+   langchain-postgres; day 2, a model switch's swap, search (--only-publish: alone).
 Each run is a child process: wall, its CPU and peak RSS (os.wait4), the sandbox's CPU over the
 same span, and from the ledger the first request and the answers' span. Figures go to the
 terminal and to the generated section of docs/BENCH.md. Nothing here asserts speed.
@@ -48,7 +50,7 @@ from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, switch, sync
+from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, publish, switch, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -448,6 +450,11 @@ class Bench:
         if a.only_switch:
             switch.run(self, a.switch_docs)
             return self._finish(started)
+        # -- publish section: alone here, last in a whole bench --
+        if a.only_publish:
+            publish.run(self, a.publish_docs)
+            return self._finish(started)
+        # -- end publish section --
         corpus = self.work / "corpus.parquet"
         docs = write_corpus(corpus, a.docs)
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
@@ -479,6 +486,8 @@ class Bench:
             self.profile(corpus)
         if whole:
             library.run(self, corpus)
+        if whole and any(a.publish_docs):   # the publish section
+            publish.run(self, a.publish_docs)
         self._finish(started)
 
     def _finish(self, started: float) -> None:
@@ -537,6 +546,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-library", action="store_true", help="run the library section alone")
     ap.add_argument("--library-texts", type=int, default=5000, help="texts of the library's MLTransform runs")
     ap.add_argument("--library-repeats", type=int, default=2, help="CLI / EmbedTexts pairs of the library section")
+    # -- publish section --
+    ap.add_argument("--publish-docs", type=_ints, default=[20000, 200000],
+                    help="documents of the publish section's two views, at the model's dimensions then at 256 "
+                         "(0: skip it)")
+    ap.add_argument("--only-publish", action="store_true", help="run the publish section alone")
+    # -- end publish section --
     Bench(ap.parse_args(argv)).run()
     return 0
 
