@@ -201,8 +201,8 @@ def peer(server: Server, out: Path, dims: int, s: dict) -> Way:
 
 
 class IndexWatch:
-    """When the server builds an index in DB: the first and last time
-    pg_stat_progress_create_index shows it (polled every 20 ms)."""
+    """When the server builds an HNSW index in DB: the first and last time
+    pg_stat_progress_create_index shows a CREATE INDEX ... USING hnsw (polled every 20 ms)."""
 
     def __init__(self, server: Server, db: str):
         self._conn, self._db = server.connect("postgres"), db
@@ -212,7 +212,8 @@ class IndexWatch:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            if self._conn.execute("SELECT 1 FROM pg_stat_progress_create_index WHERE datname = %s",
+            if self._conn.execute("SELECT 1 FROM pg_stat_progress_create_index p JOIN pg_stat_activity a "
+                                  "USING (pid) WHERE p.datname = %s AND a.query ILIKE '%%hnsw%%'",
                                   (self._db,)).fetchall():
                 self.seen.append(time.perf_counter())
             time.sleep(0.02)
