@@ -10,7 +10,7 @@ PYTEST := $(BIN)/python -m pytest
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,postgres]'
 	touch $(STAMP)
 
 # The project's own bytecode, written here: pip compiles what it installs but not an editable

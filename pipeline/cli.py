@@ -3,6 +3,7 @@
     python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [--json] [options]
     python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
     python -m pipeline compare DIR           during a switch: the two models' nearest neighbours
+    python -m pipeline publish DIR --to TARGET [--table NAME]   a PostgreSQL table serves DIR's view
     python -m pipeline run --help            embedpipe's options, grouped
     python -m pipeline beam-options          every Beam pipeline option (they all pass through)
 
@@ -62,12 +63,20 @@ def cmd_run(argv: list[str]) -> int:
     from pipeline.commands.run import execute
     job = resolve(_options(argv), need_output=True)
     opts = job.opts
+    if opts.publish or opts.publish_table:   # refused before anything is spent
+        from pipeline.commands import publish
+        publish.check_after_run(opts)
     code, report = execute(job)
     next_step = short.advice(report, opts.output, job.again)
-    print(json.dumps(report, indent=2, default=str) if opts.json
-          else "\n".join(short.lines(report, opts.output, next_step)))
+    if not opts.json:
+        print("\n".join(short.lines(report, opts.output, next_step)), flush=True)
     if next_step:  # logged too, for logs and schedulers; a screen showing the summary has it already
         log.error(next_step, extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
+    if opts.publish:   # the view is committed: the run's outcome stands, whatever the publish does
+        from pipeline.commands import publish
+        code = publish.after_run(opts, code, report)
+    if opts.json:
+        print(json.dumps(report, indent=2, default=str))
     return code
 
 
@@ -110,8 +119,13 @@ def cmd_compare(argv: list[str]) -> int:
     return compare_main(argv)
 
 
+def cmd_publish(argv: list[str]) -> int:
+    from pipeline.commands.publish import main as publish_main
+    return publish_main(argv)
+
+
 COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report,
-            "compare": cmd_compare, "beam-options": cmd_beam_options}
+            "compare": cmd_compare, "publish": cmd_publish, "beam-options": cmd_beam_options}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,8 @@
                                  reconciliation (records.py)
     _journal/<run>/              answers paid for and not yet in history (transforms/money/journal.py)
     _lock.json, _progress/       the live run (lock.py, transforms/worker/progress.py)
+    _postgres/                   the embedded PostgreSQL's data (`publish --to embedded`:
+                                 pipeline/publish/target.py); local disks only
 
 A view's id is the id of the run that committed it.
 """
@@ -42,6 +44,7 @@ SUMMARY = "summary.json"
 HISTORY = "history"
 VIEWS = "_views"
 SEGMENTS = "_segments"
+POSTGRES = "_postgres"
 PROBE = ".write-probe-"   # a run's first write, at DIR's top, removed at once (OutputDir.check_writable)
 
 # What a reader of the current view sees, and what only the next run reads.

@@ -97,6 +97,21 @@ class StoreSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class PublishSettings:
+    hnsw_m: int = 16
+    hnsw_ef_construction: int = 64
+    ef_search: int = 100
+    maintenance_work_mem_mb: int = 1024
+    parallel_index_workers: int = 1
+    lock_timeout_ms: int = 500
+    swap_attempts: int = 60
+    swap_backoff_s: float = 1.0
+    lock_wait_s: float = 10.0
+    connect_timeout_s: float = 10.0
+    rebuild_share: float = 0.3
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
     client: ClientSettings = ClientSettings()
     split: SplitSettings = SplitSettings()
@@ -109,6 +124,7 @@ class RunSettings:
     lock: LockSettings = LockSettings()
     compare: CompareSettings = CompareSettings()
     store: StoreSettings = StoreSettings()
+    publish: PublishSettings = PublishSettings()
 
     def replace(self, section: str, **changes: Any) -> RunSettings:
         return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
@@ -170,7 +186,13 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "client.read_timeout_s": settings.client.read_timeout_s,
                 "client.max_total_s": settings.client.max_total_s, "views.keep": settings.views.keep,
                 "compare.sample": settings.compare.sample, "compare.k": settings.compare.k,
-                "compare.pool": settings.compare.pool}
+                "compare.pool": settings.compare.pool, "publish.hnsw_m": settings.publish.hnsw_m,
+                "publish.hnsw_ef_construction": settings.publish.hnsw_ef_construction,
+                "publish.ef_search": settings.publish.ef_search,
+                "publish.maintenance_work_mem_mb": settings.publish.maintenance_work_mem_mb,
+                "publish.swap_attempts": settings.publish.swap_attempts,
+                "publish.lock_timeout_ms": settings.publish.lock_timeout_ms,
+                "publish.connect_timeout_s": settings.publish.connect_timeout_s}
     if bad := [name for name, value in positive.items() if value <= 0]:
         raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
     if settings.client.read_timeout_max_s < settings.client.read_timeout_s:
@@ -181,6 +203,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
         raise ConfigError(f"{where}:lock.heartbeat_s must be > 0 and below lock.lease_s")
     if not 0 <= settings.split.boundary_window <= 0.5:
         raise ConfigError(f"{where}:split.boundary_window must be between 0 and 0.5")
+    if not 0 <= settings.publish.rebuild_share <= 1:
+        raise ConfigError(f"{where}:publish.rebuild_share must be between 0 and 1")
     return settings
 
 

@@ -16,12 +16,13 @@ GROUPS = {
     "model": ("model", "dimensions", "models_config"),
     "budget": ("max_spend_rub", "daily_cap_rub", "monthly_cap_rub", "allow_partial"),
     "service": ("base_url", "api_key_file", "api_key_secret", "account_segment"),
+    "publish": ("publish", "publish_table"),
 }
-NOT_FOR = {"plan": ("allow_partial", "doc_vectors", "max_in_flight")}
+NOT_FOR = {"plan": ("allow_partial", "doc_vectors", "max_in_flight", "publish", "publish_table")}
 METAVARS = {"input": "PATH", "output": "DIR", "known": "GLOB", "keep_columns": "A,B",
             "id_column": "NAME", "text_column": "NAME", "model": "MODEL", "base_url": "URL",
             "dimensions": "N", "max_in_flight": "N", "overlap_tokens": "N", "profile": "NAME",
-            "api_key_secret": "NAME", "account_segment": "NAME"}
+            "api_key_secret": "NAME", "account_segment": "NAME", "publish": "TARGET", "publish_table": "NAME"}
 SYNOPSIS = {"run": "--input PATH --output DIR --model MODEL --base-url URL [options]",
             "plan": "--input PATH --model MODEL|all|A,B --base-url URL [options]"}
 BEAM_LINE = ("Any Beam pipeline option passes through (--runner, --direct_num_workers, --project,\n"

@@ -1,0 +1,401 @@
+"""The launcher's statements: checks, the lock, the record of what NAME serves, the tables
+beside it, the index build, the delta's one transaction and the swap.
+
+What lives in NAME's schema:
+- NAME: a view over the model's data table `embedpipe_data_<key>_<token>` (<key>: 8 hex of
+  NAME, so that a publish finds its own tables and never another NAME's);
+- `embedpipe_published`: one row per NAME, the record (the view of DIR served, model,
+  dimensions, columns, rows, the per-bucket checksum of transforms/publish/columns.py);
+- `embedpipe_staging_<key>_<token>`: a delta's rows before they are applied (unlogged);
+- `embedpipe_loads`: the workers' markers (transforms/publish/sql.py).
+Tables named like NAME's but not served (a killed publish's) are dropped by the next one.
+Every identifier is quoted (psycopg.sql); NAME is checked to be one before it gets here.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+
+import psycopg
+from psycopg import errors, sql
+
+from pipeline.exits import JobFailed, UsageError
+from pipeline.publish.target import Database
+from pipeline.settings.config import PublishSettings
+from transforms.publish.columns import BUCKET, BUCKETS, HASH, KEY, Column, bucket_sql, hash_sql, index_expression
+from transforms.publish.sql import LOADS, create_loads, ident
+from transforms.publish.transform import connect as open_connection
+
+log = logging.getLogger("embedpipe")
+
+META = "embedpipe_published"
+DATA, STAGING = "embedpipe_data_", "embedpipe_staging_"
+FORMAT = 1
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def connect(db: Database, settings: PublishSettings) -> psycopg.Connection:
+    try:
+        return open_connection(db.url, settings.connect_timeout_s, "publish")
+    except psycopg.OperationalError as exc:
+        raise JobFailed(f"the database at {db.shown} did not answer: {first_line(exc)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Names:
+    """NAME and the names of the tables beside it, in its schema."""
+    schema: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{self.schema}.{self.name}".encode()).hexdigest()[:8]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def new(self, prefix: str) -> str:
+        return f"{prefix}{self.key}_{secrets.token_hex(4)}"
+
+    def __call__(self, table: str | None = None) -> sql.Composed:
+        return ident(self.schema, table or self.name)
+
+
+def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: str) -> Names:
+    """NAME's schema (the search_path's first when not given), checked to exist and to take
+    tables from this role; pgvector there."""
+    if schema is None:
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        if schema is None:
+            raise UsageError(f"no schema of the search_path exists in {db.shown}: give --table SCHEMA.TABLE")
+    elif conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
+        raise UsageError(f"schema {schema} does not exist in {db.shown}")
+    role, may_create = conn.execute("SELECT current_user, has_schema_privilege(%s, 'CREATE')", (schema,)).fetchone()
+    if not may_create:
+        raise JobFailed(f"role {role} may not create tables in schema {schema} of {db.shown}: grant it CREATE "
+                        "there, or publish as a role that has it")
+    _vector(conn, db)
+    names = Names(schema, name)
+    conn.execute(create_loads(schema))
+    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, record jsonb NOT NULL, "
+                         "bucket_counts integer[] NOT NULL, bucket_hashes bigint[] NOT NULL)").format(names(META)))
+    return names
+
+
+def _vector(conn: psycopg.Connection, db: Database) -> None:
+    if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone():
+        return
+    if conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone() is None:
+        raise JobFailed(f"pgvector is not installed on the server of {db.shown}: install it there "
+                        "(https://github.com/pgvector/pgvector#installation), or publish --to embedded")
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except errors.InsufficientPrivilege:
+        raise JobFailed(f"pgvector is installed on the server of {db.shown} but not enabled in its database, and "
+                        "this role may not enable it: ask its owner to run CREATE EXTENSION vector") from None
+
+
+def vector_oid(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT 'vector'::regtype::oid").fetchone()[0]
+
+
+@contextlib.contextmanager
+def publisher_lock(conn: psycopg.Connection, names: Names, wait_s: float) -> Iterator[None]:
+    """One publisher per NAME: a session advisory lock (released with the connection, so a
+    killed publish holds nothing), waited for WAIT_S, then refused."""
+    key = int.from_bytes(hashlib.sha256(f"embedpipe publish {names.qualified}".encode()).digest()[:8], "big",
+                         signed=True)
+    deadline = time.monotonic() + wait_s
+    while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+        if time.monotonic() >= deadline:
+            holder = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                                  "AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+                                  ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+            pid = (holder.fetchone() or ("?",))[0]
+            raise JobFailed(f"another publish of {names.qualified} is under way (server process {pid}); "
+                            "run this one again once it has ended")
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What NAME serves, as the publish that made it recorded it."""
+    data_table: str
+    view: str
+    model: str
+    dimensions: int
+    columns: tuple[tuple[str, str], ...]    # (name, type) of the data table, in order
+    rows: int
+    counts: tuple[int, ...]                 # per bucket: rows
+    hashes: tuple[int, ...]                 # per bucket: the xor of their row hashes
+    details: dict = dataclasses.field(default_factory=dict)   # shown, never compared
+
+
+def load_record(conn: psycopg.Connection, names: Names) -> Record | None:
+    row = conn.execute(sql.SQL("SELECT record, bucket_counts, bucket_hashes FROM {} WHERE name = %s")
+                       .format(names(META)), (names.name,)).fetchone()
+    if row is None:
+        return None
+    doc, counts, hashes = row
+    return Record(doc["data_table"], doc["view"], doc["model"], doc["dimensions"],
+                  tuple(tuple(c) for c in doc["columns"]), doc["rows"], tuple(counts), tuple(hashes), doc)
+
+
+def save_record(conn: psycopg.Connection, names: Names, record: Record) -> None:
+    doc = {**record.details, "format": FORMAT, "data_table": record.data_table, "view": record.view,
+           "model": record.model, "dimensions": record.dimensions, "columns": [list(c) for c in record.columns],
+           "rows": record.rows}
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
+                         "record = EXCLUDED.record, bucket_counts = EXCLUDED.bucket_counts, "
+                         "bucket_hashes = EXCLUDED.bucket_hashes").format(names(META)),
+                 (names.name, json.dumps(doc), list(record.counts), list(record.hashes)))
+
+
+def relkind(conn: psycopg.Connection, schema: str, name: str) -> str | None:
+    row = conn.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                       "WHERE n.nspname = %s AND c.relname = %s", (schema, name)).fetchone()
+    return row[0] if row else None
+
+
+def reads_from(conn: psycopg.Connection, names: Names, data_table: str) -> bool:
+    """Whether NAME is a view over DATA_TABLE (as a publish made it)."""
+    row = conn.execute("SELECT 1 FROM pg_rewrite r JOIN pg_depend d ON d.objid = r.oid AND d.classid = "
+                       "'pg_rewrite'::regclass WHERE r.ev_class = to_regclass(%s) AND d.refobjid = to_regclass(%s)",
+                       (_regclass(names.schema, names.name), _regclass(names.schema, data_table))).fetchone()
+    return row is not None
+
+
+def _regclass(schema: str, name: str) -> str:
+    return sql.Identifier(schema, name).as_string(None)
+
+
+def check_ours(conn: psycopg.Connection, names: Names, record: Record | None) -> None:
+    """NAME is free, or a view this publish made: anything else is the user's, never touched."""
+    kind = relkind(conn, names.schema, names.name)
+    if kind is None:
+        return
+    if record is None or kind != "v" or not reads_from(conn, names, record.data_table):
+        raise UsageError(f"{names.qualified} exists and is not a table embedpipe publishes: give another --table, "
+                         "or drop it yourself (nothing was changed)")
+
+
+def remove_leftovers(conn: psycopg.Connection, names: Names, keep: Sequence[str], settings: PublishSettings) -> list:
+    """Tables of NAME's that nothing serves (a killed publish's), with their markers."""
+    found = conn.execute("SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE "
+                         "n.nspname = %s AND c.relkind IN ('r', 'u', 'p') AND (starts_with(relname, %s) OR "
+                         "starts_with(relname, %s))", (names.schema, f"{DATA}{names.key}_",
+                                                       f"{STAGING}{names.key}_")).fetchall()
+    dropped = []
+    for (table,) in found:
+        if table in keep:
+            continue
+        if drop_table(conn, names, table, settings, attempts=1):
+            dropped.append(table)
+    return dropped
+
+
+def drop_table(conn: psycopg.Connection, names: Names, table: str, settings: PublishSettings,
+               attempts: int) -> bool:
+    """TABLE and its markers, waiting for readers' locks at most lock_timeout each of ATTEMPTS."""
+    for attempt in range(attempts):
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(settings.lock_timeout_ms)))
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(names(table)))
+                conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(names(LOADS)), (table,))
+            return True
+        except errors.LockNotAvailable:
+            if attempt + 1 < attempts:
+                time.sleep(settings.swap_backoff_s)
+    log.warning("%s is still read by a query: the next publish drops it", table)
+    return False
+
+
+def create_data_table(conn: psycopg.Connection, names: Names, table: str, cols: Sequence[Column],
+                      comment: str) -> None:
+    """A model's data table, without indexes (they are built after the bulk load)."""
+    quote = lambda n: sql.Identifier(n).as_string(conn)   # noqa: E731
+    defs = [sql.SQL("{} {} NOT NULL" if c.name in KEY or c.name == "embedding" else "{} {}")
+            .format(sql.Identifier(c.name), sql.SQL(c.type)) for c in cols]
+    defs.append(sql.SQL("{} integer GENERATED ALWAYS AS {} STORED").format(sql.Identifier(BUCKET),
+                                                                           sql.SQL(bucket_sql())))
+    defs.append(sql.SQL("{} bigint GENERATED ALWAYS AS {} STORED").format(sql.Identifier(HASH),
+                                                                          sql.SQL(hash_sql(list(cols), quote))))
+    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(names(table), sql.SQL(", ").join(defs)))
+    conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(names(table), sql.Literal(comment)))
+
+
+def create_staging(conn: psycopg.Connection, names: Names, table: str, cols: Sequence[Column]) -> None:
+    defs = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in cols]
+    conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(names(table), sql.SQL(", ").join(defs)))
+    conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(
+        names(table), sql.Literal(f"embedpipe: rows on their way to {names.qualified}")))
+
+
+def work_mem_mb(rows: int, dimensions: int, settings: PublishSettings) -> int:
+    """What the HNSW graph of ROWS needs in memory (pgvector keeps each element's vector and
+    its neighbour lists: 2m on layer 0, m above), with room, up to the setting."""
+    width = 2 * dimensions if dimensions > 2000 else 4 * dimensions
+    need = rows * (width + 3 * settings.hnsw_m * 8 + 100) * 1.3 / 2 ** 20
+    return int(max(64, min(settings.maintenance_work_mem_mb, need)))
+
+
+def build_indexes(conn: psycopg.Connection, names: Names, table: str, dimensions: int, rows: int,
+                  settings: PublishSettings) -> None:
+    """The key's unique index, the HNSW index, the planner's statistics."""
+    expression, opclass = index_expression(dimensions)
+    conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(
+        sql.Literal(f"{work_mem_mb(rows, dimensions, settings)}MB")))
+    conn.execute(sql.SQL("SET max_parallel_maintenance_workers = {}").format(
+        sql.Literal(settings.parallel_index_workers)))
+    conn.execute(sql.SQL("CREATE UNIQUE INDEX {} ON {} (doc_id, chunk_index, token_start)").format(
+        sql.Identifier(f"{table}_key"), names(table)))
+    conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw ({} {}) WITH (m = {}, ef_construction = {})").format(
+        sql.Identifier(f"{table}_hnsw"), names(table), sql.SQL(expression), sql.SQL(opclass),
+        sql.Literal(settings.hnsw_m), sql.Literal(settings.hnsw_ef_construction)))
+    conn.execute(sql.SQL("ANALYZE {}").format(names(table)))
+    conn.execute("RESET maintenance_work_mem")
+    conn.execute("RESET max_parallel_maintenance_workers")
+
+
+def aggregates(conn: psycopg.Connection, names: Names, table: str) -> tuple[list[int], list[int]]:
+    """Per bucket: rows, and the xor of their hashes."""
+    counts, hashes = [0] * BUCKETS, [0] * BUCKETS
+    for bucket, n, x in conn.execute(sql.SQL("SELECT {b}, count(*), bit_xor({h}) FROM {t} GROUP BY {b}").format(
+            b=sql.Identifier(BUCKET), h=sql.Identifier(HASH), t=names(table))):
+        if bucket is not None and 0 <= bucket < BUCKETS:
+            counts[bucket], hashes[bucket] = n, x
+    return counts, hashes
+
+
+def loaded(conn: psycopg.Connection, names: Names, table: str) -> tuple[int, int]:
+    """(tasks, rows) the workers recorded as loaded into TABLE."""
+    n, rows = conn.execute(sql.SQL("SELECT count(*), coalesce(sum(rows), 0) FROM {} WHERE target = %s")
+                           .format(names(LOADS)), (table,)).fetchone()
+    return n, int(rows)
+
+
+def table_rows(conn: psycopg.Connection, names: Names, table: str, batch: int = 50_000):
+    """TABLE's keys and identities (pipeline/publish/delta.py), BATCH rows at a time."""
+    with conn.transaction(), conn.cursor(name="embedpipe_keys") as cur:
+        cur.execute(sql.SQL("SELECT doc_id, chunk_index, token_start, run_id, text_sha256, request_id FROM {}")
+                    .format(names(table)))
+        while rows := cur.fetchmany(batch):
+            yield rows
+
+
+def _changed(conn: psycopg.Connection, statement: sql.Composable, params=None) -> list[tuple[int, int, int]]:
+    """(bucket, rows, xor of hashes) of the rows STATEMENT (a DELETE or INSERT ... RETURNING
+    the bucket and hash columns) changed."""
+    return conn.execute(sql.SQL("WITH changed AS ({}) SELECT b, count(*), bit_xor(h) FROM changed GROUP BY b")
+                        .format(statement), params).fetchall()
+
+
+@dataclasses.dataclass
+class Checksums:
+    counts: list[int]
+    hashes: list[int]
+
+    def apply(self, changes: list[tuple[int, int, int]], sign: int) -> int:
+        """Rows deleted (SIGN -1) or inserted (+1) per bucket: the checksums after; the rows."""
+        total = 0
+        for bucket, n, x in changes:
+            self.counts[bucket] += sign * n
+            self.hashes[bucket] ^= x
+            total += n
+        return total
+
+
+class Inexact(Exception):
+    """A delta that would leave the table with other than the view's number of rows."""
+
+
+def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging: str | None,
+                cols: Sequence[Column], gone, drifted: list[int], sums: Checksums, make_record,
+                recreate_view: bool, before_commit=lambda: None) -> tuple[int, int, int]:
+    """The delta in one transaction (readers see the table before it or after it, whole): the
+    keys GONE, the DRIFTED buckets and the keys STAGING replaces deleted, STAGING's rows
+    inserted, the record saved with the checksums SUMS carried through; rolled back (Inexact)
+    when the rows they count are not the record's. (inserted, updated, deleted)."""
+    data, key = names(record.data_table), sql.SQL(" AND ").join(
+        sql.SQL("d.{k} = s.{k}").format(k=sql.Identifier(k)) for k in KEY)
+    returning = sql.SQL("RETURNING d.{} AS b, d.{} AS h").format(sql.Identifier(BUCKET), sql.Identifier(HASH))
+    with conn.transaction():
+        deleted = 0
+        if gone.num_rows:
+            conn.execute("CREATE TEMP TABLE embedpipe_gone (doc_id text, chunk_index integer, token_start integer) "
+                         "ON COMMIT DROP")
+            with conn.cursor().copy("COPY embedpipe_gone FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["text", "int4", "int4"])
+                for row in zip(*(gone.column(k).to_pylist() for k in KEY)):
+                    copy.write_row(row)
+            deleted += sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d USING embedpipe_gone s WHERE {} {}")
+                                           .format(data, key, returning)), -1)
+        if drifted:
+            deleted += sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d WHERE d.{} = ANY(%s) {}").format(
+                data, sql.Identifier(BUCKET), returning), (drifted,)), -1)
+        inserted = updated = 0
+        if staging is not None:
+            names_list = sql.SQL(", ").join(sql.Identifier(c.name) for c in cols)
+            updated = sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d USING {} s WHERE {} {}").format(
+                data, names(staging), key, returning)), -1)
+            inserted = sums.apply(_changed(conn, sql.SQL("INSERT INTO {} AS d ({}) SELECT {} FROM {} {}").format(
+                data, names_list, names_list, names(staging), returning)), +1) - updated
+            conn.execute(sql.SQL("DROP TABLE {}").format(names(staging)))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(names(LOADS)), (staging,))
+        if recreate_view:
+            conn.execute(view_sql(names, record.data_table, cols, replace=False))
+        new = make_record(sums)
+        if sum(sums.counts) != new.rows:
+            raise Inexact(f"{sum(sums.counts)} rows where the view has {new.rows}")
+        save_record(conn, names, new)
+        before_commit()
+    return inserted, updated, deleted
+
+
+def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: bool) -> sql.Composed:
+    return sql.SQL("CREATE {}VIEW {} AS SELECT {} FROM {}").format(
+        sql.SQL("OR REPLACE " if replace else ""), names(), sql.SQL(", ").join(sql.Identifier(c.name) for c in cols),
+        names(data_table))
+
+
+def swap(conn: psycopg.Connection, names: Names, data_table: str, cols: Sequence[Column], compatible: bool,
+         record: Record, settings: PublishSettings, before_commit=lambda: None) -> int:
+    """NAME reads DATA_TABLE from now on, and the record says so: one short transaction that
+    waits for readers' locks at most lock_timeout, tried again until it gets through. A reader
+    waits behind it at most that long. The attempts it took."""
+    for attempt in range(1, settings.swap_attempts + 1):
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(settings.lock_timeout_ms)))
+                if not compatible:
+                    conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(names()))
+                conn.execute(view_sql(names, data_table, cols, replace=compatible))
+                conn.execute(sql.SQL("COMMENT ON VIEW {} IS {}").format(names(), sql.Literal(
+                    f"embedpipe: view {record.view} of {record.details.get('dir', 'DIR')} ({record.model}, "
+                    f"{record.dimensions} dimensions); its record is in {META}")))
+                save_record(conn, names, record)
+                conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(names(LOADS)), (data_table,))
+                before_commit()
+            return attempt
+        except errors.LockNotAvailable:
+            log.info("the swap of %s waited %d ms for a reader's lock: trying again (%d of %d)", names.qualified,
+                     settings.lock_timeout_ms, attempt, settings.swap_attempts)
+            time.sleep(settings.swap_backoff_s)
+    raise JobFailed(f"queries on {names.qualified} held it for {settings.swap_attempts} tries of "
+                    f"{settings.lock_timeout_ms} ms: it serves what it did; publish again")

@@ -1,0 +1,245 @@
+"""publish(DIR's view -> NAME): the launcher's part.
+
+    lock NAME (one publisher) -> its record -> the tables a killed publish left, dropped
+      -> nothing to do                    the record names this view and the checksums agree
+      -> a delta (pipeline/publish/delta.py) staged by the workers, applied in one transaction
+      -> a build: the model's table beside the served one, loaded by the workers, indexed,
+         then swapped in (pipeline/publish/database.py: swap)
+
+The workers (transforms/publish/transform.py: LoadRows) read the view's files and COPY the
+rows; the launcher reads manifests, footers and key columns only, so its memory does not grow
+with the vectors. A publish killed at any point leaves NAME serving what it served: nothing it
+did is visible before the delta's commit or the swap's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import os
+import sys
+import time
+
+import apache_beam as beam
+import psycopg
+import pyarrow as pa
+from psycopg import errors
+
+from pipeline.checks.reading import worker_error
+from pipeline.exits import JobFailed, UsageError
+from pipeline.outdir import OutputDir
+from pipeline.outdir.view import View
+from pipeline.publish import database as dbs
+from pipeline.publish import delta as deltas
+from pipeline.publish.database import DATA, STAGING, Names, Record
+from pipeline.publish.target import Database, TableName, reach
+from pipeline.runner import make_runner
+from pipeline.settings.config import PublishSettings
+from transforms.publish.columns import BUCKETS, Column, columns
+from transforms.publish.transform import Load, LoadRows, Task
+from transforms.read.parquet import open_parquet, parquet_file
+
+log = logging.getLogger("embedpipe")
+
+# Tests stop a publish at a named step (kill -9 there): loaded, indexed, swap, apply.
+PAUSE_AT = "EMBEDPIPE_PUBLISH_PAUSE_AT"
+
+
+def pause(step: str) -> None:
+    if os.environ.get(PAUSE_AT) == step:
+        print(f"publish paused at {step}", file=sys.stderr, flush=True)
+        time.sleep(3600)
+
+
+def kept_fields(out: OutputDir, view: View) -> list[pa.Field]:
+    """The kept columns' fields, from the footer of a file of the view that has them."""
+    for kind in ("embeddings", "pending", "staged-embeddings"):
+        for path in view.paths(kind)[:1]:
+            with open_parquet(out.join(path)) as fh:
+                schema = parquet_file(fh).schema_arrow
+            return [schema.field(name) for name in view.kept]
+    return [pa.field(name, pa.string()) for name in view.kept]
+
+
+def all_tasks(out: OutputDir, view: View) -> list[Task]:
+    """A task per row group of the view's embeddings files (their footers tell how many)."""
+    tasks = []
+    for path in view.paths("embeddings"):
+        full = out.join(path)
+        with open_parquet(full) as fh:
+            groups = parquet_file(fh).metadata.num_row_groups
+        tasks += [Task(full, g, None, len(tasks) + i) for i, g in enumerate(range(groups))]
+    return tasks
+
+
+def run_load(tasks: list[Task], load: Load, opts) -> None:
+    """The workers' job: TASKS' rows into LOAD's table."""
+    if not tasks:
+        return
+    pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+    _ = pipeline | "Tasks" >> beam.Create(tasks) | "Load" >> LoadRows(load)
+    try:
+        pipeline.run().wait_until_finish()
+    except Exception as exc:   # a worker's error arrives wrapped by the runner
+        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {worker_error(exc)}") from None
+
+
+@dataclasses.dataclass
+class Context:
+    out: OutputDir
+    view: View
+    db: Database
+    conn: psycopg.Connection
+    names: Names
+    cols: list[Column]
+    settings: PublishSettings
+    opts: object
+
+    def load(self, table: str) -> Load:
+        return Load(self.db.url, self.names.schema, table, tuple(self.cols), self.view.dimensions,
+                    dbs.vector_oid(self.conn), self.settings.connect_timeout_s)
+
+    def record(self, data_table: str, rows: int, counts, hashes) -> Record:
+        v = self.view
+        details = {"dir": self.out.path, "published_at": dt.datetime.now(dt.UTC).isoformat(),
+                   "pending": v.rows("pending"), "failed": v.rows("failed"),
+                   "staged": v.rows("staged-embeddings"), "view_committed_at": v.committed_at}
+        return Record(data_table, v.view, v.model, v.dimensions, tuple((c.name, c.type) for c in self.cols), rows,
+                      tuple(counts), tuple(hashes), details)
+
+    def loaded_all(self, table: str, tasks: list[Task], rows: int) -> None:
+        n, found = dbs.loaded(self.conn, self.names, table)
+        if (n, found) != (len(tasks), rows):
+            raise JobFailed(f"the workers loaded {found:,} rows in {n} of {len(tasks)} tasks where {rows:,} were "
+                            f"due; {self.names.qualified} serves what it did: publish again")
+
+
+def compatible(record: Record | None, ctx: Context) -> bool:
+    """Whether the served table takes this view's rows as they are (same model, length, columns)."""
+    return (record is not None and record.model == ctx.view.model and record.dimensions == ctx.view.dimensions
+            and record.columns == tuple((c.name, c.type) for c in ctx.cols))
+
+
+def build(ctx: Context, record: Record | None) -> dict:
+    """The view's rows in a new table beside the served one, indexed, then swapped in."""
+    names, view = ctx.names, ctx.view
+    table = names.new(DATA)
+    dbs.create_data_table(ctx.conn, names, table, ctx.cols,
+                          f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})")
+    tasks, rows = all_tasks(ctx.out, view), view.rows("embeddings")
+    started = time.monotonic()
+    run_load(tasks, ctx.load(table), ctx.opts)
+    ctx.loaded_all(table, tasks, rows)
+    pause("loaded")
+    loaded_at = time.monotonic()
+    dbs.build_indexes(ctx.conn, names, table, view.dimensions, rows, ctx.settings)
+    pause("indexed")
+    indexed_at = time.monotonic()
+    counts, hashes = dbs.aggregates(ctx.conn, names, table)
+    attempts = dbs.swap(ctx.conn, names, table, ctx.cols, compatible(record, ctx) and _view_exists(ctx),
+                        ctx.record(table, rows, counts, hashes), ctx.settings, lambda: pause("swap"))
+    if record is not None and record.data_table != table:
+        dbs.drop_table(ctx.conn, names, record.data_table, ctx.settings, attempts=3)
+    return {"action": "built" if record is None else "rebuilt", "inserted": rows, "updated": 0,
+            "deleted": record.rows if record else 0, "swap_attempts": attempts,
+            "seconds": {"load": round(loaded_at - started, 3), "index": round(indexed_at - loaded_at, 3)}}
+
+
+def _view_exists(ctx: Context) -> bool:
+    return dbs.relkind(ctx.conn, ctx.names.schema, ctx.names.name) == "v"
+
+
+def _publish(ctx: Context) -> dict:
+    record = dbs.load_record(ctx.conn, ctx.names)
+    dbs.check_ours(ctx.conn, ctx.names, record)
+    keep = [record.data_table] if record else []
+    dropped = dbs.remove_leftovers(ctx.conn, ctx.names, keep, ctx.settings)
+    if not compatible(record, ctx) or dbs.relkind(ctx.conn, ctx.names.schema, record.data_table) is None:
+        result = build(ctx, record)
+    else:
+        result = update(ctx, record)
+    result["leftovers_dropped"] = dropped
+    return result
+
+
+def update(ctx: Context, record: Record) -> dict:
+    """The served table brought to the view: nothing, a delta, or (when the delta is a large
+    share of the rows) a build."""
+    names, view = ctx.names, ctx.view
+    sums = dbs.Checksums(*dbs.aggregates(ctx.conn, names, record.data_table))
+    drifted = [b for b in range(BUCKETS) if (sums.counts[b], sums.hashes[b]) != (record.counts[b], record.hashes[b])]
+    if drifted:
+        log.warning("%s differs from what was published in %d of %d buckets (edited by hand?): their rows are "
+                    "written again", names.qualified, len(drifted), BUCKETS)
+    view_missing = not _view_exists(ctx)
+    if record.view == view.view and not drifted and not view_missing:
+        return {"action": "unchanged", "inserted": 0, "updated": 0, "deleted": 0}
+    started = time.monotonic()
+    delta = deltas.plan(ctx.out, view, deltas.served_view(ctx.out, record.view),
+                        lambda: dbs.table_rows(ctx.conn, names, record.data_table), drifted)
+    if delta.rows > ctx.settings.rebuild_share * max(view.rows("embeddings"), 1):
+        log.info("%s: %d of %d rows change, more than publish.rebuild_share: built beside and swapped in",
+                 names.qualified, delta.rows, view.rows("embeddings"))
+        return build(ctx, record)
+    staging = None
+    if delta.tasks:
+        staging = names.new(STAGING)
+        dbs.create_staging(ctx.conn, names, staging, ctx.cols)
+        run_load(delta.tasks, ctx.load(staging), ctx.opts)
+        ctx.loaded_all(staging, delta.tasks, delta.writes)
+    pause("loaded")
+    loaded_at = time.monotonic()
+    rows = view.rows("embeddings")
+    try:
+        inserted, updated, deleted = dbs.apply_delta(
+            ctx.conn, names, record, staging, ctx.cols, delta.gone, drifted, sums,
+            lambda s: ctx.record(record.data_table, rows, s.counts, s.hashes), view_missing, lambda: pause("apply"))
+    except dbs.Inexact as exc:   # never served: the whole view instead
+        if staging is not None:
+            dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
+        log.warning("%s: the delta was not exact (%s): built beside and swapped in", names.qualified, exc)
+        return build(ctx, record)
+    return {"action": "delta", "inserted": inserted, "updated": updated, "deleted": deleted,
+            "drifted_buckets": len(drifted),
+            "seconds": {"load": round(loaded_at - started, 3), "apply": round(time.monotonic() - loaded_at, 3)}}
+
+
+def publish(out: OutputDir, target: str, table: TableName, settings: PublishSettings, opts) -> dict:
+    """Make TABLE at TARGET serve OUT's current view; the report."""
+    view = out.view
+    if view is None:
+        raise UsageError(f"{out.path} has no view to publish: run `python -m pipeline run ... --output {out.path}` "
+                         "first")
+    started = time.monotonic()
+    cols = columns(kept_fields(out, view), view.dimensions)
+    with reach(target, out.path) as db:
+        conn = dbs.connect(db, settings)
+        names = None
+        try:
+            names = dbs.resolve(conn, db, table.schema, table.name)
+            ctx = Context(out, view, db, conn, names, cols, settings, opts)
+            with dbs.publisher_lock(conn, names, settings.lock_wait_s):
+                result = _publish(ctx)
+        except psycopg.Error as exc:
+            raise JobFailed(_failure(exc, db, names or table)) from None
+        finally:
+            conn.close()
+    return {"table": names.qualified, "target": db.shown, "view": view.view, "model": view.model,
+            "dimensions": view.dimensions, "rows": view.rows("embeddings"), **result,
+            "written": result["inserted"] + result["updated"] + result["deleted"],
+            "pending": view.rows("pending"), "failed": view.rows("failed"), "staged": view.rows("staged-embeddings"),
+            "seconds_total": round(time.monotonic() - started, 3)}
+
+
+def _failure(exc: psycopg.Error, db: Database, names) -> str:
+    """One line for a database error in the middle of a publish: NAME is as it was."""
+    name = names.qualified if isinstance(names, Names) else names.name
+    if isinstance(exc, errors.InsufficientPrivilege):
+        what = f"this role lacks a right: {dbs.first_line(exc)}"
+    elif isinstance(exc, errors.DiskFull):
+        what = "the database server's disk is full"
+    elif isinstance(exc, psycopg.OperationalError):
+        what = f"the connection to {db.shown} was lost ({dbs.first_line(exc)})"
+    else:
+        what = dbs.first_line(exc)
+    return f"publishing to {name} failed: {what}; it serves what it did before: publish again"

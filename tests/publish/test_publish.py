@@ -1,0 +1,62 @@
+"""publish: the table serves DIR's current view exactly, bit for bit, by URL and embedded."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psutil
+import psycopg
+import pytest
+
+from tests.conftest import SANDBOX_KEY
+from tests.e2e.money_helpers import REPO, corpus_rows, run, start_sandbox, write_corpus, write_models
+from tests.publish.helpers import assert_same, publish
+
+
+@pytest.fixture
+def env_key(monkeypatch):
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+
+
+@pytest.fixture
+def day1(tmp_path, public_tmp, sandbox_factory, env_key):
+    """A DIR after one run: a few dozen chunks of 32 dimensions, a failed row."""
+    models = write_models(tmp_path / "models.yaml")
+    sandbox = start_sandbox(sandbox_factory, models)
+    corpus = write_corpus(tmp_path / "corpus.parquet", corpus_rows(n_short=40, n_long=2))
+    out = public_tmp / "out"
+    assert run(corpus, out, sandbox, models) == 0
+    return out
+
+
+def test_first_publish_serves_the_view_bit_for_bit(day1, pg_url, capsys):
+    assert publish(day1, pg_url, "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = assert_same(day1, pg_url)
+    assert report["rows"] == report["inserted"] == rows and report["failed"] == 1
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("SET enable_seqscan = off")   # a few dozen rows: a scan would be cheaper
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN SELECT doc_id FROM embeddings ORDER BY embedding <=> (SELECT embedding FROM embeddings LIMIT 1) "
+            "LIMIT 5"))
+        assert "hnsw" in plan
+    assert publish(day1, pg_url, "--json") == 0   # nothing changed: nothing written
+    again = json.loads(capsys.readouterr().out)
+    assert again["action"] == "unchanged" and again["written"] == 0
+
+
+def _postgres_of(path) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name", "cmdline"])
+            if p.info["name"] == "postgres" and str(path) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_embedded_is_started_for_the_command_and_stopped(day1):
+    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(day1), "--to", "embedded", "--table",
+                           "corpus.chunks"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "schema corpus does not exist" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(day1), "--to", "embedded"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "to public.embeddings at embedded" in done.stdout
+    assert not _postgres_of(day1 / "_postgres")

@@ -1,0 +1,85 @@
+"""`run ... --publish TARGET`: after every kind of run (sync, resume, a budget-stopped day, the
+runs of a model switch) the table is DIR's current view bit for bit, and a reader polling it
+meanwhile sees the state before or the state after, whole, and never an error."""
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from tests.conftest import SANDBOX_KEY
+from tests.e2e.money_helpers import MODEL, corpus_rows, start_sandbox, write_corpus
+from tests.e2e.test_switch import OTHER, run, write_models
+from tests.e2e.test_sync import next_day
+from tests.publish.helpers import assert_same, summary
+from tests.publish.reader import Reader, snapshot
+
+
+@pytest.fixture
+def env_key(monkeypatch):
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+
+
+@pytest.fixture
+def setup(tmp_path, sandbox_factory, env_key):
+    models = write_models(tmp_path / "models.yaml")
+    return tmp_path / "corpus.parquet", tmp_path / "out", start_sandbox(sandbox_factory, models), models
+
+
+def state(url: str) -> frozenset:
+    with psycopg.connect(url) as conn:
+        return snapshot(conn)
+
+
+def test_each_kind_of_run_is_published_whole(setup, pg_url, caplog):
+    corpus, out, sb, models = setup
+    day = corpus_rows(n_short=60, n_long=3)
+    write_corpus(corpus, day)
+    assert run(corpus, out, sb, models, MODEL, "--publish", pg_url) == 0
+    assert_same(out, pg_url)
+    assert summary(out)["publish"]["action"] == "built"
+
+    for n, flags in enumerate((["--sync"], ["--sync", "--allow-partial", "--max-spend-rub", "0.002"], ["--resume"])):
+        day, _ = next_day(day, seed=n + 1, edit_short=4, edit_long=1, remove=2, add=6)
+        write_corpus(corpus, day)
+        before = state(pg_url)
+        with Reader(pg_url) as reader:
+            code = run(*([] if flags == ["--resume"] else [corpus]), out, sb, models, MODEL, *flags,
+                       "--publish", pg_url) if flags != ["--resume"] else \
+                run_resume(out, sb, models, pg_url)
+        after = state(pg_url)
+        assert reader.errors == [] and reader.seen <= {before, after}, flags
+        assert_same(out, pg_url)
+        s = summary(out)
+        assert code == s["exit_code"] and s["publish"]["pending"] == s["current"]["pending"]
+        if "--allow-partial" in flags:
+            assert code == 4 and s["current"]["pending"] > 0 and s["publish"]["action"] == "delta"
+
+
+def run_resume(out, sb, models, url) -> int:
+    """--resume without --input: the view's pending rows."""
+    from pipeline.cli import main
+    return main(["run", "--output", str(out), "--model", MODEL, "--base-url", sb.base_url, "--models-config",
+                 str(models), "--resume", "--publish", url])
+
+
+def test_a_switch_serves_the_old_model_until_it_completes_then_swaps_whole(setup, pg_url):
+    corpus, out, sb, models = setup
+    day = corpus_rows(n_short=60, n_long=3)
+    write_corpus(corpus, day)
+    assert run(corpus, out, sb, models, MODEL, "--publish", pg_url) == 0
+    code = run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", "--allow-partial", "--max-spend-rub",
+               "0.01", "--publish", pg_url)
+    assert code == 4 and not summary(out)["switch"]["switched"]
+    assert {m for *_, m in state(pg_url)} == {MODEL}
+    assert_same(out, pg_url)
+    before = state(pg_url)
+    with Reader(pg_url) as reader:
+        assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", "--publish", pg_url) == 0
+    after = state(pg_url)
+    assert {m for *_, m in after} == {OTHER} and summary(out)["publish"]["action"] == "rebuilt"
+    assert reader.errors == [] and reader.seen <= {before, after} and after in reader.seen
+    assert_same(out, pg_url)
+    with psycopg.connect(pg_url) as conn:
+        tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+        assert len([t for t in tables if t.startswith("embedpipe_data_")]) == 1
+        assert not [t for t in tables if t.startswith("embedpipe_staging_")]
