@@ -76,10 +76,10 @@ class Server:
     def url(self, db: str, driver: str = "") -> str:
         return f"postgresql{'+' + driver if driver else ''}://postgres@/{db}?host={self.socket}"
 
-    def connect(self, db: str):
+    def connect(self, db: str, **kwargs):
         import psycopg   # noqa: PLC0415
         from pgvector.psycopg import register_vector   # noqa: PLC0415
-        conn = psycopg.connect(self.url(db), autocommit=True)
+        conn = psycopg.connect(self.url(db), autocommit=True, **kwargs)
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(conn)
         return conn
@@ -339,7 +339,8 @@ def search(server: Server, db: str, name: str, queries: np.ndarray, efs: list[in
             found.append([r[0] for r in rows])
         return found, took
 
-    with server.connect(db) as conn:
+    # unprepared statements, as psql sends them: a prepared statement's plan outlives a SET
+    with server.connect(db, prepare_threshold=None) as conn:
         run(conn)   # warm the cache
         conn.execute("SET enable_indexscan = off")
         plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN SELECT 1 FROM {name} ORDER BY embedding <=> %s LIMIT 10",
@@ -456,7 +457,7 @@ def _section(bench, sb, server: Server, work: Path, sizes: list[int], large_dims
              f"reads ({served[0]:,} answered by the old model, then {served[1]:,} by the new): longest read across the swap {swap_s:.2f} s (target <= 1 s), longest of all {longest_s:.2f} s; "
              f"{readers.failed} failed, {readers.mixed} mixed (target 0){'; ' + readers.errors[0] if readers.errors else ''}")
     t.append(f"search, {large:,}-document table, {QUERIES} queries, p50 ms / recall@10 against an exact scan "
-             f"(p50 {found[0][1]:.0f} ms): " + ", ".join(f"{r[0].split()[-1]}: {r[1]:.1f} / {r[3]:.3f}" for r in found[1:])
+             f"(p50 {found[0][1]:.1f} ms): " + ", ".join(f"{r[0].split()[-1]}: {r[1]:.1f} / {r[3]:.3f}" for r in found[1:])
              + "; " + (f"ef_search {meets[0][0].split()[-1]} is the least that meets" if meets else "none meets")
              + f" recall >= {RECALL} at p50 <= {P50_MS:.0f} ms")
     t.append(f"publish's peak RSS, {large:,} / {small:,} documents: {first_large.peak_rss_mb:.0f} / "
