@@ -4,6 +4,8 @@
     python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
     python -m pipeline compare DIR           during a switch: the two models' nearest neighbours
     python -m pipeline publish DIR --to TARGET [--table NAME]   a PostgreSQL table serves DIR's view
+    python -m pipeline search DIR "text" [-k N] [--like DOC_ID] [--to TARGET --table NAME]
+    python -m pipeline psql DIR [-c SQL]   psql on DIR's embedded database (publish --to embedded)
     python -m pipeline run --help            embedpipe's options, grouped
     python -m pipeline beam-options          every Beam pipeline option (they all pass through)
 
@@ -124,8 +126,19 @@ def cmd_publish(argv: list[str]) -> int:
     return publish_main(argv)
 
 
+def cmd_search(argv: list[str]) -> int:
+    from pipeline.commands.search import main as search_main
+    return search_main(argv)
+
+
+def cmd_psql(argv: list[str]) -> int:
+    from pipeline.commands.psql import main as psql_main
+    return psql_main(argv)
+
+
 COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_report,
-            "compare": cmd_compare, "publish": cmd_publish, "beam-options": cmd_beam_options}
+            "compare": cmd_compare, "publish": cmd_publish, "search": cmd_search,
+            "psql": cmd_psql, "beam-options": cmd_beam_options}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """embed_corpus: embed a Parquet corpus once a day, gated by the cost plan (configs/airflow/README.md).
 
-    plan_gate >> embed
+    plan_gate >> embed >> publish
 
 **plan_gate** runs `python -m pipeline plan --output OUTPUT --sync --json`: what the day's run
 would pay for. Exit 0 goes on; 3 fails at once ("estimate X RUB exceeds spendable Y RUB"), or
@@ -10,6 +10,15 @@ only warns with `allow_partial`; 2 fails without retries.
 succeed; the XCom has `outcome`, `changes`, `current` and, during a model switch, `switch`);
 2 and 3 fail without retries; 1 and others are retried (`--sync` pays nothing twice). The same
 command serves a first run, a retry, a resume and the next day's run.
+
+**publish** runs `python -m pipeline publish OUTPUT --to TARGET --table NAME --json` after embed
+(done or partial: a budget-stopped day publishes the view as committed; during a switch the old
+model keeps serving until the switch completes): a PostgreSQL table serves OUTPUT's view
+exactly (docs/postgres.md). TARGET is the `publish_to` param (`embedded`, or a URL without a
+password), or the Connection named by `publish_conn_id` (host, port, login, schema as the
+database, `sslmode` in its extra); its password goes to the child only as PGPASSWORD. Neither
+set: the task is skipped. Exit 0 succeeds; 2 fails without retries; 1 is retried (a publish
+killed or failed leaves the table as it was, and the same command completes it).
 
 **switch_model** moves OUTPUT to the `model` param: both tasks pass `--switch-model`; each run
 keeps `current/` exactly the day's corpus in the old model, then spends what is left on the new
@@ -36,10 +45,11 @@ import subprocess
 import sys
 import tempfile
 from datetime import timedelta
+from urllib.parse import quote
 
 import pendulum
 from airflow.sdk import DAG, BaseHook, Param, Variable, get_current_context, task
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 DAG_ID = "embed_corpus"
 API_CONN_ID = "embeddings_api"
@@ -47,6 +57,7 @@ PYTHON_VARIABLE = "embedpipe_python"
 KEY_ENV_VAR = "EMBEDDINGS_API_KEY"
 
 PLAN_TIMEOUT_S = 15 * 60           # plan reads the input and asks for the balance only
+PUBLISH_TIMEOUT = timedelta(hours=6)  # a model switch's first publish builds the whole index
 RUN_TIMEOUT = timedelta(hours=12)  # one day's run must end before the next one starts
 STOP_GRACE_S = 60                  # after SIGINT, time for the job to finish its journal
 
@@ -221,6 +232,48 @@ def embed() -> dict:
                            "pending and a retry sends them")
 
 
+def _publish_target(p) -> tuple[str, dict[str, str]]:
+    """(TARGET for `publish --to`, the child's environment): from the Connection when named,
+    its password as PGPASSWORD only, never in the URL."""
+    env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
+    if not p["publish_conn_id"]:
+        return p["publish_to"], env
+    conn = BaseHook.get_connection(p["publish_conn_id"])
+    user = f"{quote(conn.login, safe='')}@" if conn.login else ""
+    port = f":{conn.port}" if conn.port else ""
+    extra = conn.extra_dejson or {}
+    query = f"?sslmode={quote(str(extra['sslmode']))}" if extra.get("sslmode") else ""
+    if conn.password:
+        env["PGPASSWORD"] = conn.password
+    return f"postgresql://{user}{conn.host or ''}{port}/{quote(conn.schema or '', safe='')}{query}", env
+
+
+@task(task_id="publish", execution_timeout=PUBLISH_TIMEOUT)
+def publish() -> dict:
+    p = get_current_context()["params"]
+    if not p["publish_to"] and not p["publish_conn_id"]:
+        raise AirflowSkipException("no database to publish to: set the param publish_to or publish_conn_id")
+    target, env = _publish_target(p)
+    cmd = [_python(), "-m", "pipeline", "publish", p["output"], "--to", target, "--table", p["publish_table"],
+           "--json", *_runner_args(p)]
+    if p["profile"]:
+        cmd += ["--profile", p["profile"]]
+    code, stdout = _stream(cmd, env)
+    if code == EXIT_OK:
+        try:
+            report = json.loads(stdout)
+        except json.JSONDecodeError:
+            raise AirflowException("pipeline publish --json did not print one JSON object") from None
+        log.info("published view %s to %s: %s rows, %s written; the view has %s pending and %s failed chunks "
+                 "that the table does not", report["view"], report["table"], report["rows"], report["written"],
+                 report["pending"], report["failed"])
+        return {k: report[k] for k in ("table", "view", "model", "rows", "action", "written", "pending", "failed")}
+    if code == EXIT_USAGE:
+        raise AirflowFailException("pipeline publish: usage error (exit 2), see the log")
+    raise AirflowException(f"pipeline publish failed with exit code {code}; the table serves what it did "
+                           "and a retry completes it")
+
+
 with DAG(
     dag_id=DAG_ID,
     description="Parquet corpus -> embeddings, budget-gated, kept current daily",
@@ -264,6 +317,15 @@ with DAG(
         "api_key_secret": Param(None, type=["null", "string"],
                                 description="secret manager version NAME the Dataflow workers "
                                             "read the key from (a reference, never the key)"),
+        "publish_to": Param(None, type=["null", "string"],
+                            description="after embed, a PostgreSQL table serves output's view: embedded, or "
+                                        "postgresql://[user@]host[:port]/db without a password (null: no "
+                                        "publish, unless publish_conn_id is set)"),
+        "publish_conn_id": Param(None, type=["null", "string"],
+                                 description="an Airflow Connection to publish to instead: host, port, login, "
+                                             "schema (the database), password, extra sslmode"),
+        "publish_table": Param("embeddings", type="string", minLength=1,
+                               description="the table's name, optionally schema.table"),
     },
 ) as dag:
-    plan_gate() >> embed()
+    plan_gate() >> embed() >> publish()

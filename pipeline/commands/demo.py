@@ -1,7 +1,7 @@
 """`make run`: the whole job offline. Sandbox on a free loopback port, a real corpus (the
-Python language reference that ships with Python), plan, run, the summary, the passages
-nearest to the one about the "for" statement, found with the vectors written, and the report's
-picture where matplotlib is installed."""
+Python language reference that ships with Python), plan, run, the summary, the view published
+to the embedded PostgreSQL, the passages nearest to the one about the "for" statement found
+there in SQL, and the report's picture where matplotlib is installed."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 from collections.abc import Callable
 
-import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.commands import report
@@ -22,18 +21,25 @@ MODEL = "text-embedding-3-small"
 QUERY_ID = "for:0"   # the sandbox's vectors are lexical: passages that share its words come first
 
 
+# The query the demo ends with, as a psql user types it (docs/postgres.md). The HNSW index
+# answers an ORDER BY distance to a constant or a scalar subquery (not to a joined column).
+SQL = ("WITH q AS (SELECT embedding FROM embeddings WHERE doc_id = %(doc)s AND chunk_index = 0)\n"
+       "SELECT doc_id, 1 - (embedding <=> (SELECT * FROM q)) AS similarity FROM embeddings\n"
+       "WHERE doc_id <> %(doc)s ORDER BY embedding <=> (SELECT * FROM q) LIMIT %(k)s")
+
+
 def nearest(output_dir: Path, corpus: Path, doc_id: str, k: int = 5) -> list[tuple[float, str, str]]:
     """The K passages whose vectors are closest (cosine) to DOC_ID's first chunk, other than
-    itself: (score, id, the passage's first line)."""
-    table = pq.read_table(sorted((output_dir / "current").glob("embeddings-*.parquet")),
-                          columns=["doc_id", "chunk_index", "embedding"])
-    matrix = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
-    ids, chunks = table.column("doc_id").to_pylist(), table.column("chunk_index").to_pylist()
-    scores = matrix @ matrix[ids.index(doc_id)]  # the vectors are unit length
+    itself, from the table `publish --to embedded` made: (score, id, the passage's first line)."""
+    import psycopg
+
+    from pipeline.publish.target import embedded
+    with embedded(str(output_dir)) as db, psycopg.connect(db.url) as conn:
+        conn.execute("SET hnsw.ef_search = 100")
+        found = conn.execute(SQL, {"doc": doc_id, "k": k}).fetchall()
     heading = {i: (t or "").split("\n", 1)[0] for i, t in
                zip(*pq.read_table(corpus, columns=["id", "text"]).to_pydict().values())}
-    best = [i for i in np.argsort(-scores) if ids[i] != doc_id and chunks[i] == 0][:k]
-    return [(float(scores[i]), ids[i], heading[ids[i]]) for i in best]
+    return [(float(score), found_id, heading[found_id]) for found_id, score in found]
 
 
 def main(argv: list[str], cmd_plan: Callable[[list[str]], int], cmd_run: Callable[[list[str]], int]) -> int:
@@ -60,8 +66,9 @@ def main(argv: list[str], cmd_plan: Callable[[list[str]], int], cmd_run: Callabl
         print("== plan ==")
         cmd_plan(common)
         print("== run ==", flush=True)   # before the run's log and bar on stderr
-        code = cmd_run(common + ["--output", str(out), "--keep-columns", "topic"])
-    print(f"== passages nearest to {QUERY_ID} ==")
+        code = cmd_run(common + ["--output", str(out), "--keep-columns", "topic", "--publish", "embedded"])
+    print(f"== passages nearest to {QUERY_ID}, in SQL (python -m pipeline psql {out}) ==")
+    print("  " + (SQL % {"doc": f"'{QUERY_ID}'", "k": 5}).replace("\n", "\n  "))
     for score, doc_id, heading in nearest(out, corpus, QUERY_ID):
         print(f"  {score:.3f}  {doc_id:<16}  {heading}")
     print(f"report   {_picture(out)}")

@@ -399,3 +399,24 @@ def swap(conn: psycopg.Connection, names: Names, data_table: str, cols: Sequence
             time.sleep(settings.swap_backoff_s)
     raise JobFailed(f"queries on {names.qualified} held it for {settings.swap_attempts} tries of "
                     f"{settings.lock_timeout_ms} ms: it serves what it did; publish again")
+
+
+def nearest(conn: psycopg.Connection, names: Names, dimensions: int, kept: Sequence[str], query: sql.Composable,
+            params: dict, k: int, ef_search: int, exclude_doc: str | None = None) -> list[dict]:
+    """The K rows of NAME nearest (cosine) to QUERY, an SQL expression of a vector (PARAMS its
+    values): through the HNSW index, ordering by the expression it indexes (a halfvec cast above
+    2,000 dimensions), with EXCLUDE_DOC's rows left out."""
+    expression, _ = index_expression(dimensions)
+    cast = sql.SQL(f"::halfvec({dimensions})" if dimensions > 2000 else "")
+    distance = sql.SQL("{} <=> ({}){}").format(sql.SQL(expression), query, cast)
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in ("doc_id", "chunk_index", "token_start", "token_end",
+                                                              *kept))
+    where = sql.SQL("WHERE doc_id <> %(exclude)s") if exclude_doc is not None else sql.SQL("")
+    with conn.transaction():
+        conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(ef_search)))
+        if exclude_doc is not None:   # the filter drops the document's own chunks: the scan goes on for k more
+            conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+        cur = conn.execute(sql.SQL("SELECT {}, 1 - ({}) AS similarity FROM {} {} ORDER BY {} LIMIT {}").format(
+            columns, distance, names(), where, distance, sql.Literal(k)), {**params, "exclude": exclude_doc})
+        found = [d.name for d in cur.description]
+        return [dict(zip(found, row)) for row in cur]

