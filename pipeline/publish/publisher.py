@@ -28,11 +28,11 @@ from psycopg import errors
 from pipeline.checks.reading import worker_error
 from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import OutputDir
-from pipeline.outdir.view import View
+from pipeline.outdir.view import View, is_local
 from pipeline.publish import database as dbs
 from pipeline.publish import delta as deltas
 from pipeline.publish.database import DATA, STAGING, Names, Record
-from pipeline.publish.target import Database, TableName, reach
+from pipeline.publish.target import EMBEDDED, Database, TableName, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKETS, Column, columns
@@ -82,7 +82,11 @@ def run_load(tasks: list[Task], load: Load, opts) -> None:
     try:
         pipeline.run().wait_until_finish()
     except Exception as exc:   # a worker's error arrives wrapped by the runner
-        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {worker_error(exc)}") from None
+        why = worker_error(exc)
+        if "DiskFull" in why:
+            why = f"the database server's disk is full ({why.split('DiskFull: ', 1)[-1]})"
+        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {why}; the table serves "
+                        "what it did before: publish again") from None
 
 
 @dataclasses.dataclass
@@ -207,6 +211,9 @@ def update(ctx: Context, record: Record) -> dict:
 
 def publish(out: OutputDir, target: str, table: TableName, settings: PublishSettings, opts) -> dict:
     """Make TABLE at TARGET serve OUT's current view; the report."""
+    if target == EMBEDDED and not is_local(out.path):
+        raise UsageError(f"--to embedded keeps its database in DIR/_postgres/, on a local disk; {out.path} is not "
+                         "one: give a postgresql:// URL")
     view = out.view
     if view is None:
         raise UsageError(f"{out.path} has no view to publish: run `python -m pipeline run ... --output {out.path}` "

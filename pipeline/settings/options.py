@@ -150,8 +150,8 @@ class EmbedPipeOptions(PipelineOptions):
         add("--doc_vectors", "--doc-vectors", dest="doc_vectors", action="store_true",
             help="also write one token-weighted mean vector per document")
         add("--publish", default=None,
-            help="after the run's commit, a PostgreSQL table serves the view: embedded or postgresql://...")
+            help="then a PostgreSQL table serves the view: embedded or postgresql://...")
         add("--publish_table", "--publish-table", dest="publish_table", default=None,
-            help="the table --publish writes (default embeddings)")
+            help="the table --publish writes (default: embeddings)")
         add("--profile", default=None, help="configs/profiles/NAME.yaml (flags override it)")
         add("--json", dest="json", action="store_true", help="print JSON: one object, an array for several models")

@@ -12,11 +12,10 @@ from pipeline.settings.options import EmbedPipeOptions
 
 GROUPS = {
     "input": ("input", "id_column", "text_column", "keep_columns"),
-    "output": ("output", "sync", "resume", "switch_model", "known", "doc_vectors"),
+    "output": ("output", "sync", "resume", "switch_model", "known", "doc_vectors", "publish", "publish_table"),
     "model": ("model", "dimensions", "models_config"),
     "budget": ("max_spend_rub", "daily_cap_rub", "monthly_cap_rub", "allow_partial"),
     "service": ("base_url", "api_key_file", "api_key_secret", "account_segment"),
-    "publish": ("publish", "publish_table"),
 }
 NOT_FOR = {"plan": ("allow_partial", "doc_vectors", "max_in_flight", "publish", "publish_table")}
 METAVARS = {"input": "PATH", "output": "DIR", "known": "GLOB", "keep_columns": "A,B",

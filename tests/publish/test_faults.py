@@ -158,3 +158,45 @@ def test_a_server_restarted_mid_publish_leaves_the_table_as_it_was(days, pg_url,
     assert publish(days.out, pg_url) == 0
     assert_same(days.out, pg_url)
     assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]
+
+
+def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url, public_tmp, caplog):
+    """The database's tables on a tablespace of a small tmpfs (root mounts one), filled."""
+    from tests.conftest import fill
+    disk = public_tmp / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode:
+        pytest.skip(f"a tmpfs cannot be mounted here ({mounted.stderr.strip()}): needs root or CAP_SYS_ADMIN")
+    try:
+        (disk / "pg").mkdir()
+        subprocess.run(["chown", "pgserver", str(disk / "pg")], check=True)
+        database = pg_url.split("/")[3].split("?")[0]
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLESPACE small_{database} LOCATION '{disk / 'pg'}'")
+            conn.execute(f'ALTER DATABASE "{database}" SET default_tablespace = small_{database}')
+        rows = corpus_rows(n_short=40, n_long=2)
+        assert days(rows) == 0
+        assert publish(days.out, pg_url) == 0
+        before = state(pg_url)
+        assert days(next_day(rows, edit_short=10, edit_long=2, remove=2, add=20)[0], "--sync") == 0
+        filler = fill(disk, 8192)
+        assert publish(days.out, pg_url) == 1
+        assert "disk is full" in caplog.text and "serves what it did before" in caplog.text
+        assert state(pg_url) == before
+        filler.unlink()
+        assert publish(days.out, pg_url) == 0
+        assert_same(days.out, pg_url)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:   # the tablespace must be empty to go
+            conn.execute(f'ALTER DATABASE "{database}" RESET default_tablespace')
+            for (table,) in conn.execute("SELECT relname FROM pg_class c JOIN pg_tablespace t ON t.oid = "
+                                         "c.reltablespace WHERE t.spcname = %s AND c.relkind IN ('r', 'u')",
+                                         (f"small_{database}",)).fetchall():
+                conn.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
+        with psycopg.connect(pg_url.replace(f"/{database}?", "/postgres?"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
+            conn.execute(f"DROP TABLESPACE small_{database}")
+            conn.execute(f'CREATE DATABASE "{database}"')   # for the fixture's teardown
+        subprocess.run(["umount", "-l", str(disk)], check=False)
