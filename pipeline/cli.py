@@ -57,7 +57,7 @@ def _runner_voice(record: logging.LogRecord) -> bool:
 
 def _thread_ended(args: threading.ExceptHookArgs) -> None:
     logging.getLogger(THREADS).error("thread %s ended", getattr(args.thread, "name", "?"),
-                                     exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+                                     exc_info=args.exc_value)
 
 
 def _logging(verbose: bool) -> None:

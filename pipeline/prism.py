@@ -75,7 +75,7 @@ class Runner(PrismRunner):
     shared_handle = shared.Shared()
 
     def default_job_server(self, options):
-        make = lambda: job_server.StopOnExitJobServer(_JobServer(options))  # noqa: E731
+        make = lambda: job_server.StopOnExitJobServer(_JobServer(options))
         if options.view_as(DebugOptions).lookup_experiment("disable_prism_server_singleton"):
             return make()
         return Runner.shared_handle.acquire(make)
@@ -83,5 +83,5 @@ class Runner(PrismRunner):
 
 def runner() -> Runner:
     from apache_beam.runners.worker import sdk_worker
-    sdk_worker.print = lambda *args, **kwargs: None   # the module's own print only: see above
+    sdk_worker.print = lambda *args, **kwargs: None  # type: ignore[attr-defined]  # the module's own print only: see above
     return Runner()

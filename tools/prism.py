@@ -24,8 +24,8 @@ from importlib import metadata
 from pathlib import Path
 
 logging.getLogger().setLevel(logging.ERROR)   # Beam warns at import about GCP libraries this does not use
-from pipeline.prism import CACHE as PRISM_CACHE  # noqa: E402
-from pipeline.prism import build_path  # noqa: E402
+from pipeline.prism import CACHE as PRISM_CACHE
+from pipeline.prism import build_path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / PRISM_CACHE

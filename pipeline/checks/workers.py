@@ -18,6 +18,7 @@ import grpc
 from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
 
 from pipeline.checks import reading
+from pipeline.settings.job import Job
 from service.credentials import ENV_VAR, MissingApiKeyError
 from transforms.money import journal
 
@@ -26,7 +27,7 @@ DISCONNECTED = "SDK worker disconnected"
 RUNNER_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
-def message(job, exc: Exception) -> str | None:
+def message(job: Job, exc: Exception) -> str | None:
     """The line for a job that failed for one of the causes above; None for any other failure."""
     portable = job.opts.view_as(PortableOptions)
     pool = portable.environment_config if portable.environment_type == "EXTERNAL" else None

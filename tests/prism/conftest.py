@@ -160,7 +160,7 @@ def both(request, tmp_path, sandbox_factory, leak_key, wrapper):
         if variant == "prism-pool":
             p = request.getfixturevalue("pool")
             flags += ["--environment_config", p.address]
-            scanned = lambda: {**wrapper.logs(), **p.logs()}  # noqa: E731
+            scanned = lambda: {**wrapper.logs(), **p.logs()}
         sides = [Side(name, tmp_path / name, sandbox_factory(key=leak_key, balance=balance, args=list(sandbox_args)),
                       f, env, s, leak_key)
                  for name, f, s in (("local", [], dict), (variant, flags, scanned))]

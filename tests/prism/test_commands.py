@@ -73,7 +73,7 @@ def test_a_budget_cut_partway_then_resume(both, tmp_path):
     pair = both(balance=100.0, sandbox_args=["--models", models], price_per_token=PRICE_PER_1M / 1e6)
     common = ("--output", "{out}", "--model", MODEL, "--base-url", "{base_url}", "--models-config", models)
     for outcome, side in zip(pair.cli("run", "--input", corpus, *common, "--max-spend-rub", "0.3", "--allow-partial",
-                                      compare=False), pair.sides):
+                                      compare=False), pair.sides, strict=True):
         s = outcome.summary
         assert outcome.code == 4 and s["pending"] and s["embedded"] and s["cost_rub"] <= 0.3, side.name
         assert_every_row_once(side.out, rows)

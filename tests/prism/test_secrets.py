@@ -39,7 +39,7 @@ def test_the_key_is_in_no_prism_log_job_option_or_pipeline(tmp_path, sandbox_fac
     if workers == "EXTERNAL":
         pool = own_pool(env)
         flags += ["--environment_type", "EXTERNAL", "--environment_config", pool.address]
-    scanned = lambda: {str(job_service.log): job_service.log.read_bytes(), **(pool.logs() if pool else {})}  # noqa: E731
+    scanned = lambda: {str(job_service.log): job_service.log.read_bytes(), **(pool.logs() if pool else {})}
     side = Side("prism", tmp_path / "side", sandbox_factory(key=leak_key, balance=1000.0), flags, env, scanned, leak_key)
     outcome = side.cli("run", "--input", write_corpus(tmp_path / "corpus.parquet", corpus_rows()), "--output",
                        "{out}", "--model", MODEL, "--base-url", "{base_url}")

@@ -183,7 +183,7 @@ def difference(a, b, path: str = "") -> str | None:
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return f"{path}: {len(a)} items against {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             if (d := difference(x, y, f"{path}[{i}]")) is not None:
                 return d
         return None
@@ -201,17 +201,17 @@ def assert_same(local: Outcome, other: Outcome, price_per_token: float | None = 
             a, b = getattr(local, part), getattr(other, part)
             assert a == b, f"{where}: {difference(a, b, part)}" + (f"\n{a}\n{b}" if part == "log" else "")
         return
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in _PACKING} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in _PACKING} for r in rows]
     for kind in set(local.view) | set(other.view):
         if kind != "requests":
             a, b = strip(local.view.get(kind, [])), strip(other.view.get(kind, []))
             assert a == b, f"{where}: {difference(a, b, kind)}"
-    sent = lambda o: sorted(h for request in o.packing for h in request)  # noqa: E731
+    sent = lambda o: sorted(h for request in o.packing for h in request)
     assert sent(other) == sent(local), f"{where}: other texts were sent"
     if local.summary is not None:   # what the view holds after the command, and how it ended
         a, b = ({k: o.summary.get(k) for k in _STATE} for o in (local, other))
         assert a == b, f"{where}: {difference(a, b, 'summary')}"
-    paid = lambda o: sum(r["cost_rub"] for r in o.view.get("embeddings", []))  # noqa: E731
+    paid = lambda o: sum(r["cost_rub"] for r in o.view.get("embeddings", []))
     assert abs(paid(other) - paid(local)) <= (len(local.packing) + len(other.packing)) * 1e-6 + 1e-9, where
     if price_per_token is not None:   # each text's share (split among its rows): its tokens' price
         for o in (local, other):
