@@ -129,18 +129,25 @@ def test_a_killed_run_leaves_nothing_after_the_next_one(tmp_path, sandbox_factor
     assert (again["lost"], again["balance_delta_rub"]) == (first["lost"], first["balance_delta_rub"])
 
 
-def test_a_commit_that_rewrites_the_view_says_what_to_free_and_passes_once_it_is(tmp_path, disk, sandbox_factory,
-                                                                                  env_key, caplog, capsys):
-    """One document edited in a view of a few MB (an input of that document, --resume): the
-    commit rewrites the file that holds it.
-    The message counts that file (not only the run's rows), the failed commit's own files are
-    gone at once, and freeing what the message says lets the same command pass."""
+def _wide_view(tmp_path, disk, sandbox_factory):
+    """A view of a few MB (600 documents at 1,536 dimensions) on a 24 MB disk of its own:
+    (rows, corpus, models, sandbox, the disk, DIR)."""
     rows = corpus_rows(n_short=600, n_long=0)
     corpus, models = write_corpus(tmp_path / "corpus.parquet", rows), wide_models(tmp_path / "models.yaml", 1536)
     sb = start_sandbox(sandbox_factory, models)
     mount = disk(24)
     out = mount / "out"
     assert run(corpus, out, sb, models) == 0
+    return rows, corpus, models, sb, mount, out
+
+
+def test_a_commit_that_rewrites_the_view_says_what_to_free_and_passes_once_it_is(tmp_path, disk, sandbox_factory,
+                                                                                  env_key, caplog, capsys):
+    """One document edited in a view of a few MB (an input of that document, --resume): the
+    commit rewrites the file that holds it.
+    The message counts that file (not only the run's rows), the failed commit's own files are
+    gone at once, and freeing what the message says lets the same command pass."""
+    rows, corpus, models, sb, mount, out = _wide_view(tmp_path, disk, sandbox_factory)
     paid, day1 = len(ledger(sb)), {p.name for p in (out / "history").iterdir()}
     edited = write_corpus(tmp_path / "edited.parquet", [dict(rows[7], text=rows[7]["text"] + " edited")])
     filler = fill(mount, 2 << 20)
@@ -185,12 +192,7 @@ def test_a_full_temporary_directory_is_named_not_the_output(tmp_path, disk, sand
 def test_a_killed_commits_files_are_removed_when_the_next_run_starts(tmp_path, disk, sandbox_factory, env_key):
     """A commit killed half-way leaves its segments (no view holds them): the next run removes
     them before its own commit needs the room, not only after it succeeded."""
-    rows = corpus_rows(n_short=600, n_long=0)
-    corpus, models = write_corpus(tmp_path / "corpus.parquet", rows), wide_models(tmp_path / "models.yaml", 1536)
-    sb = start_sandbox(sandbox_factory, models)
-    mount = disk(24)
-    out = mount / "out"
-    assert run(corpus, out, sb, models) == 0
+    rows, corpus, models, sb, mount, out = _wide_view(tmp_path, disk, sandbox_factory)
     stale = out / "_segments" / "embeddings-20200101T000000Z-0dead0-00000.parquet"
     with open(stale, "wb") as fh:
         os.posix_fallocate(fh.fileno(), 0, 8 << 20)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import hashlib
 import secrets
 
 import apache_beam as beam
@@ -106,3 +107,12 @@ def rows_of(out: dict[str, list]) -> dict[str, list]:
     failed = [(r.doc_id, r.chunk_index, r.reason) for r in out[FAILED]]
     pending = [(r["doc_id"], r["chunk_index"], r["reason"]) for t in out[PENDING] for r in t.to_pylist()]
     return {"embeddings": embedded, "failed": failed, "pending": pending, "requests": list(out[REQUESTS])}
+
+
+def text_sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def paid_texts(sandbox) -> collections.Counter:
+    """How many times the sandbox billed each text (by its sha256)."""
+    return collections.Counter(sha for c in sandbox.ledger() for sha in c["input_sha256"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import hashlib
 import threading
 
 import pytest
@@ -14,21 +13,13 @@ import yaml
 
 from service.catalog import load_models
 from tests.conftest import SANDBOX_KEY, fill
-from tests.library.bundles import MODEL, Processor, library_fns, rows_of
+from tests.library.bundles import MODEL, Processor, library_fns, paid_texts, rows_of, text_sha
 from tests.library.test_embed_texts import MODEL_FIELDS
 
 
 @pytest.fixture(autouse=True)
 def key_env(monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _paid(sandbox) -> collections.Counter:
-    return collections.Counter(sha for c in sandbox.ledger() for sha in c["input_sha256"])
 
 
 def test_a_row_waits_for_a_request_that_outlasts_any_bound_of_one_request(sandbox_factory, tmp_path):
@@ -55,8 +46,8 @@ def test_a_row_waits_for_a_request_that_outlasts_any_bound_of_one_request(sandbo
     embedded = collections.Counter(d for d, _ in out["embeddings"])   # the long text: in pieces
     assert embedded.keys() == {r["id"] for r in rows} | {"again"} and embedded["again"] == 1
     assert out["failed"] == [] and out["pending"] == []
-    paid = _paid(sb)
-    assert paid[_sha("text number 0")] == 1 and max(paid.values()) == 1
+    paid = paid_texts(sb)
+    assert paid[text_sha("text number 0")] == 1 and max(paid.values()) == 1
 
 
 def test_a_request_sealed_and_never_submitted_is_settled(sandbox, tmp_path):
@@ -74,7 +65,7 @@ def test_a_request_sealed_and_never_submitted_is_settled(sandbox, tmp_path):
     other.start()
     other.join(timeout=30)
     assert not other.is_alive(), "a row waits for a request that never left"
-    assert outs[0]["embeddings"] == [("b", 0)] and _paid(sandbox) == {_sha("a text"): 1}
+    assert outs[0]["embeddings"] == [("b", 0)] and paid_texts(sandbox) == {text_sha("a text"): 1}
 
 
 def _one_bundle(fns, rows) -> dict:

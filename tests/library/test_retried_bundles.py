@@ -5,26 +5,16 @@ drives it: tests/library/bundles.py): the retry starts clean. Its rows are embed
 the failed attempt paid for is taken from the store, not paid again."""
 from __future__ import annotations
 
-import collections
-import hashlib
 
 import pytest
 
 from tests.conftest import SANDBOX_KEY
-from tests.library.bundles import Processor, library_fns, rows_of
+from tests.library.bundles import Processor, library_fns, paid_texts, rows_of, text_sha
 
 
 @pytest.fixture(autouse=True)
 def key_env(monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _paid(sandbox) -> collections.Counter:
-    return collections.Counter(sha for c in sandbox.ledger() for sha in c["input_sha256"])
 
 
 SHARED, OTHER = "a text three rows share", "a text of its own"
@@ -45,7 +35,7 @@ def test_a_retried_bundle_reads_its_rows_again_and_every_row_of_a_claim_leaves_w
     out = rows_of(retry.finish())
     assert sorted(out["embeddings"]) == [("a", 0), ("b", 0), ("c", 0), ("d", 0)]
     assert out["failed"] == [] and out["pending"] == []
-    assert _paid(sandbox) == {_sha(SHARED): 1, _sha(OTHER): 1}
+    assert paid_texts(sandbox) == {text_sha(SHARED): 1, text_sha(OTHER): 1}
 
 
 def test_what_a_failed_attempt_paid_for_is_taken_from_the_store(sandbox, tmp_path):
@@ -55,12 +45,12 @@ def test_what_a_failed_attempt_paid_for_is_taken_from_the_store(sandbox, tmp_pat
     first = Processor(fns).bundle()
     first.push(ROWS[:2])
     first.fail()
-    assert _paid(sandbox) == {_sha(SHARED): 1}
+    assert paid_texts(sandbox) == {text_sha(SHARED): 1}
     retry = Processor(fns).bundle()
     retry.push(ROWS)
     out = rows_of(retry.finish())
     assert sorted(out["embeddings"]) == [("a", 0), ("b", 0), ("c", 0), ("d", 0)] and out["failed"] == []
-    assert _paid(sandbox) == {_sha(SHARED): 1, _sha(OTHER): 1}
+    assert paid_texts(sandbox) == {text_sha(SHARED): 1, text_sha(OTHER): 1}
 
 
 def test_a_bundle_that_succeeded_keeps_its_ids(sandbox, tmp_path):
