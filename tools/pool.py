@@ -6,7 +6,8 @@ configs/profiles/prism-pool.yaml), and records its pid in `.pool/pids.json` as
 `{"worker_pools": [PID, ...]}`; its log is `.pool/worker_pool-PORT.log`. Run again, it starts
 only what is missing: a recorded pool that still runs is kept, one that died is replaced.
 `make pool-down` stops exactly the recorded pids (and the SDK workers each started: the pool is
-a process group of its own) and nothing else. POOL_DIR puts that state elsewhere (tests).
+a process group of its own) and nothing else; with POOL_PORT, only the recorded pool on that
+port. POOL_DIR puts that state elsewhere (tests).
 
 The pool starts each SDK worker as the SDK container's pool does, booted with the job's options
 (tools/worker_boot.py: FileSystems, log levels, pickler), with the pool's own environment:
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / ".pool"
 MODULE = "apache_beam.runners.worker.worker_pool_main"
 KEY_VAR = "EMBEDDINGS_API_KEY"
+DEFAULT_PORT = 50000   # configs/profiles/prism-pool.yaml's --environment_config
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
@@ -159,23 +161,27 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def down(state: Path = STATE) -> list[int]:
-    """Stops the recorded pools that still run (their pids checked first); the pids it stopped."""
-    stopped = []
-    for pid in recorded(state):
-        if port_of(pid) is not None:
-            stop_pid(pid)
-            stopped.append(pid)
-    with contextlib.suppress(FileNotFoundError):
-        _pids_file(state).unlink()
+def down(state: Path = STATE, port: int | None = None) -> list[int]:
+    """Stops the recorded pools that still run (their pids checked first), or only the one on
+    PORT; the pids it stopped."""
+    alive = [p for p in recorded(state) if port_of(p) is not None]
+    stopped = [p for p in alive if port is None or port_of(p) == port]
+    for pid in stopped:
+        stop_pid(pid)
+    if kept := [p for p in alive if p not in stopped]:
+        _record(state, kept)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            _pids_file(state).unlink()
     return stopped
 
 
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
-    port = int(os.environ.get("POOL_PORT", "50000"))
+    given = os.environ.get("POOL_PORT")
     state = Path(os.environ.get("POOL_DIR", STATE))
     if command == "up":
+        port = int(given or DEFAULT_PORT)
         if not os.environ.get(KEY_VAR, "").strip():
             print(f"note: {KEY_VAR} is not set here, so the pool's workers have no key in their environment: runs "
                   "on it need --api-key-file PATH on a path they read, or --api-key-secret NAME", file=sys.stderr)
@@ -184,10 +190,11 @@ def main(argv: list[str]) -> int:
               f"log {state / f'worker_pool-{port}.log'})")
         return 0
     if command == "down":
-        stopped = down(state)
+        stopped = down(state, int(given) if given else None)
         print(f"stopped worker pool pids {stopped}" if stopped else "no worker pool was running")
         return 0
-    print("usage: python -m tools.pool up|down   (POOL_PORT, default 50000; POOL_DIR, default .pool)",
+    print(f"usage: python -m tools.pool up|down   (POOL_PORT: up's default {DEFAULT_PORT}, down's every pool; "
+          "POOL_DIR, default .pool)",
           file=sys.stderr)
     return 2
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import shlex
 import socket
 import subprocess
 import uuid
@@ -78,10 +80,18 @@ class Pool:
     def alive(self) -> bool:
         return pools.port_of(self.pid) is not None
 
-    def restart(self) -> None:
-        """The pool again on its port, as `make pool-up` after it died."""
-        pools.up(self.port, self.state, self.env)
-        self.pid = pools.recorded(self.state)[-1]
+    def follow(self, line: str, key: str) -> None:
+        """The command in backquotes of a launcher's LINE, run as a user types it in the tree (the
+        key for its `...`; the pool's state directory for .pool), from a shell whose environment
+        has no key."""
+        command = re.search(r"`([^`]+)`", line)
+        assert command, line
+        script = command.group(1).replace("EMBEDDINGS_API_KEY=...", f"EMBEDDINGS_API_KEY={shlex.quote(key)}")
+        env = {k: v for k, v in self.env.items() if k != "EMBEDDINGS_API_KEY"}
+        done = subprocess.run(["bash"], input=script, cwd=pools.ROOT, env={**env, "POOL_DIR": str(self.state)},
+                              capture_output=True, text=True, timeout=180)   # stdin: the key in no argv
+        assert done.returncode == 0, done.stdout + done.stderr
+        self.pid = next(p for p in pools.recorded(self.state) if pools.port_of(p) == self.port)
 
     def stop(self) -> None:
         pools.down(self.state)

@@ -1,6 +1,7 @@
 """`make pool-up` and `make pool-down` (tools/pool.py): a pool starts once and records its pid,
 a second `up` starts only what is missing, `down` stops exactly the recorded pids (with the SDK
-workers each started) and nothing else, and a pid the system gave to another process is left alone."""
+workers each started; with a port, only the pool on it) and nothing else, and a pid the system
+gave to another process is left alone."""
 from __future__ import annotations
 
 import json
@@ -42,6 +43,16 @@ def test_up_is_idempotent_and_down_stops_exactly_its_pids(tmp_path):
         assert pools.down(state) == []          # nothing recorded: nothing to stop
     finally:
         bystander.kill()
+        pools.down(state)
+
+
+def test_down_with_a_port_stops_only_the_pool_on_it(tmp_path):
+    state, ports = tmp_path / ".pool", (free_port(), free_port())
+    try:
+        first, second = (pools.start(port, state) for port in ports)
+        assert pools.down(state, ports[0]) == [first]
+        assert pools.recorded(state) == [second] and pools.listening(ports[1])
+    finally:
         pools.down(state)
 
 
