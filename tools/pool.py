@@ -3,7 +3,8 @@
 `make pool-up` (`python -m tools.pool up`) starts `apache_beam.runners.worker.worker_pool_main`
 on the project's .venv, listening on POOL_PORT (default 50000, the port of
 configs/profiles/prism-pool.yaml), and records its pid in `.pool/pids.json` as
-`{"worker_pools": [PID, ...]}`; its log is `.pool/worker_pool-PORT.log`. Run again, it starts
+`{"worker_pools": [PID, ...]}`; its log is `.pool/worker_pool-PORT.log`, its workers'
+semi-persistent directory `.pool/workers/` (removed with the last pool). Run again, it starts
 only what is missing: a recorded pool that still runs is kept, one that died is replaced.
 `make pool-down` stops exactly the recorded pids (and the SDK workers each started: the pool is
 a process group of its own) and nothing else; with POOL_PORT, only the recorded pool on that
@@ -12,14 +13,16 @@ port. POOL_DIR puts that state elsewhere (tests).
 The pool starts each SDK worker as the SDK container's pool does, booted with the job's options
 (tools/worker_boot.py: FileSystems, log levels, pickler), with the pool's own environment:
 EMBEDDINGS_API_KEY reaches the workers only when it is in the environment of `make pool-up`
-(else they need --api-key-file on a path they read, or --api-key-secret). A pid is stopped only while its command line is still a worker pool's: a
-pid the system gave to another process since is left alone.
+(else they need --api-key-file on a path they read, or --api-key-secret). A pid is stopped only
+while its command line is still a worker pool's: a pid the system gave to another process since
+is left alone.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,10 +90,17 @@ def worker_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _workers_dir(state: Path) -> Path:
+    return state / "workers"
+
+
 def _boot(state: Path) -> Path:
-    """The executable the pool starts each worker with: tools/worker_boot.py on this interpreter."""
-    boot = state / "boot"
-    boot.write_text(f'#!/bin/sh\ncd "{ROOT}" && exec "{sys.executable}" -m tools.worker_boot "$@"\n')
+    """The executable the pool starts each worker with: tools/worker_boot.py on this interpreter,
+    its semi-persistent directory in STATE."""
+    boot, workers = state / "boot", _workers_dir(state)
+    workers.mkdir(exist_ok=True)
+    boot.write_text(f'#!/bin/sh\ncd "{ROOT}" && exec "{sys.executable}" -m tools.worker_boot '
+                    f'--semi_persistent_directory="{workers}" "$@"\n')
     boot.chmod(0o755)
     return boot
 
@@ -170,9 +180,10 @@ def down(state: Path = STATE, port: int | None = None) -> list[int]:
         stop_pid(pid)
     if kept := [p for p in alive if p not in stopped]:
         _record(state, kept)
-    else:
+    else:   # no pool left whose workers use it
         with contextlib.suppress(FileNotFoundError):
             _pids_file(state).unlink()
+        shutil.rmtree(_workers_dir(state), ignore_errors=True)
     return stopped
 
 

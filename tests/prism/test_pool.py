@@ -13,8 +13,9 @@ import time
 
 import pytest
 
+from tests.e2e.helpers import corpus_rows, write_corpus
 from tests.prism.conftest import free_port
-from tests.prism.twin import wait_until
+from tests.prism.twin import Side, env_for, wait_until
 from tools import pool as pools
 
 
@@ -92,3 +93,22 @@ def test_make_pool_up_and_down(tmp_path):
                               timeout=120)
     assert down.returncode == 0 and f"stopped worker pool pids {pids}" in down.stdout
     assert not any(pools.port_of(p) for p in pids)
+
+
+def test_the_workers_leave_nothing_in_the_temporary_directory(tmp_path, own_pool, sandbox_factory, leak_key,
+                                                              prism_binary):
+    """A long-lived pool starts a worker per job: their semi-persistent directory is the pool's
+    `workers/`, which `down` removes with the last pool."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    pool = own_pool(env_for(leak_key, TMPDIR=str(temp)))
+    flags = ["--profile", "prism-pool", "--prism_location", prism_binary, "--environment_config", pool.address]
+    side = Side("prism-pool", tmp_path / "side", sandbox_factory(key=leak_key, balance=1000.0), flags,
+                env_for(leak_key), pool.logs, leak_key)
+    outcome = side.cli("run", "--input", write_corpus(tmp_path / "corpus.parquet", corpus_rows()), "--output",
+                       "{out}", "--model", "text-embedding-3-small", "--base-url", "{base_url}")
+    assert outcome.code == 0, outcome.raw_stderr[-3000:]
+    assert b"semi_persistent_directory" in pool.log.read_bytes()   # a worker booted
+    assert list(temp.iterdir()) == [] and (pool.state / "workers").is_dir()
+    pool.stop()
+    assert not (pool.state / "workers").exists()
