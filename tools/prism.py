@@ -23,7 +23,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-logging.getLogger().setLevel(logging.ERROR)   # Beam warns at import about GCP libraries this does not use
+if __name__ == "__main__":   # `make prism` alone: Beam warns at import about GCP libraries this does not use
+    logging.getLogger().setLevel(logging.ERROR)
 from pipeline.prism import CACHE as PRISM_CACHE
 from pipeline.prism import build_path
 
