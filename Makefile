@@ -82,5 +82,8 @@ pool-down:
 prism-test: prism
 	$(PYTEST) -q -n 2 -m "prism and not soak"
 
+# What setup, the tests and make prism made (Prism's build in .cache/prism/), and the worker
+# pool's state (.pool/): refused while a pool recorded there runs on the .venv this removes.
 clean:
-	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	$(PYTHON) -m tools.pool stopped
+	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache .cache/prism .pool

@@ -8,7 +8,9 @@ semi-persistent directory `.pool/workers/` (removed with the last pool). Run aga
 only what is missing: a recorded pool that still runs is kept, one that died is replaced.
 `make pool-down` stops exactly the recorded pids (and the SDK workers each started: the pool is
 a process group of its own) and nothing else; with POOL_PORT, only the recorded pool on that
-port. POOL_DIR puts that state elsewhere (tests).
+port. `python -m tools.pool stopped` exits 1 while a recorded pool runs (`make clean` removes
+.pool and the .venv the pool runs on only when none does). POOL_DIR puts that state elsewhere
+(tests).
 
 The pool starts each SDK worker as the SDK container's pool does, booted with the job's options
 (tools/worker_boot.py: FileSystems, log levels, pickler), with the pool's own environment:
@@ -200,11 +202,17 @@ def main(argv: list[str]) -> int:
         print(f"worker pool on localhost:{port} (pids {pids} in {_pids_file(state)}; "
               f"log {state / f'worker_pool-{port}.log'})")
         return 0
+    if command == "stopped":   # make clean, before it removes .venv and .pool
+        if running := [p for p in recorded(state) if port_of(p) is not None]:
+            print(f"a worker pool runs on this .venv (pids {running} in {_pids_file(state)}): stop it first with "
+                  "make pool-down", file=sys.stderr)
+            return 1
+        return 0
     if command == "down":
         stopped = down(state, int(given) if given else None)
         print(f"stopped worker pool pids {stopped}" if stopped else "no worker pool was running")
         return 0
-    print(f"usage: python -m tools.pool up|down   (POOL_PORT: up's default {DEFAULT_PORT}, down's every pool; "
+    print(f"usage: python -m tools.pool up|down|stopped   (POOL_PORT: up's default {DEFAULT_PORT}, down's every pool; "
           "POOL_DIR, default .pool)",
           file=sys.stderr)
     return 2

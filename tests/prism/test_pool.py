@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,3 +113,28 @@ def test_the_workers_leave_nothing_in_the_temporary_directory(tmp_path, own_pool
     assert list(temp.iterdir()) == [] and (pool.state / "workers").is_dir()
     pool.stop()
     assert not (pool.state / "workers").exists()
+
+
+def test_make_clean_removes_prisms_build_and_the_pools_state_once_no_pool_runs(tmp_path):
+    """On a copy of the tree's Makefile and tools/: a pool recorded in .pool runs on the .venv
+    that `make clean` removes, so clean refuses and removes nothing; after pool-down it removes
+    .cache/prism and .pool with the rest."""
+    tree = tmp_path / "tree"
+    shutil.copytree(pools.ROOT / "tools", tree / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(pools.ROOT / "Makefile", tree)
+    made = [tree / ".venv" / "bin", tree / ".cache" / "prism" / "v0", tree / ".pool"]
+    for path in made:
+        path.mkdir(parents=True, exist_ok=True)
+    clean = lambda: subprocess.run(["make", "-s", "clean", f"PYTHON={sys.executable}"], cwd=tree, capture_output=True,
+                                   text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("POOL_DIR", "POOL_PORT")}
+    pools.start(free_port(), tree / ".pool", env)
+    try:
+        refused = clean()
+        assert refused.returncode != 0 and "stop it first with make pool-down" in refused.stderr, refused.stderr
+        assert all(path.exists() for path in made)
+    finally:
+        pools.down(tree / ".pool")
+    done = clean()
+    assert done.returncode == 0, done.stderr
+    assert not any(path.exists() for path in made)
