@@ -30,9 +30,13 @@ test: setup
 	$(PYTEST) -q -n 2 -m "not soak and not bench and not airflow and not interop and not prism"
 
 # Static checks: ruff (the rules in ruff.toml) and mypy (mypy.ini: strict where every function
-# is annotated), with the versions the lint extra pins.
-lint: setup
+# is annotated), with the versions the lint extra pins (installed again when setup.py changes).
+LINT_STAMP := $(VENV)/.lint-stamp
+$(LINT_STAMP): $(STAMP) setup.py
 	$(BIN)/python -m pip install -q -e '.[lint]'
+	touch $(LINT_STAMP)
+
+lint: setup $(LINT_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
