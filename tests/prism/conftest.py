@@ -6,10 +6,8 @@ Every test in this directory is marked `prism`: `make test` leaves them out."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import shlex
-import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -18,6 +16,7 @@ import grpc
 import pytest
 from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
 
+from tests.conftest import free_port
 from tests.prism.twin import Pair, Side, env_for, wait_until
 from tools import pool as pools
 from tools import prism
@@ -30,21 +29,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.prism)
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range: a pool restarted on its port after a
-    kill must find it free, and the ports other processes bind to port 0 meanwhile come from
-    that range."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(low // 2, low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,17 +16,10 @@ import time
 import pytest
 
 from tests.e2e.helpers import corpus_rows, write_corpus
-from tests.prism.conftest import free_port
+from pipeline.outdir.lock import pid_alive
+from tests.conftest import free_port
 from tests.prism.twin import Side, env_for, wait_until
 from tools import pool as pools
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_up_is_idempotent_and_down_stops_exactly_its_pids(tmp_path):
@@ -36,12 +30,12 @@ def test_up_is_idempotent_and_down_stops_exactly_its_pids(tmp_path):
         assert json.loads((state / "pids.json").read_text()) == {"worker_pools": first} and len(first) == 1
         assert pools.up(port, state) == first   # running: nothing started
         os.kill(first[0], signal.SIGKILL)       # died: replaced, and only it (its port free a moment later)
-        wait_until(lambda: pools.port_of(first[0]) is None or not _alive(first[0]), 10, "the pool's death")
+        wait_until(lambda: pools.port_of(first[0]) is None, 10, "the pool's death")   # gone, or a zombie
         second = pools.up(port, state)
         assert len(second) == 1 and second != first and pools.listening(port)
         assert pools.down(state) == second
         wait_until(lambda: not pools.listening(port), 10, "the pool's port closed")
-        assert not _alive(second[0]) and bystander.poll() is None
+        assert not pid_alive(second[0]) and bystander.poll() is None   # down reaped it
         assert pools.down(state) == []          # nothing recorded: nothing to stop
     finally:
         bystander.kill()
@@ -73,7 +67,7 @@ def test_a_recorded_pid_that_is_no_pool_is_left_alone(tmp_path):
 
 def test_a_port_taken_by_another_process_is_refused(tmp_path):
     port = free_port()
-    with __import__("socket").socket() as s:
+    with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
         with pytest.raises(SystemExit, match="taken by a process"):
