@@ -160,10 +160,6 @@ class StoreDedupe(beam.PTransform):
     def expand(self, entries):
         return {"items": entries | "Claim" >> beam.ParDo(self._fn)}
 
-    def seal(self) -> None:
-        """No seal step: Embed seals each request as it submits it (transforms/embed/transform.py)."""
-        return None
-
 
 def stored_outcome(store: PaidStore, batch: Sequence[StoredItem]) -> tuple[list[TextItem], np.ndarray, list,
                                                                            list[tuple[TextItem, Pending]]]:
