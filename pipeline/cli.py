@@ -1,7 +1,9 @@
-"""embedpipe command line: run, plan, demo, report, compare.
+"""embedpipe command line: run, plan, demo, report, compare, publish, search, psql, beam-options.
 
     python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [--json] [options]
     python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
+    python -m pipeline demo [--workdir DIR]  the sandbox, a sample corpus, plan, run, a query, report
+    python -m pipeline report DIR            the cost per model of DIR's view; DIR/report.png with [report]
     python -m pipeline compare DIR           during a switch: the two models' nearest neighbours
     python -m pipeline publish DIR --to TARGET [--table NAME]   a PostgreSQL table serves DIR's view
     python -m pipeline search DIR "text" [-k N] [--like DOC_ID] [--to TARGET --table NAME]
