@@ -3,10 +3,10 @@ tools/pool.py (its `--container_executable`): the job's options from the runner'
 service, then `apache_beam.runners.worker.sdk_worker_main` with them in its environment.
 
 worker_pool_main alone starts each worker as a bare SdkHarness, which never sees the job's
-options: its FileSystems had none (an s3:// path went to AWS's own endpoint without the job's
---s3_endpoint_url, or failed for want of options), nor its log levels or pickler. A Flink
-cluster's pool (the SDK container started with --worker_pool) boots its workers this way; the
-container also installs the staged artifacts, which a pool on this project's .venv needs not.
+options, and a worker needs them: its FileSystems (an s3:// path reaches the job's
+--s3_endpoint_url, not AWS's own endpoint), its log levels, its pickler. A Flink cluster's pool
+(the SDK container started with --worker_pool) boots its workers this way; the container also
+installs the staged artifacts, which a pool on this project's .venv needs not.
 
 The worker's semi-persistent directory (where the container puts the staged files, and where
 Beam's Python worker only looks for them) is the one --semi_persistent_directory names, shared
