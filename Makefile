@@ -30,9 +30,13 @@ test: setup
 	$(PYTEST) -q -n 2 -m "not soak and not bench and not airflow and not interop and not prism"
 
 # Static checks: ruff (the rules in ruff.toml) and mypy (mypy.ini: strict where every function
-# is annotated), with the versions the lint extra pins.
-lint: setup
+# is annotated), with the versions the lint extra pins (installed again when setup.py changes).
+LINT_STAMP := $(VENV)/.lint-stamp
+$(LINT_STAMP): $(STAMP) setup.py
 	$(BIN)/python -m pip install -q -e '.[lint]'
+	touch $(LINT_STAMP)
+
+lint: setup $(LINT_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
@@ -68,7 +72,8 @@ prism: setup
 	$(BIN)/python -m tools.prism install
 
 # A Beam worker pool on this .venv (EXTERNAL workers, as beside a Flink TaskManager), its pid in
-# .pool/pids.json. Its workers take EMBEDDINGS_API_KEY from this environment.
+# .pool/pids.json. Its workers take EMBEDDINGS_API_KEY from this environment. pool-down stops
+# every recorded pool, or with POOL_PORT=N only the one on N.
 POOL_PORT ?= 50000
 pool-up: setup
 	POOL_PORT=$(POOL_PORT) $(BIN)/python -m tools.pool up
@@ -81,5 +86,8 @@ pool-down:
 prism-test: prism
 	$(PYTEST) -q -n 2 -m "prism and not soak"
 
+# What setup, the tests and make prism made (Prism's build in .cache/prism/), and the worker
+# pool's state (.pool/): refused while a pool recorded there runs on the .venv this removes.
 clean:
-	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	$(PYTHON) -m tools.pool stopped
+	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache .cache/prism .pool

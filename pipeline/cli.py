@@ -1,7 +1,9 @@
-"""embedpipe command line: run, plan, demo, report, compare.
+"""embedpipe command line: run, plan, demo, report, compare, publish, search, psql, beam-options.
 
     python -m pipeline run  --input GLOB --output DIR --model M --base-url URL [--json] [options]
     python -m pipeline plan --input GLOB --model M|all|A,B --base-url URL [--json]
+    python -m pipeline demo [--workdir DIR]  the sandbox, a sample corpus, plan, run, a query, report
+    python -m pipeline report DIR            the cost per model of DIR's view; DIR/report.png with [report]
     python -m pipeline compare DIR           during a switch: the two models' nearest neighbours
     python -m pipeline publish DIR --to TARGET [--table NAME]   a PostgreSQL table serves DIR's view
     python -m pipeline search DIR "text" [-k N] [--like DOC_ID] [--to TARGET --table NAME]
@@ -44,10 +46,16 @@ WORKER_FAILURES = "apache_beam.runners.common"
 # traceback), the runner's job messages (logged on the root logger by portable_runner), the
 # start and stop of its job server, and LOOPBACK workers (threads of the launcher): their
 # modules log each failed bundle's traceback, and their threads end in exceptions when the
-# runner dies (THREADS, which threading would print). The local runner says none of this; the
-# one line of pipeline/checks/workers.py does; --verbose shows it all.
+# runner dies (BEAM_THREADS, which threading would print; logged as THREADS instead). The local
+# runner says none of this; the one line of pipeline/checks/workers.py does; --verbose shows it
+# all. Any other thread's end in an exception is printed as threading prints it.
 RUNNER_VOICES = ("PrismRunner", "SdkWorker@", "apache_beam.runners.worker")
 THREADS = "apache_beam.runners.worker.threads"
+# the threads a LOOPBACK SDK harness (runners/worker/) and the portable runner's wait_until_finish
+# start, by the names (or their starts) Beam gives them: each runs or reads a stream of the runner,
+# which ends when it dies
+BEAM_THREADS = ("run_worker_", "read_state", "read_grpc_client_inputs", "forward_grpc_outputs",
+                "read_log_control_messages", "fn_api_status_handler", "lull_operation_logger", "wait_until_finish_")
 
 
 def _runner_voice(record: logging.LogRecord) -> bool:
@@ -56,8 +64,11 @@ def _runner_voice(record: logging.LogRecord) -> bool:
 
 
 def _thread_ended(args: threading.ExceptHookArgs) -> None:
-    logging.getLogger(THREADS).error("thread %s ended", getattr(args.thread, "name", "?"),
-                                     exc_info=args.exc_value)
+    name = getattr(args.thread, "name", "")
+    if not name.startswith(BEAM_THREADS):
+        threading.__excepthook__(args)
+        return
+    logging.getLogger(THREADS).error("thread %s ended", name, exc_info=args.exc_value)
 
 
 def _logging(verbose: bool) -> None:

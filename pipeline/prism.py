@@ -4,11 +4,11 @@
   prism.py); `--runner PrismRunner` takes it unless --prism_location or --job_endpoint is given.
   Beam would otherwise download one from GitHub at submit time, and without the internet fail
   with its traceback after the input's scan and the account's reads.
-- Prism ends with the launcher. Beam starts it as a child process and stops it at exit, but a
-  launcher killed (SIGKILL, OOM) left it running for good: holding its job's data, its port,
-  and, with EXTERNAL workers, the job itself, which went on sending requests for a DIR whose
-  lock was already stale. Prism is started through a few lines of Python that ask Linux to
-  signal it when the launcher dies (PR_SET_PDEATHSIG, kept across exec) and then become Prism.
+- Prism ends with the launcher. Beam starts it as a child process and stops it at exit, which a
+  launcher killed (SIGKILL, OOM) never reaches: Prism would keep its job's data, its port and,
+  with EXTERNAL workers, the job itself, sending requests for a DIR whose lock is stale. So
+  Prism is started through a few lines of Python that ask Linux to signal it when the launcher
+  dies (PR_SET_PDEATHSIG, kept across exec) and then become Prism.
   A job service of its own (--job_endpoint, a cluster's) is not the launcher's to end.
 - LOOPBACK workers are Beam's SdkHarness threads in the launcher, whose failed bundles Beam
   prints to stderr (a worker process's own log): that print is dropped; the logged copy of the

@@ -41,11 +41,11 @@ def make_runner(opts):
     locally (honouring --direct_num_workers and --direct_running_mode) with nothing fetched.
 
     Worker processes of their own (multi_processing) take their options from the ones the runner
-    provides them, none by default: their FileSystems had none of the job's (an s3:// input
-    went to AWS's own endpoint, with no --s3_endpoint_url), each logged ~20 lines at INFO on the
-    user's terminal, and --profile_cpu profiled only the driver, which waits for them. They get
-    the job's options, as Beam's DirectRunner gives them, log as the driver's console does, and
-    profile their bundles when asked."""
+    provides them, none by default. They are given the job's options, as Beam's DirectRunner
+    gives them: their FileSystems need the job's (an s3:// input reaches --s3_endpoint_url, not
+    AWS's own endpoint), their log levels keep the user's terminal to the driver's console (a
+    worker logs ~20 lines at INFO otherwise), and --profile_cpu profiles their bundles (the
+    driver only waits for them)."""
     if prism.is_prism(opts):   # Beam's PrismRunner, its Prism ending with this process
         return prism.runner()
     if not is_local(opts):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import uuid
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.outdir.space import free_bytes
 from service.sandbox.launcher import SandboxProcess
 
 SANDBOX_KEY = "sk-test-key"
@@ -77,8 +80,7 @@ def fill(disk: Path, leave: int) -> Path:
     filler = disk / f"filler-{uuid.uuid4().hex}"
     with open(filler, "wb") as fh:
         for _ in range(1000):
-            st = os.statvfs(disk)
-            if (grow := st.f_bavail * st.f_frsize - leave) <= 0:
+            if (grow := free_bytes(disk) - leave) <= 0:
                 break
             try:
                 os.posix_fallocate(fh.fileno(), os.fstat(fh.fileno()).st_size, grow)
@@ -88,16 +90,26 @@ def fill(disk: Path, leave: int) -> Path:
     return filler
 
 
-def free_bytes(disk: Path) -> int:
-    st = os.statvfs(disk)
-    return st.f_bavail * st.f_frsize
-
-
 def make_free(disk: Path, filler: Path, free: int) -> None:
     """Shrink FILLER until DISK has FREE bytes free (as a user frees space as told)."""
     size = os.path.getsize(filler) - max(0, free - free_bytes(disk))
     assert size >= 0, "the filler is smaller than what must be freed"
     os.truncate(filler, size)
+
+
+def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range: a server restarted on its port
+    after a kill must find it free, and the ports other processes bind to port 0 meanwhile come
+    from that range."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(low // 2, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def public_dir(prefix: str) -> Path:

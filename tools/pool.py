@@ -3,22 +3,28 @@
 `make pool-up` (`python -m tools.pool up`) starts `apache_beam.runners.worker.worker_pool_main`
 on the project's .venv, listening on POOL_PORT (default 50000, the port of
 configs/profiles/prism-pool.yaml), and records its pid in `.pool/pids.json` as
-`{"worker_pools": [PID, ...]}`; its log is `.pool/worker_pool-PORT.log`. Run again, it starts
+`{"worker_pools": [PID, ...]}`; its log is `.pool/worker_pool-PORT.log`, its workers'
+semi-persistent directory `.pool/workers/` (removed with the last pool). Run again, it starts
 only what is missing: a recorded pool that still runs is kept, one that died is replaced.
 `make pool-down` stops exactly the recorded pids (and the SDK workers each started: the pool is
-a process group of its own) and nothing else. POOL_DIR puts that state elsewhere (tests).
+a process group of its own) and nothing else; with POOL_PORT, only the recorded pool on that
+port. `python -m tools.pool stopped` exits 1 while a recorded pool runs (`make clean` removes
+.pool and the .venv the pool runs on only when none does). POOL_DIR puts that state elsewhere
+(tests).
 
 The pool starts each SDK worker as the SDK container's pool does, booted with the job's options
 (tools/worker_boot.py: FileSystems, log levels, pickler), with the pool's own environment:
 EMBEDDINGS_API_KEY reaches the workers only when it is in the environment of `make pool-up`
-(else they need --api-key-file on a path they read, or --api-key-secret). A pid is stopped only while its command line is still a worker pool's: a
-pid the system gave to another process since is left alone.
+(else they need --api-key-file on a path they read, or --api-key-secret). A pid is stopped only
+while its command line is still a worker pool's: a pid the system gave to another process since
+is left alone.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / ".pool"
 MODULE = "apache_beam.runners.worker.worker_pool_main"
 KEY_VAR = "EMBEDDINGS_API_KEY"
+DEFAULT_PORT = 50000   # configs/profiles/prism-pool.yaml's --environment_config
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
@@ -85,10 +92,17 @@ def worker_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _workers_dir(state: Path) -> Path:
+    return state / "workers"
+
+
 def _boot(state: Path) -> Path:
-    """The executable the pool starts each worker with: tools/worker_boot.py on this interpreter."""
-    boot = state / "boot"
-    boot.write_text(f'#!/bin/sh\ncd "{ROOT}" && exec "{sys.executable}" -m tools.worker_boot "$@"\n')
+    """The executable the pool starts each worker with: tools/worker_boot.py on this interpreter,
+    its semi-persistent directory in STATE."""
+    boot, workers = state / "boot", _workers_dir(state)
+    workers.mkdir(exist_ok=True)
+    boot.write_text(f'#!/bin/sh\ncd "{ROOT}" && exec "{sys.executable}" -m tools.worker_boot '
+                    f'--semi_persistent_directory="{workers}" "$@"\n')
     boot.chmod(0o755)
     return boot
 
@@ -159,23 +173,28 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def down(state: Path = STATE) -> list[int]:
-    """Stops the recorded pools that still run (their pids checked first); the pids it stopped."""
-    stopped = []
-    for pid in recorded(state):
-        if port_of(pid) is not None:
-            stop_pid(pid)
-            stopped.append(pid)
-    with contextlib.suppress(FileNotFoundError):
-        _pids_file(state).unlink()
+def down(state: Path = STATE, port: int | None = None) -> list[int]:
+    """Stops the recorded pools that still run (their pids checked first), or only the one on
+    PORT; the pids it stopped."""
+    alive = [p for p in recorded(state) if port_of(p) is not None]
+    stopped = [p for p in alive if port is None or port_of(p) == port]
+    for pid in stopped:
+        stop_pid(pid)
+    if kept := [p for p in alive if p not in stopped]:
+        _record(state, kept)
+    else:   # no pool left whose workers use it
+        with contextlib.suppress(FileNotFoundError):
+            _pids_file(state).unlink()
+        shutil.rmtree(_workers_dir(state), ignore_errors=True)
     return stopped
 
 
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
-    port = int(os.environ.get("POOL_PORT", "50000"))
+    given = os.environ.get("POOL_PORT")
     state = Path(os.environ.get("POOL_DIR", STATE))
     if command == "up":
+        port = int(given or DEFAULT_PORT)
         if not os.environ.get(KEY_VAR, "").strip():
             print(f"note: {KEY_VAR} is not set here, so the pool's workers have no key in their environment: runs "
                   "on it need --api-key-file PATH on a path they read, or --api-key-secret NAME", file=sys.stderr)
@@ -183,11 +202,18 @@ def main(argv: list[str]) -> int:
         print(f"worker pool on localhost:{port} (pids {pids} in {_pids_file(state)}; "
               f"log {state / f'worker_pool-{port}.log'})")
         return 0
+    if command == "stopped":   # make clean, before it removes .venv and .pool
+        if running := [p for p in recorded(state) if port_of(p) is not None]:
+            print(f"a worker pool runs on this .venv (pids {running} in {_pids_file(state)}): stop it first with "
+                  "make pool-down", file=sys.stderr)
+            return 1
+        return 0
     if command == "down":
-        stopped = down(state)
+        stopped = down(state, int(given) if given else None)
         print(f"stopped worker pool pids {stopped}" if stopped else "no worker pool was running")
         return 0
-    print("usage: python -m tools.pool up|down   (POOL_PORT, default 50000; POOL_DIR, default .pool)",
+    print(f"usage: python -m tools.pool up|down|stopped   (POOL_PORT: up's default {DEFAULT_PORT}, down's every pool; "
+          "POOL_DIR, default .pool)",
           file=sys.stderr)
     return 2
 

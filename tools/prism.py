@@ -3,7 +3,7 @@
 `make prism` (`python -m tools.prism install`) runs `go install
 github.com/apache/beam/sdks/v2/go/cmd/prism@v<apache-beam version>` with every Go directory
 (GOPATH, module and build caches) under `.cache/prism/` in the tree, so the build needs nothing
-outside it and `make clean` or `rm -rf .cache` removes all of it. The binary lands in
+outside it and `make clean` (or `rm -rf .cache/prism`) removes all of it. The binary lands in
 `.cache/prism/v<version>/prism` (where `--runner PrismRunner` looks: pipeline/prism.py): a
 binary of another Beam version is never taken for this one, and one already there is not built
 again (~2.5-4 min and 66 MB the first time on 2 cores). The build goes to a directory of its
@@ -23,7 +23,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-logging.getLogger().setLevel(logging.ERROR)   # Beam warns at import about GCP libraries this does not use
+if __name__ == "__main__":   # `make prism` alone: Beam warns at import about GCP libraries this does not use
+    logging.getLogger().setLevel(logging.ERROR)
 from pipeline.prism import CACHE as PRISM_CACHE
 from pipeline.prism import build_path
 
@@ -42,7 +43,7 @@ def binary(version: str | None = None) -> Path:
 
 def _go_env(gobin: Path) -> dict[str, str]:
     go = CACHE / "go"
-    # -modcacherw: Go makes its module cache read-only, which `rm -rf .cache` could not remove
+    # -modcacherw: Go makes its module cache read-only, which `rm -rf .cache/prism` could not remove
     return {**os.environ, "GOPATH": str(go), "GOMODCACHE": str(go / "pkg" / "mod"), "GOCACHE": str(go / "build"),
             "GOBIN": str(gobin), "GOFLAGS": "-modcacherw", "CGO_ENABLED": "0"}
 

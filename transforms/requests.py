@@ -20,17 +20,18 @@ EMBEDDINGS = "embeddings"
 
 
 def packed(entries, dedupe: Dedupe | StoreDedupe, model: ModelSpec, fill_target: float, max_open: int):
-    """(Dedupe's outputs, requests): the requests' labels are the CLI's, in the caller's scope."""
+    """(Dedupe's outputs, requests): the requests' labels are the CLI's, in the caller's scope.
+    The CLI's Dedupe seals the packed requests; the library's StoreDedupe has no seal step
+    (Embed seals each request as it submits it)."""
     deduped = entries | "Dedupe" >> dedupe
-    return deduped, pack(deduped[ITEMS], dedupe, model, fill_target, max_open)
+    seal = dedupe.seal() if isinstance(dedupe, Dedupe) else None
+    return deduped, pack(deduped[ITEMS], seal, model, fill_target, max_open)
 
 
-def pack(items, dedupe: Dedupe | StoreDedupe, model: ModelSpec, fill_target: float, max_open: int):
-    """Dedupe's distinct texts -> requests within the model's caps, sealed by the Dedupe's seal
-    step (the library's has none: Embed seals each request as it submits it)."""
+def pack(items, seal: beam.PTransform | None, model: ModelSpec, fill_target: float, max_open: int):
+    """Distinct texts -> requests within the model's caps, sealed by SEAL when there is one."""
     requests = items | "PackRequests" >> PackRequests(model.max_inputs_per_request, model.request_tokens,
                                                       fill_target, max_open)
-    seal = dedupe.seal()
     return requests if seal is None else requests | "SealClaims" >> seal
 
 

@@ -8,31 +8,24 @@ only warns with `allow_partial`; 2 fails without retries.
 
 **embed** runs `python -m pipeline run ... --sync --json`: 0 is `done` and 4 `partial` (both
 succeed; the XCom has `outcome`, `changes`, `current` and, during a model switch, `switch`);
-2 and 3 fail without retries; 1 and others are retried (`--sync` pays nothing twice). The same
-command serves a first run, a retry, a resume and the next day's run.
+2 and 3 fail without retries; 1 and others are retried (`--sync` pays nothing twice).
 
 **publish** runs `python -m pipeline publish OUTPUT --to TARGET --table NAME --json` after embed
-(done or partial: a budget-stopped day publishes the view as committed; during a switch the old
-model keeps serving until the switch completes): a PostgreSQL table serves OUTPUT's view
-exactly (docs/postgres.md). TARGET is the `publish_to` param (`embedded`, or a URL without a
-password), or the Connection named by `publish_conn_id` (host, port, login, schema as the
-database, `sslmode` in its extra); its password goes to the child only as PGPASSWORD. Neither
-set: the task is skipped. Exit 0 succeeds; 2 fails without retries; 1 is retried (a publish
-killed or failed leaves the table as it was, and the same command completes it).
+(done or partial): a PostgreSQL table serves OUTPUT's view (docs/postgres.md). TARGET is the
+`publish_to` param (`embedded`, or a URL without a password) or the Connection `publish_conn_id`
+(its password reaches the child only as PGPASSWORD); neither set: skipped. Exit 0 succeeds; 2
+fails without retries; 1 is retried (a failed publish leaves the table as it was).
 
-**switch_model** moves OUTPUT to the `model` param: both tasks pass `--switch-model`; each run
-keeps `current/` exactly the day's corpus in the old model, then spends what is left on the new
-one's view in `OUTPUT/target/`, and the run that completes it switches `current/` in one step.
+**switch_model** moves OUTPUT to the `model` param: both tasks pass `--switch-model`, and the
+run that completes the new model's view switches `current/` in one step.
 
 **A subprocess task, not BeamRunPythonPipelineOperator**: on Dataflow that operator stops
-reading the launcher once the job id appears and never sees its exit code (3, 4) or summary;
-elsewhere every failure becomes one "return code N" error; and its command line has no place
-for the `run` subcommand. Killing the task interrupts the launcher (SIGINT, then SIGKILL).
-
-**The API key** is the password of the Connection `embeddings_api`, read inside the task and
-handed to the child only as `EMBEDDINGS_API_KEY`: never on the command line, in Beam options or
-in a templated field. Dataflow workers read it from the secret manager (`api_key_secret`).
-**The interpreter** is the Variable `embedpipe_python` (default: the worker's own python).
+reading the launcher once the job id appears and never sees its exit code (3, 4) or summary,
+and its command line has no place for the `run` subcommand. Killing the task interrupts the
+launcher (SIGINT, then SIGKILL). **The API key** is the password of the Connection
+`embeddings_api`, handed to the child only as `EMBEDDINGS_API_KEY` (never on the command line,
+in Beam options or a templated field); Dataflow workers read it from the secret manager
+(`api_key_secret`). **The interpreter** is the Variable `embedpipe_python` (default: this python).
 """
 from __future__ import annotations
 

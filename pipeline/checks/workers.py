@@ -8,11 +8,17 @@ do. Three such causes the launcher can name from the runner's error:
   is sent. EXTERNAL workers (a worker pool, a Flink cluster) are processes of their own whose
   environment the launcher cannot see: there the first worker without a key fails the job.
 - the workers gone mid-run (their pool or host died): Prism says "SDK worker disconnected".
+
+For a worker pool on this machine the line gives the commands of tools/pool.py that start it
+again on the port --environment_config names (`make pool-up` alone keeps a running pool, and
+starts on 50000); a pool elsewhere is started by whoever runs it.
 - the runner gone mid-run (Prism's process died): its job service stops answering. A runner
   this command started ended the job with it; a job service of its own (--job_endpoint, a
   cluster's) may still run the job, which must end before the next run on the same DIR.
 """
 from __future__ import annotations
+
+import socket
 
 import grpc
 from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
@@ -25,6 +31,13 @@ from transforms.money import journal
 MISSING = MissingApiKeyError.__name__ + ":"   # a worker's exception reaches the launcher as text
 DISCONNECTED = "SDK worker disconnected"
 RUNNER_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+THIS_MACHINE = ("localhost", "127.0.0.1", "[::1]", "0.0.0.0")
+
+
+def _local_port(pool: str) -> str | None:
+    """The port of the pool at POOL (host:port) when it is on this machine; None for one elsewhere."""
+    host, _, port = pool.rpartition(":")
+    return port if port.isdigit() and host in (*THIS_MACHINE, socket.gethostname()) else None
 
 
 def message(job: Job, exc: Exception) -> str | None:
@@ -41,17 +54,22 @@ def message(job: Job, exc: Exception) -> str | None:
         runner = job.opts.view_as(StandardOptions).runner
         return f"the runner ({runner}, started by this command) stopped mid-run ({exc.code().name}). {paid}"
     error = reading.worker_error(exc)
+    source = job.key_source
+    port = _local_port(pool) if pool else None
     if DISCONNECTED in error:
-        back = "start the pool again (`make pool-up`)" if pool else "bring the workers back"
+        key = "" if source.secret or source.file else f"{ENV_VAR}=... "
+        back = (f"start the pool again (`{key}POOL_PORT={port} make pool-up`)" if port else
+                "start the pool again" if pool else "bring the workers back")
         return f"{workers} went away mid-run ({DISCONNECTED}): {back}. {paid}"
     if MISSING not in error:
         return None
     said = error.split(MISSING, 1)[1].strip()
-    source = job.key_source
     if source.secret or source.file:
         where = (f"give the workers' identity access to the secret {source.secret}" if source.secret else
                  f"put the key file at {source.file} on every worker (a path they read: the launcher's file is its own)")
         return f"{workers} could not read the API key ({said}): {where}. {paid}"
-    start = f"start the pool with it (`{ENV_VAR}=... make pool-up`)" if pool else "set it where they run"
+    start = (f"start the pool again with it (`POOL_PORT={port} make pool-down && {ENV_VAR}=... POOL_PORT={port} "
+             "make pool-up`)" if port else "start the pool with it in its environment" if pool
+             else "set it where they run")
     return (f"{workers} found no {ENV_VAR} in their own environment (the launcher's is not theirs): {start}, or "
             f"pass --api-key-file PATH on a path every worker reads, or --api-key-secret NAME. {paid}")

@@ -34,7 +34,7 @@ class OutputLocked(UsageError):
     """Another live run is writing the same --output (exit 2)."""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -74,7 +74,7 @@ class OutputLock:
     def _alive(self, other: dict[str, Any]) -> bool:
         fresh = time.time() - float(other.get("heartbeat", 0)) < self._settings.lease_s
         if other.get("host") == self.holder["host"] and self._local:
-            return fresh and _pid_alive(int(other.get("pid", -1)))
+            return fresh and pid_alive(int(other.get("pid", -1)))
         return fresh
 
     def _refuse(self, other: dict[str, Any]) -> None:

@@ -125,20 +125,23 @@ def _mb(n: float) -> int:
     return max(1, math.ceil(n / _MB))
 
 
-def free_bytes(path: str) -> int | None:
+def _disk(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(free, size) in bytes of PATH's disk (of its nearest existing parent); None when unknown."""
     try:
-        stat = os.statvfs(_existing(path))
+        stat = os.statvfs(_existing(os.fspath(path)))
     except (OSError, ValueError):
         return None
-    return stat.f_bavail * stat.f_frsize
+    return stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    disk = _disk(path)
+    return None if disk is None else disk[0]
 
 
 def _free_mb(path: str) -> str:
-    try:
-        stat = os.statvfs(_existing(path))
-    except (OSError, ValueError):
-        return ""
-    return f", {stat.f_bavail * stat.f_frsize / _MB:.1f} MB free of {stat.f_blocks * stat.f_frsize / _MB:.1f} MB"
+    disk = _disk(path)
+    return "" if disk is None else f", {disk[0] / _MB:.1f} MB free of {disk[1] / _MB:.1f} MB"
 
 
 SERVED = "the served view is the last complete one"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import threading
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import pyarrow.parquet as pq
 from tests.bench.corpus import SCHEMA, make_documents
 from tests.bench.measure import peak_rss_mb, process_cpu_s, run_measured
 from tests.bench.report import table
+from tests.conftest import free_port
 from tools import pool as pools
 from tools import prism
 
@@ -93,12 +93,6 @@ class Watch:
         return sum(s["cpu_s"] for s in found), max((s["peak_rss_mb"] for s in found), default=0.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _measure(bench, env: dict, label: str, corpus: Path, flags: list[str], pool_pid: int | None,
              out: Path | None = None, extra: tuple[str, ...] = ()) -> list:
     """One run, measured per process: the table's row."""
@@ -143,7 +137,7 @@ def run(bench, docs: int, env: dict) -> None:
     pq.write_table(pa.Table.from_pylist(documents[:docs // 10], schema=SCHEMA), tenth, row_group_size=2000,
                    compression="zstd")
     text_mb = sum(len(d["text"].encode()) for d in documents) / 1e6
-    port = _free_port()
+    port = free_port()
     pool_pid = pools.start(port, work / "pool", env)
     on_prism = ["--profile", "prism", "--prism_location", binary]
     on_pool = ["--profile", "prism-pool", "--prism_location", binary, "--environment_config", f"localhost:{port}"]

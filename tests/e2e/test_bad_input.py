@@ -15,7 +15,6 @@ import http.server
 import json
 import logging
 import random
-import socket
 import threading
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import yaml
 from service.catalog import load_models
 from service.sandbox.embedder import embed_batch, embed_text
 from service.tokenizer import get_encoding
-from tests.conftest import SANDBOX_KEY
+from tests.conftest import SANDBOX_KEY, free_port
 from tests.e2e.helpers import WORDS_EN, WORDS_RU, ledger, paragraph, read_kind, run, summary
 from transforms.read.split import SplitConfig, Splitter
 
@@ -414,9 +413,7 @@ def test_twenty_megabyte_text_completes_in_chunks_within_the_limit(tmp_path, sb)
 # -- servers that do not behave -----------------------------------------------------------------
 
 def test_unreachable_base_url(tmp_path, env_key, caplog, capsys):
-    with socket.socket() as s:  # a loopback port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()   # nobody listens there
     started = time.monotonic()
     code = run("--input", str(good_corpus(tmp_path)), "--output", str(tmp_path / "out"), "--model", MODEL,
                "--base-url", f"http://127.0.0.1:{port}/v1", "--run-config", str(fast_retry_config(tmp_path)))

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SANDBOX_KEY, fill, free_bytes, make_free
+from pipeline.outdir.space import free_bytes
+from tests.conftest import SANDBOX_KEY, fill, make_free
 from tests.e2e.money_helpers import (billed_twice, corpus_rows, current, kill_once_journaled, ledger, run,
                                      start_sandbox, summary, write_corpus, write_models)
 

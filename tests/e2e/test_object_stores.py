@@ -12,7 +12,6 @@ the report.
 from __future__ import annotations
 
 import logging
-import socket
 from pathlib import Path
 
 import apache_beam as beam
@@ -25,18 +24,13 @@ from apache_beam.testing.util import assert_that, equal_to
 from pipeline.checks.inputs import inspect_input
 from pipeline.cli import main
 from pipeline.settings.options import use_filesystems
+from tests.conftest import free_port
 from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, ledger, micro,
                                      start_sandbox, write_corpus, write_models)
 from transforms.money.apportion import from_micro
 from transforms.read.parquet import ReadParquetTables
 
 BUCKET = "corp"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class S3:

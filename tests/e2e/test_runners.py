@@ -21,7 +21,6 @@ import os
 import pstats
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,8 +34,9 @@ from pipeline.settings import profiles
 from pipeline.settings.options import EmbedPipeOptions
 from service.catalog import load_models
 from service.sandbox.launcher import SandboxProcess
-from tests.conftest import SANDBOX_KEY
+from tests.conftest import SANDBOX_KEY, free_port
 from tests.e2e.helpers import corpus_rows, ledger, read_kind, run, summary, write_corpus
+from tools.pool import listening
 
 MODEL = "text-embedding-3-small"
 START_TIMEOUT_S = 60.0
@@ -279,20 +279,6 @@ def _wait_for(condition, what: str, proc: subprocess.Popen, log: Path) -> None:
         time.sleep(0.1)
 
 
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Services:
     """Beam services as subprocesses, each in its own process group so that teardown also ends
     the SDK workers a worker pool started."""
@@ -316,10 +302,10 @@ class _Services:
         return f"localhost:{port_file.read_text().strip()}"
 
     def worker_pool(self, env: dict) -> str:
-        port = _free_port()
+        port = free_port()
         proc, log = self._start(["apache_beam.runners.worker.worker_pool_main", "--service_port", str(port)],
                                 "worker_pool", env)
-        _wait_for(lambda: _listening(port), "the worker pool", proc, log)
+        _wait_for(lambda: listening(port), "the worker pool", proc, log)
         return f"localhost:{port}"
 
     def stop(self) -> None:

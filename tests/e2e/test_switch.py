@@ -16,8 +16,9 @@ import yaml
 from pipeline.cli import main
 from pipeline.commands import run as run_command
 from pipeline.outdir import OutputDir
+from pipeline.outdir.space import free_bytes
 from service.catalog import load_models
-from tests.conftest import SANDBOX_KEY, fill, free_bytes, make_free
+from tests.conftest import SANDBOX_KEY, fill, make_free
 from tests.e2e.money_helpers import (MODEL, corpus_rows, current, kill_once_journaled, ledger, start_sandbox, summary,
                                      write_corpus)
 from tests.e2e.test_full_disk import to_free

@@ -22,6 +22,7 @@ import pytest
 from service import errors as E
 from service.client import EmbeddingsClient, RetryPolicy
 from service.credentials import ApiKey
+from tests.conftest import free_port
 
 KEY = "sk-canned-secret-0123456789"
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.02, max_backoff_s=0.1, max_total_s=10,
@@ -419,10 +420,7 @@ def test_answers_are_read_and_decoded_at_most_max_decoding_at_once(canned, monke
 
 
 def test_connection_refused_is_retried_and_certain():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]      # closed again: nothing listens there
-    with EmbeddingsClient(f"http://127.0.0.1:{port}/v1", ApiKey(KEY), retry=FAST) as c:
+    with EmbeddingsClient(f"http://127.0.0.1:{free_port()}/v1", ApiKey(KEY), retry=FAST) as c:
         with pytest.raises(E.APIConnectionError, match="cannot connect") as info:
             c.embed("m", ["a"])
     e = info.value
@@ -454,9 +452,7 @@ def _exception_texts(e: BaseException) -> list[str]:
 
 
 def test_the_key_never_appears_on_any_error_path(canned, caplog):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
     echo = f"invalid key {KEY}"
     scripted = [error_json(401, echo, KEY), error_json(402, echo), error_json(403, echo),
                 error_json(400, echo), {**error_json(429, echo), "headers": {"Retry-After": "0"}},

@@ -6,8 +6,8 @@ Every test in this directory is marked `prism`: `make test` leaves them out."""
 from __future__ import annotations
 
 import os
-import random
-import socket
+import re
+import shlex
 import subprocess
 import uuid
 from pathlib import Path
@@ -16,6 +16,7 @@ import grpc
 import pytest
 from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
 
+from tests.conftest import free_port
 from tests.prism.twin import Pair, Side, env_for, wait_until
 from tools import pool as pools
 from tools import prism
@@ -28,21 +29,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.prism)
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range: a pool restarted on its port after a
-    kill must find it free, and the ports other processes bind to port 0 meanwhile come from
-    that range."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    while True:
-        port = random.randrange(low // 2, low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 @pytest.fixture(scope="session")
@@ -78,10 +64,18 @@ class Pool:
     def alive(self) -> bool:
         return pools.port_of(self.pid) is not None
 
-    def restart(self) -> None:
-        """The pool again on its port, as `make pool-up` after it died."""
-        pools.up(self.port, self.state, self.env)
-        self.pid = pools.recorded(self.state)[-1]
+    def follow(self, line: str, key: str) -> None:
+        """The command in backquotes of a launcher's LINE, run as a user types it in the tree (the
+        key for its `...`; the pool's state directory for .pool), from a shell whose environment
+        has no key."""
+        command = re.search(r"`([^`]+)`", line)
+        assert command, line
+        script = command.group(1).replace("EMBEDDINGS_API_KEY=...", f"EMBEDDINGS_API_KEY={shlex.quote(key)}")
+        env = {k: v for k, v in self.env.items() if k != "EMBEDDINGS_API_KEY"}
+        done = subprocess.run(["bash"], input=script, cwd=pools.ROOT, env={**env, "POOL_DIR": str(self.state)},
+                              capture_output=True, text=True, timeout=180)   # stdin: the key in no argv
+        assert done.returncode == 0, done.stdout + done.stderr
+        self.pid = next(p for p in pools.recorded(self.state) if pools.port_of(p) == self.port)
 
     def stop(self) -> None:
         pools.down(self.state)

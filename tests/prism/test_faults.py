@@ -100,9 +100,9 @@ def test_the_pool_killed_mid_run_fails_in_one_line_and_resumes(tmp_path, sandbox
     code, output, seconds = job.ended(proc)
     print(f"\nthe run ended {seconds:.1f} s after the pool was killed")
     assert code == 1
-    one_line(output, f"the workers of the worker pool at {pool.address} went away mid-run", "make pool-up",
-             "--resume")
-    pool.restart()
+    line = one_line(output, f"the workers of the worker pool at {pool.address} went away mid-run", "make pool-up",
+                    "--resume")
+    pool.follow(line, leak_key)   # its workers take the key from the environment of the command it gives
     job.resume_and_check(in_flight_at_most=2)
 
 

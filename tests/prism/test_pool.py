@@ -1,28 +1,25 @@
 """`make pool-up` and `make pool-down` (tools/pool.py): a pool starts once and records its pid,
 a second `up` starts only what is missing, `down` stops exactly the recorded pids (with the SDK
-workers each started) and nothing else, and a pid the system gave to another process is left alone."""
+workers each started; with a port, only the pool on it) and nothing else, and a pid the system
+gave to another process is left alone."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.prism.conftest import free_port
-from tests.prism.twin import wait_until
+from tests.e2e.helpers import corpus_rows, write_corpus
+from pipeline.outdir.lock import pid_alive
+from tests.conftest import free_port
+from tests.prism.twin import Side, env_for, wait_until
 from tools import pool as pools
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_up_is_idempotent_and_down_stops_exactly_its_pids(tmp_path):
@@ -33,15 +30,25 @@ def test_up_is_idempotent_and_down_stops_exactly_its_pids(tmp_path):
         assert json.loads((state / "pids.json").read_text()) == {"worker_pools": first} and len(first) == 1
         assert pools.up(port, state) == first   # running: nothing started
         os.kill(first[0], signal.SIGKILL)       # died: replaced, and only it (its port free a moment later)
-        wait_until(lambda: pools.port_of(first[0]) is None or not _alive(first[0]), 10, "the pool's death")
+        wait_until(lambda: pools.port_of(first[0]) is None, 10, "the pool's death")   # gone, or a zombie
         second = pools.up(port, state)
         assert len(second) == 1 and second != first and pools.listening(port)
         assert pools.down(state) == second
         wait_until(lambda: not pools.listening(port), 10, "the pool's port closed")
-        assert not _alive(second[0]) and bystander.poll() is None
+        assert not pid_alive(second[0]) and bystander.poll() is None   # down reaped it
         assert pools.down(state) == []          # nothing recorded: nothing to stop
     finally:
         bystander.kill()
+        pools.down(state)
+
+
+def test_down_with_a_port_stops_only_the_pool_on_it(tmp_path):
+    state, ports = tmp_path / ".pool", (free_port(), free_port())
+    try:
+        first, second = (pools.start(port, state) for port in ports)
+        assert pools.down(state, ports[0]) == [first]
+        assert pools.recorded(state) == [second] and pools.listening(ports[1])
+    finally:
         pools.down(state)
 
 
@@ -60,7 +67,7 @@ def test_a_recorded_pid_that_is_no_pool_is_left_alone(tmp_path):
 
 def test_a_port_taken_by_another_process_is_refused(tmp_path):
     port = free_port()
-    with __import__("socket").socket() as s:
+    with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
         with pytest.raises(SystemExit, match="taken by a process"):
@@ -81,3 +88,47 @@ def test_make_pool_up_and_down(tmp_path):
                               timeout=120)
     assert down.returncode == 0 and f"stopped worker pool pids {pids}" in down.stdout
     assert not any(pools.port_of(p) for p in pids)
+
+
+def test_the_workers_leave_nothing_in_the_temporary_directory(tmp_path, own_pool, sandbox_factory, leak_key,
+                                                              prism_binary):
+    """A long-lived pool starts a worker per job: their semi-persistent directory is the pool's
+    `workers/`, which `down` removes with the last pool."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    pool = own_pool(env_for(leak_key, TMPDIR=str(temp)))
+    flags = ["--profile", "prism-pool", "--prism_location", prism_binary, "--environment_config", pool.address]
+    side = Side("prism-pool", tmp_path / "side", sandbox_factory(key=leak_key, balance=1000.0), flags,
+                env_for(leak_key), pool.logs, leak_key)
+    outcome = side.cli("run", "--input", write_corpus(tmp_path / "corpus.parquet", corpus_rows()), "--output",
+                       "{out}", "--model", "text-embedding-3-small", "--base-url", "{base_url}")
+    assert outcome.code == 0, outcome.raw_stderr[-3000:]
+    assert b"semi_persistent_directory" in pool.log.read_bytes()   # a worker booted
+    assert list(temp.iterdir()) == [] and (pool.state / "workers").is_dir()
+    pool.stop()
+    assert not (pool.state / "workers").exists()
+
+
+def test_make_clean_removes_prisms_build_and_the_pools_state_once_no_pool_runs(tmp_path):
+    """On a copy of the tree's Makefile and tools/: a pool recorded in .pool runs on the .venv
+    that `make clean` removes, so clean refuses and removes nothing; after pool-down it removes
+    .cache/prism and .pool with the rest."""
+    tree = tmp_path / "tree"
+    shutil.copytree(pools.ROOT / "tools", tree / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(pools.ROOT / "Makefile", tree)
+    made = [tree / ".venv" / "bin", tree / ".cache" / "prism" / "v0", tree / ".pool"]
+    for path in made:
+        path.mkdir(parents=True, exist_ok=True)
+    clean = lambda: subprocess.run(["make", "-s", "clean", f"PYTHON={sys.executable}"], cwd=tree, capture_output=True,
+                                   text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("POOL_DIR", "POOL_PORT")}
+    pools.start(free_port(), tree / ".pool", env)
+    try:
+        refused = clean()
+        assert refused.returncode != 0 and "stop it first with make pool-down" in refused.stderr, refused.stderr
+        assert all(path.exists() for path in made)
+    finally:
+        pools.down(tree / ".pool")
+    done = clean()
+    assert done.returncode == 0, done.stderr
+    assert not any(path.exists() for path in made)

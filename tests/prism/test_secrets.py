@@ -5,7 +5,7 @@ after they ran; the workers get the key as a cluster's do: from their environmen
 file at a path they read (the pool started without the key).
 
 A pool without any key fails the run in one line that says where the workers looked, before
-anything is sent."""
+anything is sent; the commands it gives start the pool with the key, and the run then completes."""
 from __future__ import annotations
 
 import pytest
@@ -13,6 +13,7 @@ import pytest
 from tests.e2e.helpers import corpus_rows, write_corpus
 from tests.e2e.test_secrets import hits, unpacked_pickles
 from tests.prism.twin import Side, env_for
+from tools import pool as pools
 
 MODEL = "text-embedding-3-small"
 
@@ -66,3 +67,9 @@ def test_a_pool_without_the_key_fails_in_one_line_before_sending(tmp_path, sandb
     assert f"the workers of the worker pool at {pool.address} found no EMBEDDINGS_API_KEY in their own " \
            "environment" in errors[0]
     assert side.ledger() == []
+    keyless = pool.pid
+    pool.follow(errors[0], leak_key)   # while the keyless pool still runs on its port
+    assert pool.pid != keyless and not pools.port_of(keyless)
+    again = side.cli("run", "--input", str(tmp_path / "corpus.parquet"), "--output", "{out}", "--model", MODEL,
+                     "--base-url", "{base_url}", "--resume")
+    assert again.code == 0 and side.ledger(), again.raw_stderr[-3000:]

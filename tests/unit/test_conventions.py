@@ -8,7 +8,7 @@ import pytest
 
 from tests.side_venv import REPO
 
-PACKAGES = ("service", "transforms", "pipeline", "embedpipe")
+PACKAGES = ("service", "transforms", "pipeline", "embedpipe", "configs", "tools")
 MODULES = sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py"))
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms.dedupe.store import PaidStore, StoreSpec
-from transforms.pending import STORE_CHANGED   # the store lost a text between its lookup and its read
+from transforms.pending import STORE_CHANGED, Pending   # the store lost a text between its lookup and its read
 from transforms.records import ChunkRef, Request, StoredItem, TextItem
 from transforms.worker import coders, runscoped  # noqa: F401  (coders: the coder of Request, pa.Table)
 from transforms.worker.keyindex import key16
@@ -160,12 +160,9 @@ class StoreDedupe(beam.PTransform):
     def expand(self, entries):
         return {"items": entries | "Claim" >> beam.ParDo(self._fn)}
 
-    def seal(self) -> None:
-        """No seal step: Embed seals each request as it submits it (transforms/embed/transform.py)."""
-        return None
 
-
-def stored_outcome(store: PaidStore, batch: Sequence[StoredItem]) -> tuple[list[TextItem], np.ndarray, list, list]:
+def stored_outcome(store: PaidStore, batch: Sequence[StoredItem]) -> tuple[list[TextItem], np.ndarray, list,
+                                                                           list[tuple[TextItem, Pending]]]:
     """(items found, their vectors, the requests that paid for them, items the store lost since
     it said it held them: pending)."""
     found = store.lookup([i.text_sha256 for i in batch])

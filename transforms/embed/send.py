@@ -38,7 +38,7 @@ from transforms.embed.quota import TokenBucketLimiter
 from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter
 from transforms.money.apportion import apportion_micro, from_micro, to_micro
 from transforms.money.budget import BudgetGuard
-from transforms.pending import BALANCE, BUDGET, FORBIDDEN, INVALID, TIMED_OUT, UNAUTHORIZED, UNAVAILABLE
+from transforms.pending import BALANCE, BUDGET, FORBIDDEN, INVALID, TIMED_OUT, UNAUTHORIZED, UNAVAILABLE, Pending
 from transforms.read.split import MIN_MAX_TOKENS, Splitter
 from transforms.records import Rejected, TextItem
 
@@ -85,10 +85,10 @@ class Breaker:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.reason: str | None = None
+        self.reason: Pending | None = None
         self.message: str | None = None
 
-    def trip(self, reason: str, message: str) -> bool:
+    def trip(self, reason: Pending, message: str) -> bool:
         with self._lock:
             first = self.reason is None
             if first:
@@ -115,7 +115,7 @@ class Outcome:
     deliveries: list[Delivery] = dataclasses.field(default_factory=list)
     requests: list[dict] = dataclasses.field(default_factory=list)
     failed: list[Rejected] = dataclasses.field(default_factory=list)
-    pending: list[tuple[TextItem, str]] = dataclasses.field(default_factory=list)
+    pending: list[tuple[TextItem, Pending]] = dataclasses.field(default_factory=list)
     retries: int = 0
     timed_out: int = 0   # attempts that timed out after sending: each may have been billed
 

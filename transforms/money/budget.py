@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 from transforms.money.apportion import to_micro
 from transforms.money.caps import USAGE, AccountReading, CapUsage, Spendable
+from transforms.pending import Pending
 
 # A learned price this close to the estimate is the estimate, rounded per request.
 PRICE_NOISE = 1e-3
@@ -62,7 +63,7 @@ class BudgetGuard:
         self._unanswered = 0   # worst cases of attempts that may have been billed without an answer
         self._in_flight = 0
         self.exhausted = False
-        self.stop_reason: str | None = None  # why stop() was called; None when the cap was reached
+        self.stop_reason: Pending | None = None  # why stop() was called; None when the cap was reached
 
     @property
     def limited(self) -> bool:
@@ -195,7 +196,7 @@ class BudgetGuard:
         if self._before is not None:
             self._lowest_balance = micro if self._lowest_balance is None else min(self._lowest_balance, micro)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: Pending) -> None:
         """Stop spending for REASON (a 402, say): what is not sent yet is pending for it."""
         with self._cond:
             if not self.exhausted:
