@@ -32,6 +32,7 @@ from service.client import EmbeddingsClient
 from service.credentials import load_api_key
 from transforms import schemas
 from transforms.publish.columns import CONTRACT
+from transforms.publish.sql import one
 
 MODE = "search"
 
@@ -81,7 +82,7 @@ def search(args) -> dict:
         settings = run_settings(args.run_config).publish
         conn = dbs.connect(db, settings)
         try:
-            names = dbs.Names(table.schema or conn.execute("SELECT current_schema()").fetchone()[0], table.name)
+            names = dbs.Names(table.schema or one(conn.execute("SELECT current_schema()"))[0], table.name)
             record = (dbs.load_record(conn, names)
                       if dbs.relkind(conn, names.schema, dbs.META) else None)
             if record is None or dbs.relkind(conn, names.schema, names.name) != "v":

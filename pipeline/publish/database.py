@@ -29,7 +29,7 @@ from pipeline.exits import JobFailed, UsageError
 from pipeline.publish.target import Database
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKET, BUCKETS, HASH, KEY, Column, bucket_sql, hash_sql, index_expression
-from transforms.publish.sql import LOADS, create_loads, ident
+from transforms.publish.sql import LOADS, create_loads, ident, one
 from transforms.publish.transform import connect as open_connection
 
 log = logging.getLogger("embedpipe")
@@ -75,12 +75,12 @@ def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: st
     """NAME's schema (the search_path's first when not given), checked to exist and to take
     tables from this role; pgvector there."""
     if schema is None:
-        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        schema = one(conn.execute("SELECT current_schema()"))[0]
         if schema is None:
             raise UsageError(f"no schema of the search_path exists in {db.shown}: give --table SCHEMA.TABLE")
     elif conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
         raise UsageError(f"schema {schema} does not exist in {db.shown}")
-    role, may_create = conn.execute("SELECT current_user, has_schema_privilege(%s, 'CREATE')", (schema,)).fetchone()
+    role, may_create = one(conn.execute("SELECT current_user, has_schema_privilege(%s, 'CREATE')", (schema,)))
     if not may_create:
         raise JobFailed(f"role {role} may not create tables in schema {schema} of {db.shown}: grant it CREATE "
                         "there, or publish as a role that has it")
@@ -106,7 +106,7 @@ def _vector(conn: psycopg.Connection, db: Database) -> None:
 
 
 def vector_oid(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT 'vector'::regtype::oid").fetchone()[0]
+    return int(one(conn.execute("SELECT 'vector'::regtype::oid"))[0])
 
 
 @contextlib.contextmanager
@@ -116,7 +116,7 @@ def publisher_lock(conn: psycopg.Connection, names: Names, wait_s: float) -> Ite
     key = int.from_bytes(hashlib.sha256(f"embedpipe publish {names.qualified}".encode()).digest()[:8], "big",
                          signed=True)
     deadline = time.monotonic() + wait_s
-    while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+    while not one(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)))[0]:
         if time.monotonic() >= deadline:
             holder = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
                                   "AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
@@ -229,13 +229,12 @@ def drop_table(conn: psycopg.Connection, names: Names, table: str, settings: Pub
 def create_data_table(conn: psycopg.Connection, names: Names, table: str, cols: Sequence[Column],
                       comment: str) -> None:
     """A model's data table, without indexes (they are built after the bulk load)."""
-    quote = lambda n: sql.Identifier(n).as_string(conn)   # noqa: E731
     defs = [sql.SQL("{} {} NOT NULL" if c.name in KEY or c.name == "embedding" else "{} {}")
             .format(sql.Identifier(c.name), sql.SQL(c.type)) for c in cols]
     defs.append(sql.SQL("{} integer GENERATED ALWAYS AS {} STORED").format(sql.Identifier(BUCKET),
                                                                            sql.SQL(bucket_sql())))
     defs.append(sql.SQL("{} bigint GENERATED ALWAYS AS {} STORED").format(sql.Identifier(HASH),
-                                                                          sql.SQL(hash_sql(list(cols), quote))))
+                                                                          sql.SQL(hash_sql(list(cols), lambda n: sql.Identifier(n).as_string(conn)))))
     conn.execute(sql.SQL("CREATE TABLE {} ({})").format(names(table), sql.SQL(", ").join(defs)))
     conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(names(table), sql.Literal(comment)))
 
@@ -285,8 +284,8 @@ def aggregates(conn: psycopg.Connection, names: Names, table: str) -> tuple[list
 
 def loaded(conn: psycopg.Connection, names: Names, table: str) -> tuple[int, int]:
     """(tasks, rows) the workers recorded as loaded into TABLE."""
-    n, rows = conn.execute(sql.SQL("SELECT count(*), coalesce(sum(rows), 0) FROM {} WHERE target = %s")
-                           .format(names(LOADS)), (table,)).fetchone()
+    n, rows = one(conn.execute(sql.SQL("SELECT count(*), coalesce(sum(rows), 0) FROM {} WHERE target = %s")
+                               .format(names(LOADS)), (table,)))
     return n, int(rows)
 
 
@@ -342,7 +341,7 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
                          "ON COMMIT DROP")
             with conn.cursor().copy("COPY embedpipe_gone FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(["text", "int4", "int4"])
-                for row in zip(*(gone.column(k).to_pylist() for k in KEY)):
+                for row in zip(*(gone.column(k).to_pylist() for k in KEY), strict=True):
                     copy.write_row(row)
             deleted += sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d USING embedpipe_gone s WHERE {} {}")
                                            .format(data, key, returning)), -1)
@@ -418,5 +417,5 @@ def nearest(conn: psycopg.Connection, names: Names, dimensions: int, kept: Seque
             conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
         cur = conn.execute(sql.SQL("SELECT {}, 1 - ({}) AS similarity FROM {} {} ORDER BY {} LIMIT {}").format(
             columns, distance, names(), where, distance, sql.Literal(k)), {**params, "exclude": exclude_doc})
-        found = [d.name for d in cur.description]
-        return [dict(zip(found, row)) for row in cur]
+        found = [d.name for d in cur.description or ()]
+        return [dict(zip(found, row, strict=True)) for row in cur]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,17 +36,17 @@ ROWS = pa.schema([("doc_id", pa.string()), ("chunk_index", pa.int32()), ("token_
                   ("identity", pa.binary()), ("file", pa.int32()), ("group", pa.int32()), ("row", pa.int32())])
 
 
-def identities(columns: dict[str, list]) -> pa.Array:
-    return pa.array([hashlib.md5("\x00".join(v).encode()).digest() for v in zip(*(columns[c] for c in IDENTITY))],
-                    pa.binary())
+def identities(columns: Mapping[str, Sequence[Any]]) -> pa.Array:
+    return pa.array([hashlib.md5("\x00".join(v).encode()).digest()
+                     for v in zip(*(columns[c] for c in IDENTITY), strict=True)], pa.binary())
 
 
-def _keys(doc_ids, chunk_indexes, token_starts, identity, file=-1, group=-1, rows=None) -> pa.Table:
+def _keys(doc_ids, chunk_indexes, token_starts, identity, file=-1, group=-1) -> pa.Table:
     n = len(identity)
-    row = pa.array(np.arange(n, dtype=np.int32)) if rows is None else rows
     return pa.table([pa.array(doc_ids, pa.string()), pa.array(chunk_indexes, pa.int32()),
                      pa.array(token_starts, pa.int32()), identity, pa.array(np.full(n, file, np.int32)),
-                     pa.array(np.full(n, group, np.int32)), row], schema=ROWS)
+                     pa.array(np.full(n, group, np.int32)), pa.array(np.arange(n, dtype=np.int32))],
+                    schema=ROWS)
 
 
 def read_keys(paths: list[str]) -> pa.Table:
@@ -64,7 +66,7 @@ def table_keys(batches) -> pa.Table:
     *IDENTITY) tuples."""
     tables = []
     for rows in batches:
-        columns = dict(zip((*KEY, *IDENTITY), zip(*rows)))
+        columns = dict(zip((*KEY, *IDENTITY), zip(*rows, strict=True), strict=True))
         tables.append(_keys(columns["doc_id"], columns["chunk_index"], columns["token_start"], identities(columns)))
     return pa.concat_tables(tables) if tables else ROWS.empty_table()
 
@@ -93,7 +95,7 @@ def _in_buckets(keys: pa.Table, buckets: set[int]) -> pa.Array:
     if not buckets or not keys.num_rows:
         return pa.array(np.zeros(keys.num_rows, bool))
     columns = (keys.column(c).to_pylist() for c in KEY)
-    return pa.array([bucket_of(*k) in buckets for k in zip(*columns)], pa.bool_())
+    return pa.array([bucket_of(*k) in buckets for k in zip(*columns, strict=True)], pa.bool_())
 
 
 def diff(old: pa.Table, new: pa.Table, all_new: pa.Table | None, drifted: list[int]) -> tuple[pa.Table, pa.Table, int]:
@@ -102,6 +104,8 @@ def diff(old: pa.Table, new: pa.Table, all_new: pa.Table | None, drifted: list[i
     writes = new.join(old, keys=[*KEY, "identity"], join_type="left anti")
     gone = old.join(new, keys=list(KEY), join_type="left anti")
     if drifted:
+        if all_new is None:
+            raise ValueError("drifted buckets are written again from every row of the view: ALL_NEW is due")
         buckets = set(drifted)
         writes = writes.filter(pc.invert(_in_buckets(writes, buckets)))
         gone = gone.filter(pc.invert(_in_buckets(gone, buckets)))
@@ -120,7 +124,7 @@ def tasks_of(writes: pa.Table, paths: list[str]) -> list[Task]:
     starts = np.flatnonzero(np.r_[True, (files[1:] != files[:-1]) | (groups[1:] != groups[:-1])])
     ends = np.r_[starts[1:], len(files)]
     return [Task(paths[files[s]], int(groups[s]), rows[s:e].tobytes(), n)
-            for n, (s, e) in enumerate(zip(starts, ends))]
+            for n, (s, e) in enumerate(zip(starts, ends, strict=True))]
 
 
 def plan(out: OutputDir, view: View, served: View | None, table_rows, drifted: list[int]) -> Delta:

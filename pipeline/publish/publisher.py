@@ -64,12 +64,12 @@ def kept_fields(out: OutputDir, view: View) -> list[pa.Field]:
 
 def all_tasks(out: OutputDir, view: View) -> list[Task]:
     """A task per row group of the view's embeddings files (their footers tell how many)."""
-    tasks = []
+    tasks: list[Task] = []
     for path in view.paths("embeddings"):
         full = out.join(path)
         with open_parquet(full) as fh:
             groups = parquet_file(fh).metadata.num_row_groups
-        tasks += [Task(full, g, None, len(tasks) + i) for i, g in enumerate(range(groups))]
+        tasks += [Task(full, g, None, len(tasks) + g) for g in range(groups)]
     return tasks
 
 
@@ -159,7 +159,8 @@ def _publish(ctx: Context) -> dict:
     dbs.check_ours(ctx.conn, ctx.names, record)
     keep = [record.data_table] if record else []
     dropped = dbs.remove_leftovers(ctx.conn, ctx.names, keep, ctx.settings)
-    if not compatible(record, ctx) or dbs.relkind(ctx.conn, ctx.names.schema, record.data_table) is None:
+    if (record is None or not compatible(record, ctx)
+            or dbs.relkind(ctx.conn, ctx.names.schema, record.data_table) is None):
         result = build(ctx, record)
     else:
         result = update(ctx, record)

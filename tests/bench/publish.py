@@ -36,7 +36,8 @@ RECALL, P50_MS = 0.95, 20.0
 def changed_chunks(before: pa.Table, after: pa.Table) -> int:
     """Keys whose row the day added, removed or changed (every column but the vector, which
     changes only with text_sha256, model or request_id)."""
-    rows = lambda t: set(zip(*(t.column(c).to_pylist() for c in COLUMNS)))   # noqa: E731
+    def rows(t: pa.Table) -> set[tuple]:
+        return set(zip(*(t.column(c).to_pylist() for c in COLUMNS), strict=True))
     a, b = rows(before), rows(after)
     return len({r[:3] for r in a ^ b})
 
@@ -73,7 +74,7 @@ def published(bench, sb, server: Server, out: Path, db: str, name: str, label: s
 
 def query_vectors(model: str, dims: int, full: int, n: int = QUERIES) -> np.ndarray:
     """Short passages of documents not in the corpus, embedded as the sandbox embeds."""
-    from service.sandbox.embedder import embed_batch   # noqa: PLC0415
+    from service.sandbox.embedder import embed_batch
     return embed_batch(model, [d["text"][:400] for d in make_documents(n, seed=99)], dims, full)
 
 
@@ -104,7 +105,7 @@ def _job(bench, sb, label: str, corpus: Path, out: Path, *extra: str) -> None:
 def _section(bench, sb, server: Server, work: Path, sizes: list[int], large_dims: int, s: dict) -> None:
     db = server.fresh_db("publish")
     rows, ways, views = [], {}, {}
-    for docs, dims in zip(sizes, (None, large_dims)):
+    for docs, dims in zip(sizes, (None, large_dims), strict=True):
         corpus, out = work / f"corpus-{docs}.parquet", work / f"out-{docs}"
         views[docs] = (corpus, out, write_corpus(corpus, docs))
         _job(bench, sb, f"publish-view-{docs}", corpus, out, "--model", MODEL,

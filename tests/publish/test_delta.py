@@ -2,43 +2,9 @@
 the view after it, bit for bit; a table edited by hand is repaired by the next publish."""
 from __future__ import annotations
 
-import json
-
-import psycopg
-import pytest
-
-from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
+from tests.e2e.money_helpers import corpus_rows
 from tests.e2e.test_sync import next_day
-from tests.publish.helpers import assert_same, publish, view_rows
-
-
-@pytest.fixture
-def env_key(monkeypatch):
-    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
-
-
-@pytest.fixture
-def days(tmp_path, sandbox_factory, env_key):
-    """run(rows, *flags) against one DIR and one sandbox."""
-    models = write_models(tmp_path / "models.yaml")
-    sandbox = start_sandbox(sandbox_factory, models)
-    out = tmp_path / "out"
-    count = [0]
-
-    def day(rows, *flags):
-        count[0] += 1
-        corpus = write_corpus(tmp_path / f"corpus-{count[0]}.parquet", rows)
-        return run(corpus, out, sandbox, models, *flags)
-    day.out, day.base_url, day.models = out, sandbox.base_url, models
-    day.sandbox_ledger = lambda: ledger(sandbox)
-    return day
-
-
-def published(capsys, out, url, *extra) -> dict:
-    capsys.readouterr()
-    assert publish(out, url, "--json", *extra) == 0
-    return json.loads(capsys.readouterr().out)
+from tests.publish.helpers import assert_same, published, view_rows
 
 
 def changed_keys(before: dict, after: dict) -> int:

@@ -7,27 +7,10 @@ import sys
 
 import psutil
 import psycopg
-import pytest
+from psycopg import sql
 
-from tests.conftest import SANDBOX_KEY
-from tests.e2e.money_helpers import REPO, corpus_rows, run, start_sandbox, write_corpus, write_models
+from tests.e2e.money_helpers import REPO
 from tests.publish.helpers import assert_same, publish
-
-
-@pytest.fixture
-def env_key(monkeypatch):
-    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
-
-
-@pytest.fixture
-def day1(tmp_path, public_tmp, sandbox_factory, env_key):
-    """A DIR after one run: a few dozen chunks of 32 dimensions, a failed row."""
-    models = write_models(tmp_path / "models.yaml")
-    sandbox = start_sandbox(sandbox_factory, models)
-    corpus = write_corpus(tmp_path / "corpus.parquet", corpus_rows(n_short=40, n_long=2))
-    out = public_tmp / "out"
-    assert run(corpus, out, sandbox, models) == 0
-    return out
 
 
 def test_first_publish_serves_the_view_bit_for_bit(day1, pg_url, capsys):
@@ -67,5 +50,6 @@ def test_the_server_puts_each_key_in_the_bucket_the_launcher_computes(day1, pg_u
     assert publish(day1, pg_url) == 0
     with psycopg.connect(pg_url) as conn:
         data = conn.execute("SELECT record->>'data_table' FROM embedpipe_published").fetchone()[0]
-        rows = conn.execute(f"SELECT doc_id, chunk_index, token_start, _ep_bucket FROM {data}").fetchall()
+        rows = conn.execute(sql.SQL("SELECT doc_id, chunk_index, token_start, _ep_bucket FROM {}")
+                            .format(sql.Identifier(data))).fetchall()
     assert rows and all(bucket_of(d, c, t) == b for d, c, t, b in rows)

@@ -8,10 +8,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.cli import main
-from tests.e2e.money_helpers import MODEL, ledger
+from tests.e2e.money_helpers import MODEL, corpus_rows
 from tests.publish.helpers import publish, view_rows
-from tests.publish.test_delta import days, env_key  # noqa: F401  (fixtures)
-from tests.e2e.money_helpers import corpus_rows
 
 
 def search(capsys, *args) -> dict:

@@ -39,7 +39,7 @@ def test_vectors_go_in_pgvector_binary_form_bit_for_bit():
     v = np.array([[1.5, -0.0, np.float32(1e-45), 3.4e38], [0.1, 0.2, 0.3, 0.4]], np.float32)
     column = pa.FixedSizeListArray.from_arrays(pa.array(v.ravel(), pa.float32()), 4)
     payloads = vector_payloads(column, 4)
-    for row, payload in zip(v, payloads):
+    for row, payload in zip(v, payloads, strict=True):
         assert struct.unpack(">HH", payload[:4]) == (4, 0)
         assert np.frombuffer(payload[4:], ">f4").astype(np.float32).tobytes() == row.tobytes()
     with pytest.raises(ValueError):
