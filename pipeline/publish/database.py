@@ -227,15 +227,17 @@ def drop_table(conn: psycopg.Connection, names: Names, table: str, settings: Pub
 
 
 def create_data_table(conn: psycopg.Connection, names: Names, table: str, cols: Sequence[Column],
-                      comment: str) -> None:
-    """A model's data table, without indexes (they are built after the bulk load)."""
+                      comment: str, fillfactor: int) -> None:
+    """A model's data table, without indexes (they are built after the bulk load); its pages
+    loaded to FILLFACTOR %, the room left for the updates of later deltas (update_sql)."""
     defs = [sql.SQL("{} {} NOT NULL" if c.name in KEY or c.name == "embedding" else "{} {}")
             .format(sql.Identifier(c.name), sql.SQL(c.type)) for c in cols]
     defs.append(sql.SQL("{} integer GENERATED ALWAYS AS {} STORED").format(sql.Identifier(BUCKET),
                                                                            sql.SQL(bucket_sql())))
-    defs.append(sql.SQL("{} bigint GENERATED ALWAYS AS {} STORED").format(sql.Identifier(HASH),
-                                                                          sql.SQL(hash_sql(list(cols), lambda n: sql.Identifier(n).as_string(conn)))))
-    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(names(table), sql.SQL(", ").join(defs)))
+    row_hash = hash_sql(list(cols), lambda n: sql.Identifier(n).as_string(conn))
+    defs.append(sql.SQL("{} bigint GENERATED ALWAYS AS {} STORED").format(sql.Identifier(HASH), sql.SQL(row_hash)))
+    conn.execute(sql.SQL("CREATE TABLE {} ({}) WITH (fillfactor = {})").format(
+        names(table), sql.SQL(", ").join(defs), sql.Literal(fillfactor)))
     conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(names(table), sql.Literal(comment)))
 
 
@@ -328,11 +330,11 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
                 cols: Sequence[Column], gone, drifted: list[int], sums: Checksums, make_record,
                 recreate_view: bool, before_commit=lambda: None) -> tuple[int, int, int]:
     """The delta in one transaction (readers see the table before it or after it, whole): the
-    keys GONE, the DRIFTED buckets and the keys STAGING replaces deleted, STAGING's rows
-    inserted, the record saved with the checksums SUMS carried through; rolled back (Inexact)
-    when the rows they count are not the record's. (inserted, updated, deleted)."""
-    data, key = names(record.data_table), sql.SQL(" AND ").join(
-        sql.SQL("d.{k} = s.{k}").format(k=sql.Identifier(k)) for k in KEY)
+    keys GONE and the DRIFTED buckets deleted, STAGING's rows applied (an update where the key
+    is there, an insert where not), the record saved with the checksums SUMS carried through;
+    rolled back (Inexact) when the rows they count are not the record's. (inserted, updated,
+    deleted)."""
+    data, key = names(record.data_table), _key_match()
     returning = sql.SQL("RETURNING d.{} AS b, d.{} AS h").format(sql.Identifier(BUCKET), sql.Identifier(HASH))
     with conn.transaction():
         deleted = 0
@@ -350,12 +352,17 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
                 data, sql.Identifier(BUCKET), returning), (drifted,)), -1)
         inserted = updated = 0
         if staging is not None:
-            names_list = sql.SQL(", ").join(sql.Identifier(c.name) for c in cols)
-            updated = sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d USING {} s WHERE {} {}").format(
-                data, names(staging), key, returning)), -1)
-            inserted = sums.apply(_changed(conn, sql.SQL("INSERT INTO {} AS d ({}) SELECT {} FROM {} {}").format(
-                data, names_list, names_list, names(staging), returning)), +1) - updated
-            conn.execute(sql.SQL("DROP TABLE {}").format(names(staging)))
+            s = names(staging)
+            # the rows an update replaces leave the checksums; their new versions enter them below
+            sums.apply(conn.execute(sql.SQL("SELECT d.{b}, count(*), bit_xor(d.{h}) FROM {} d JOIN {} s ON {} "
+                                            "GROUP BY d.{b}").format(data, s, key, b=sql.Identifier(BUCKET),
+                                                                     h=sql.Identifier(HASH))).fetchall(), -1)
+            updated = sums.apply(_changed(conn, update_sql(data, s, cols, returning)), +1)
+            columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in cols)
+            inserted = sums.apply(_changed(conn, sql.SQL(
+                "INSERT INTO {} AS d ({}) SELECT {} FROM {} s WHERE NOT EXISTS (SELECT FROM {} d WHERE {}) {}").format(
+                data, columns, columns, s, data, key, returning)), +1)
+            conn.execute(sql.SQL("DROP TABLE {}").format(s))
             conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(names(LOADS)), (staging,))
         if recreate_view:
             conn.execute(view_sql(names, record.data_table, cols, replace=False))
@@ -365,6 +372,30 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
         save_record(conn, names, new)
         before_commit()
     return inserted, updated, deleted
+
+
+def _key_match() -> sql.Composed:
+    return sql.SQL(" AND ").join(sql.SQL("d.{k} = s.{k}").format(k=sql.Identifier(k)) for k in KEY)
+
+
+def update_sql(data: sql.Composable, staging: sql.Composable, cols: Sequence[Column],
+               returning: sql.Composable) -> sql.Composed:
+    """The rows of DATA whose key STAGING has, updated in place: one new tuple each. A vector
+    whose bytes are the same keeps the stored value itself (not an equal copy, which the
+    server would count as a change of the indexed column), so a row whose lineage alone
+    changed can be a HOT update: no new entry in the HNSW index or the key's, when its page
+    has room (the data table's fillfactor leaves some)."""
+    sets = []
+    for c in cols:
+        if c.name in KEY:
+            continue
+        if c.copy_type == "vector":
+            value = sql.SQL("CASE WHEN vector_send(d.{c}) = vector_send(s.{c}) THEN d.{c} ELSE s.{c} END")
+        else:
+            value = sql.SQL("s.{c}")
+        sets.append(sql.SQL("{c} = ").format(c=sql.Identifier(c.name)) + value.format(c=sql.Identifier(c.name)))
+    return sql.SQL("UPDATE {} d SET {} FROM {} s WHERE {} {}").format(data, sql.SQL(", ").join(sets), staging,
+                                                                       _key_match(), returning)
 
 
 def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: bool) -> sql.Composed:

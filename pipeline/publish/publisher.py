@@ -130,7 +130,8 @@ def build(ctx: Context, record: Record | None) -> dict:
     names, view = ctx.names, ctx.view
     table = names.new(DATA)
     dbs.create_data_table(ctx.conn, names, table, ctx.cols,
-                          f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})")
+                          f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})",
+                          ctx.settings.fillfactor)
     tasks, rows = all_tasks(ctx.out, view), view.rows("embeddings")
     started = time.monotonic()
     run_load(tasks, ctx.load(table), ctx.opts)

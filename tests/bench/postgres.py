@@ -115,6 +115,7 @@ class Way:
     whole_s: float
     peak_rss_mb: float | None = None
     rows_written: int | None = None
+    written: np.ndarray | None = None   # inserted, updated, deleted, HOT updates of all tables
 
 
 def floor(server: Server, out: Path, dims: int, s: dict) -> Way:
@@ -205,11 +206,13 @@ class IndexWatch:
 
 
 def tuples_written(server: Server, db: str) -> dict[int, tuple[str, np.ndarray]]:
-    """Each user table's name and rows inserted, updated and deleted so far, by its oid."""
+    """Each user table's name and rows inserted, updated, deleted, and of the updates those
+    that were HOT (no new index entry), so far, by its oid."""
     with server.connect(db) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
         return {oid: (name, np.array(n)) for oid, name, *n in conn.execute(
-            "SELECT relid, relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables").fetchall()}
+            "SELECT relid, relname, n_tup_ins, n_tup_upd, n_tup_del, n_tup_hot_upd FROM pg_stat_user_tables")
+            .fetchall()}
 
 
 # -- readers and search -----------------------------------------------------------------------

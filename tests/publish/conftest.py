@@ -10,11 +10,12 @@ import uuid
 
 import psycopg
 import pytest
+import yaml
 from psycopg import sql
 
 from pipeline.publish.target import _suppress_runtime_dir_warning
 from tests.conftest import SANDBOX_KEY, public_dir
-from tests.e2e.money_helpers import corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
+from tests.e2e.money_helpers import MODEL, corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
 
 
 def stop(server) -> None:
@@ -103,9 +104,14 @@ def day1(tmp_path, public_tmp, sandbox_factory, env_key):
 
 
 @pytest.fixture
-def days(tmp_path, sandbox_factory, env_key):
-    """run(rows, *flags) against one DIR and one sandbox."""
+def days(request, tmp_path, sandbox_factory, env_key):
+    """run(rows, *flags) against one DIR and one sandbox; the model's vectors of the length
+    given as the fixture's parameter, if any."""
     models = write_models(tmp_path / "models.yaml")
+    if dimensions := getattr(request, "param", None):
+        doc = yaml.safe_load(models.read_text())
+        doc["models"][MODEL]["dimensions"] = dimensions
+        models.write_text(yaml.safe_dump(doc))
     sandbox = start_sandbox(sandbox_factory, models)
     out = tmp_path / "out"
     count = [0]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import decimal
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,21 @@ def assert_same(out: Path, url: str, table: str = "embeddings") -> int:
 
 def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
+
+
+def tuples_written(url: str) -> dict[str, int]:
+    """What the served data table took so far, as pg_stat_user_tables counts it (inserts,
+    updates, of them HOT ones, deletes), once every publishing backend has ended (a backend
+    flushes its counts before it leaves pg_stat_activity)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(300):
+            if not conn.execute("SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'embedpipe publish%' "
+                                "AND pid <> pg_backend_pid()").fetchall():
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("a publishing backend is still there")
+        data = conn.execute("SELECT record->>'data_table' FROM embedpipe_published").fetchone()[0]
+        found = conn.execute("SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables "
+                             "WHERE relname = %s", (data,)).fetchone()
+    return dict(zip(("inserted", "updated", "hot", "deleted"), found, strict=True)) | {"table": data}
