@@ -30,7 +30,7 @@ from pipeline.publish.target import Database
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKET, BUCKETS, HASH, KEY, Column, bucket_sql, hash_sql, index_expression
 from transforms.publish.sql import LOADS, create_loads, ident, one
-from transforms.publish.transform import connect as open_connection
+from transforms.publish.load import connect as open_connection
 
 log = logging.getLogger("embedpipe")
 

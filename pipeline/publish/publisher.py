@@ -8,7 +8,8 @@
 
 The workers (transforms/publish/transform.py: LoadRows) read the view's files and COPY the
 rows; the launcher reads manifests, footers and key columns only, so its memory does not grow
-with the vectors. A publish killed at any point leaves NAME serving what it served: nothing it
+with the vectors. A delta of at most publish.launcher_rows rows is loaded by the launcher
+itself, one row group at a time (a pipeline takes longer to start than they take to load). A publish killed at any point leaves NAME serving what it served: nothing it
 did is visible before the delta's commit or the swap's.
 """
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pipeline.publish.target import EMBEDDED, Database, TableName, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKETS, Column, columns
-from transforms.publish.transform import Load, LoadRows, Task
+from transforms.publish.load import Load, Task, load_task, loader
+from transforms.publish.transform import LoadRows
 from transforms.read.parquet import open_parquet, parquet_file
 
 log = logging.getLogger("embedpipe")
@@ -71,6 +73,18 @@ def all_tasks(out: OutputDir, view: View) -> list[Task]:
             groups = parquet_file(fh).metadata.num_row_groups
         tasks += [Task(full, g, None, len(tasks) + g) for g in range(groups)]
     return tasks
+
+
+def load_here(tasks: list[Task], load: Load) -> None:
+    """TASKS' rows into LOAD's table from the launcher, over a connection of its own (a few
+    rows: a pipeline would take longer to start than they take to load)."""
+    with loader(load, "publish loader") as conn:
+        for task in tasks:
+            try:
+                load_task(conn, load, task)
+            except (OSError, pa.ArrowException) as exc:
+                raise JobFailed(f"could not read {task.path} to load it into {load.schema}.{load.table}: "
+                                f"{dbs.first_line(exc)}; the table serves what it did before: publish again") from None
 
 
 def run_load(tasks: list[Task], load: Load, opts) -> None:
@@ -188,11 +202,16 @@ def update(ctx: Context, record: Record) -> dict:
         log.info("%s: %d of %d rows change, more than publish.rebuild_share: built beside and swapped in",
                  names.qualified, delta.rows, view.rows("embeddings"))
         return build(ctx, record)
-    staging = None
+    staging, loaded_by = None, None
     if delta.tasks:
         staging = names.new(STAGING)
         dbs.create_staging(ctx.conn, names, staging, ctx.cols)
-        run_load(delta.tasks, ctx.load(staging), ctx.opts)
+        if delta.writes <= ctx.settings.launcher_rows:
+            load_here(delta.tasks, ctx.load(staging))
+            loaded_by = "launcher"
+        else:
+            run_load(delta.tasks, ctx.load(staging), ctx.opts)
+            loaded_by = "workers"
         ctx.loaded_all(staging, delta.tasks, delta.writes)
     pause("loaded")
     loaded_at = time.monotonic()
@@ -207,7 +226,7 @@ def update(ctx: Context, record: Record) -> dict:
         log.warning("%s: the delta was not exact (%s): built beside and swapped in", names.qualified, exc)
         return build(ctx, record)
     return {"action": "delta", "inserted": inserted, "updated": updated, "deleted": deleted,
-            "drifted_buckets": len(drifted),
+            "drifted_buckets": len(drifted), "loaded_by": loaded_by,
             "seconds": {"load": round(loaded_at - started, 3), "apply": round(time.monotonic() - loaded_at, 3)}}
 
 

@@ -14,7 +14,10 @@ def changed_keys(before: dict, after: dict) -> int:
     return sum(1 for k in after if k not in before or before[k] != after[k]) + sum(1 for k in before if k not in after)
 
 
-def test_a_sync_day_writes_the_change_not_the_corpus(days, pg_url, capsys):
+@pytest.mark.parametrize("launcher_rows", [10_000, 0])   # the delta's rows loaded by the launcher, or the workers
+def test_a_sync_day_writes_the_change_not_the_corpus(days, pg_url, capsys, tmp_path, launcher_rows):
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"publish:\n  launcher_rows: {launcher_rows}\n")
     rows = corpus_rows(n_short=60, n_long=3)
     assert days(rows) == 0
     first = published(capsys, days.out, pg_url)
@@ -22,9 +25,9 @@ def test_a_sync_day_writes_the_change_not_the_corpus(days, pg_url, capsys):
     before = view_rows(days.out)
     rows2, _ = next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)
     assert days(rows2, "--sync") == 0
-    second = published(capsys, days.out, pg_url)
+    second = published(capsys, days.out, pg_url, "--run-config", str(config))
     after = assert_same(days.out, pg_url) and view_rows(days.out)
-    assert second["action"] == "delta"
+    assert second["action"] == "delta" and second["loaded_by"] == ("launcher" if launcher_rows else "workers")
     assert second["written"] == changed_keys(before, after) < len(after) / 4
     assert second["deleted"] >= 2 and second["inserted"] >= 3
     assert published(capsys, days.out, pg_url)["written"] == 0
