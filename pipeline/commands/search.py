@@ -34,12 +34,9 @@ from transforms import schemas
 from transforms.publish.columns import CONTRACT
 from transforms.publish.sql import one
 
-MODE = "search"
-
-
 def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: float | None) -> str:
     """The query's request as a run's: history/<search>/requests-*.parquet and _runs/<search>.json."""
-    records.record_start(out.path, search_id, row["model"], MODE, {"balance": balance_before})
+    records.record_start(out.path, search_id, row["model"], records.SEARCH, {"balance": balance_before})
     path = out.join(f"history/{search_id}/requests-{search_id}-search.parquet")
     with FileSystems.create(path) as sink:
         pq.write_table(pa.Table.from_pylist([row], schema=schemas.REQUESTS), sink)
