@@ -9,6 +9,7 @@ import psutil
 import psycopg
 from psycopg import sql
 
+from pipeline.cli import main
 from tests.e2e.money_helpers import REPO
 from tests.publish.helpers import assert_same, publish
 
@@ -53,3 +54,11 @@ def test_the_server_puts_each_key_in_the_bucket_the_launcher_computes(day1, pg_u
         rows = conn.execute(sql.SQL("SELECT doc_id, chunk_index, token_start, _ep_bucket FROM {}")
                             .format(sql.Identifier(data))).fetchall()
     assert rows and all(bucket_of(d, c, t) == b for d, c, t, b in rows)
+
+
+def test_beams_options_before_dir_keep_their_values(day1, pg_url, caplog):
+    """`publish --profile local DIR`: a flag's value is never read as DIR."""
+    assert main(["publish", "--profile", "local", "--direct_num_workers", "1", str(day1), "--to", pg_url]) == 0
+    assert_same(day1, pg_url)
+    assert main(["publish", str(day1), "--to", pg_url, "--direct_num_worker", "2"]) == 2
+    assert "--direct_num_worker (did you mean --direct_num_workers?)" in caplog.text
