@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.e2e.money_helpers import REPO
-from tests.publish.conftest import url_of
+from tests.postgres import url_of
 from tests.publish.helpers import publish
 
 SECRET = "s3cr3t-Pa55"
