@@ -398,6 +398,27 @@ def update_sql(data: sql.Composable, staging: sql.Composable, cols: Sequence[Col
                                                                        _key_match(), returning)
 
 
+def search_default(conn: psycopg.Connection, ef_search: int) -> bool:
+    """hnsw.ef_search = EF_SEARCH in every later session of this role in this database (ALTER
+    ROLE ... IN DATABASE ... SET: a psql user searches as `search` does; other roles and
+    databases keep theirs). False, with a warning, where the server refuses it."""
+    try:
+        with conn.transaction():
+            held = conn.execute("SELECT setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = "
+                                "s.setdatabase WHERE d.datname = current_database() AND s.setrole = "
+                                "(SELECT oid FROM pg_roles WHERE rolname = current_user)").fetchone()
+            if held and f"hnsw.ef_search={ef_search}" in (held[0] or ()):
+                return True
+            conn.execute("SELECT '[0]'::vector")   # pgvector loaded: hnsw.ef_search is its setting, not a placeholder
+            conn.execute(sql.SQL("ALTER ROLE CURRENT_USER IN DATABASE {} SET hnsw.ef_search = {}").format(
+                sql.Identifier(one(conn.execute("SELECT current_database()"))[0]), sql.Literal(ef_search)))
+    except psycopg.Error as exc:
+        log.warning("hnsw.ef_search could not be made this role's default (%s): SET hnsw.ef_search = %d in each "
+                    "session that searches", first_line(exc), ef_search)
+        return False
+    return True
+
+
 def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: bool) -> sql.Composed:
     return sql.SQL("CREATE {}VIEW {} AS SELECT {} FROM {}").format(
         sql.SQL("OR REPLACE " if replace else ""), names(), sql.SQL(", ").join(sql.Identifier(c.name) for c in cols),

@@ -249,6 +249,7 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
             ctx = Context(out, view, db, conn, names, cols, settings, opts)
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
+            dbs.search_default(conn, settings.ef_search)
         except psycopg.Error as exc:
             raise JobFailed(_failure(exc, db, names or table)) from None
         finally:
