@@ -17,6 +17,7 @@ from pipeline.outdir.space import free_bytes
 from service.sandbox.launcher import SandboxProcess
 
 SANDBOX_KEY = "sk-test-key"
+pytest_plugins = ("tests.postgres",)   # the PostgreSQL server of the tests that publish
 
 # Loopback only: a proxy configured in the environment must never see sandbox traffic (or keys).
 os.environ["NO_PROXY"] = ",".join(p for p in (os.environ.get("NO_PROXY"), "127.0.0.1", "localhost") if p)

@@ -35,7 +35,6 @@ def nearest(output_dir: Path, corpus: Path, doc_id: str, k: int = 5) -> list[tup
 
     from pipeline.publish.target import embedded
     with embedded(str(output_dir)) as db, psycopg.connect(db.url) as conn:
-        conn.execute("SET hnsw.ef_search = 100")
         found = conn.execute(SQL, {"doc": doc_id, "k": k}).fetchall()
     heading = {i: (t or "").split("\n", 1)[0] for i, t in
                zip(*pq.read_table(corpus, columns=["id", "text"]).to_pydict().values(), strict=True)}

@@ -16,7 +16,7 @@ from pipeline.outdir.view import is_local
 from pipeline.publish.publisher import publish
 from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, parse_table, parse_url
 from pipeline.settings import profiles
-from pipeline.settings.options import EmbedPipeOptions, check_beam, unknown_flags, use_filesystems
+from pipeline.settings.options import EmbedPipeOptions, check_beam, split_flags, unknown_flags, use_filesystems
 from pipeline.settings.steps import run_settings
 from pipeline.terminal.figures import count
 
@@ -59,10 +59,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--table", default=DEFAULT_TABLE, help=f"the table's name (default {DEFAULT_TABLE})")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.epilog = "Beam's options pass through (--runner, --direct_num_workers, --profile, --run-config ...)."
+    mine, flags = split_flags(argv, parser)
     try:
-        args, flags = parser.parse_known_args(argv)
+        args, stray = parser.parse_known_args(mine)   # a stray value is reported with the unknown flags
     except SystemExit as exc:
         return int(exc.code or 0)
+    flags += stray
     table = parse_table(args.table)
     opts = beam_options(flags)
     report = publish(OutputDir(args.dir), args.target, table, run_settings(opts.run_config).publish, opts)

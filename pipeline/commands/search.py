@@ -32,13 +32,11 @@ from service.client import EmbeddingsClient
 from service.credentials import load_api_key
 from transforms import schemas
 from transforms.publish.columns import CONTRACT
-
-MODE = "search"
-
+from transforms.publish.sql import one
 
 def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: float | None) -> str:
     """The query's request as a run's: history/<search>/requests-*.parquet and _runs/<search>.json."""
-    records.record_start(out.path, search_id, row["model"], MODE, {"balance": balance_before})
+    records.record_start(out.path, search_id, row["model"], records.SEARCH, {"balance": balance_before})
     path = out.join(f"history/{search_id}/requests-{search_id}-search.parquet")
     with FileSystems.create(path) as sink:
         pq.write_table(pa.Table.from_pylist([row], schema=schemas.REQUESTS), sink)
@@ -81,7 +79,7 @@ def search(args) -> dict:
         settings = run_settings(args.run_config).publish
         conn = dbs.connect(db, settings)
         try:
-            names = dbs.Names(table.schema or conn.execute("SELECT current_schema()").fetchone()[0], table.name)
+            names = dbs.Names(table.schema or one(conn.execute("SELECT current_schema()"))[0], table.name)
             record = (dbs.load_record(conn, names)
                       if dbs.relkind(conn, names.schema, dbs.META) else None)
             if record is None or dbs.relkind(conn, names.schema, names.name) != "v":

@@ -4,12 +4,13 @@ Each run records its start before its first paid request (balance, key budget, s
 pipeline/outdir/records.py) and completes it when it finishes. summary.json then reconciles
 since the FIRST start:
 
-    balance delta = Σ rows + lost + others + unexplained
+    balance delta = Σ rows + searches + lost + others + unexplained
 
 What the client can know, and how each part is found:
 - Σ rows (current embeddings files) and Σ requests (requests files, and journal entries of
-  killed runs not written yet) are exact. A request billed whose rows are not in embeddings
-  (vectors of the wrong length, say) is *lost* and fully known.
+  killed runs not written yet) are exact. A search's request (its record's mode `search`)
+  embeds a query and writes no rows: *searches*. Any other request billed whose rows are not
+  in embeddings (vectors of the wrong length, say) is *lost* and fully known.
 - The rest of the balance delta was billed for requests the job never saw answered: attempts
   that timed out, requests in flight when a run was killed, or other jobs on the same account.
   The service names none of them. Every answered request carries the balance after its
@@ -34,7 +35,7 @@ import datetime as dt
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from pipeline.outdir.records import read_records
+from pipeline.outdir.records import SEARCH, read_records
 from transforms.money import journal
 from transforms.money.apportion import bill_micro, from_micro, to_micro
 
@@ -208,12 +209,17 @@ def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict]
     mine = [u for u in unanswered if u["run_id"] in run_ids]
     rows_micro = sum(rows_by_request.values())
     req_micro = sum(to_micro(r["cost_rub"] or 0) for r in requests)
-    without_rows = [r for r in requests if to_micro(r["cost_rub"] or 0) > rows_by_request.get(r["request_id"], 0)]
-    lost_known = req_micro - rows_micro
+    search_ids = {r["run_id"] for r in records if r.get("mode") == SEARCH}
+    searches = [r for r in requests if r["run_id"] in search_ids]
+    search_micro = sum(to_micro(r["cost_rub"] or 0) for r in searches)
+    without_rows = [r for r in requests if r["run_id"] not in search_ids
+                    and to_micro(r["cost_rub"] or 0) > rows_by_request.get(r["request_id"], 0)]
+    lost_known = req_micro - rows_micro - search_micro
     recon = {"since": {k: records[0].get(k) for k in ("run_id", "started_at")} if records else None,
              "runs": [r["run_id"] for r in records],
              "rows_cost_rub": from_micro(rows_micro), "requests_cost_rub": from_micro(req_micro),
-             "rows_minus_requests_rub": from_micro(rows_micro - req_micro), "unanswered": mine}
+             "rows_minus_requests_rub": from_micro(rows_micro - req_micro), "unanswered": mine,
+             "searches": {"count": len(searches), "rub": from_micro(search_micro)}}
     notes = []
     if without_rows:
         notes.append(f"{len(without_rows)} requests were billed {from_micro(lost_known):.6f} RUB but their "

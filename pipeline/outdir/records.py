@@ -12,6 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.outdir.jsonfiles import read_json, write_json
 
 RUNS_DIR = "_runs"
+SEARCH = "search"   # the mode of a search's record: its one request embeds a query, it writes no rows
 
 
 def _path(output_dir: str, run_id: str) -> str:

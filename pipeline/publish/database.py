@@ -29,8 +29,8 @@ from pipeline.exits import JobFailed, UsageError
 from pipeline.publish.target import Database
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKET, BUCKETS, HASH, KEY, Column, bucket_sql, hash_sql, index_expression
-from transforms.publish.sql import LOADS, create_loads, ident
-from transforms.publish.transform import connect as open_connection
+from transforms.publish.sql import LOADS, create_loads, ident, one
+from transforms.publish.load import connect as open_connection
 
 log = logging.getLogger("embedpipe")
 
@@ -75,12 +75,12 @@ def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: st
     """NAME's schema (the search_path's first when not given), checked to exist and to take
     tables from this role; pgvector there."""
     if schema is None:
-        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        schema = one(conn.execute("SELECT current_schema()"))[0]
         if schema is None:
             raise UsageError(f"no schema of the search_path exists in {db.shown}: give --table SCHEMA.TABLE")
     elif conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
         raise UsageError(f"schema {schema} does not exist in {db.shown}")
-    role, may_create = conn.execute("SELECT current_user, has_schema_privilege(%s, 'CREATE')", (schema,)).fetchone()
+    role, may_create = one(conn.execute("SELECT current_user, has_schema_privilege(%s, 'CREATE')", (schema,)))
     if not may_create:
         raise JobFailed(f"role {role} may not create tables in schema {schema} of {db.shown}: grant it CREATE "
                         "there, or publish as a role that has it")
@@ -106,7 +106,7 @@ def _vector(conn: psycopg.Connection, db: Database) -> None:
 
 
 def vector_oid(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT 'vector'::regtype::oid").fetchone()[0]
+    return int(one(conn.execute("SELECT 'vector'::regtype::oid"))[0])
 
 
 @contextlib.contextmanager
@@ -116,7 +116,7 @@ def publisher_lock(conn: psycopg.Connection, names: Names, wait_s: float) -> Ite
     key = int.from_bytes(hashlib.sha256(f"embedpipe publish {names.qualified}".encode()).digest()[:8], "big",
                          signed=True)
     deadline = time.monotonic() + wait_s
-    while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+    while not one(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)))[0]:
         if time.monotonic() >= deadline:
             holder = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
                                   "AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
@@ -227,16 +227,17 @@ def drop_table(conn: psycopg.Connection, names: Names, table: str, settings: Pub
 
 
 def create_data_table(conn: psycopg.Connection, names: Names, table: str, cols: Sequence[Column],
-                      comment: str) -> None:
-    """A model's data table, without indexes (they are built after the bulk load)."""
-    quote = lambda n: sql.Identifier(n).as_string(conn)   # noqa: E731
+                      comment: str, fillfactor: int) -> None:
+    """A model's data table, without indexes (they are built after the bulk load); its pages
+    loaded to FILLFACTOR %, the room left for the updates of later deltas (update_sql)."""
     defs = [sql.SQL("{} {} NOT NULL" if c.name in KEY or c.name == "embedding" else "{} {}")
             .format(sql.Identifier(c.name), sql.SQL(c.type)) for c in cols]
     defs.append(sql.SQL("{} integer GENERATED ALWAYS AS {} STORED").format(sql.Identifier(BUCKET),
                                                                            sql.SQL(bucket_sql())))
-    defs.append(sql.SQL("{} bigint GENERATED ALWAYS AS {} STORED").format(sql.Identifier(HASH),
-                                                                          sql.SQL(hash_sql(list(cols), quote))))
-    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(names(table), sql.SQL(", ").join(defs)))
+    row_hash = hash_sql(list(cols), lambda n: sql.Identifier(n).as_string(conn))
+    defs.append(sql.SQL("{} bigint GENERATED ALWAYS AS {} STORED").format(sql.Identifier(HASH), sql.SQL(row_hash)))
+    conn.execute(sql.SQL("CREATE TABLE {} ({}) WITH (fillfactor = {})").format(
+        names(table), sql.SQL(", ").join(defs), sql.Literal(fillfactor)))
     conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(names(table), sql.Literal(comment)))
 
 
@@ -285,8 +286,8 @@ def aggregates(conn: psycopg.Connection, names: Names, table: str) -> tuple[list
 
 def loaded(conn: psycopg.Connection, names: Names, table: str) -> tuple[int, int]:
     """(tasks, rows) the workers recorded as loaded into TABLE."""
-    n, rows = conn.execute(sql.SQL("SELECT count(*), coalesce(sum(rows), 0) FROM {} WHERE target = %s")
-                           .format(names(LOADS)), (table,)).fetchone()
+    n, rows = one(conn.execute(sql.SQL("SELECT count(*), coalesce(sum(rows), 0) FROM {} WHERE target = %s")
+                               .format(names(LOADS)), (table,)))
     return n, int(rows)
 
 
@@ -329,11 +330,11 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
                 cols: Sequence[Column], gone, drifted: list[int], sums: Checksums, make_record,
                 recreate_view: bool, before_commit=lambda: None) -> tuple[int, int, int]:
     """The delta in one transaction (readers see the table before it or after it, whole): the
-    keys GONE, the DRIFTED buckets and the keys STAGING replaces deleted, STAGING's rows
-    inserted, the record saved with the checksums SUMS carried through; rolled back (Inexact)
-    when the rows they count are not the record's. (inserted, updated, deleted)."""
-    data, key = names(record.data_table), sql.SQL(" AND ").join(
-        sql.SQL("d.{k} = s.{k}").format(k=sql.Identifier(k)) for k in KEY)
+    keys GONE and the DRIFTED buckets deleted, STAGING's rows applied (an update where the key
+    is there, an insert where not), the record saved with the checksums SUMS carried through;
+    rolled back (Inexact) when the rows they count are not the record's. (inserted, updated,
+    deleted)."""
+    data, key = names(record.data_table), _key_match()
     returning = sql.SQL("RETURNING d.{} AS b, d.{} AS h").format(sql.Identifier(BUCKET), sql.Identifier(HASH))
     with conn.transaction():
         deleted = 0
@@ -342,7 +343,7 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
                          "ON COMMIT DROP")
             with conn.cursor().copy("COPY embedpipe_gone FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(["text", "int4", "int4"])
-                for row in zip(*(gone.column(k).to_pylist() for k in KEY)):
+                for row in zip(*(gone.column(k).to_pylist() for k in KEY), strict=True):
                     copy.write_row(row)
             deleted += sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d USING embedpipe_gone s WHERE {} {}")
                                            .format(data, key, returning)), -1)
@@ -351,12 +352,17 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
                 data, sql.Identifier(BUCKET), returning), (drifted,)), -1)
         inserted = updated = 0
         if staging is not None:
-            names_list = sql.SQL(", ").join(sql.Identifier(c.name) for c in cols)
-            updated = sums.apply(_changed(conn, sql.SQL("DELETE FROM {} d USING {} s WHERE {} {}").format(
-                data, names(staging), key, returning)), -1)
-            inserted = sums.apply(_changed(conn, sql.SQL("INSERT INTO {} AS d ({}) SELECT {} FROM {} {}").format(
-                data, names_list, names_list, names(staging), returning)), +1) - updated
-            conn.execute(sql.SQL("DROP TABLE {}").format(names(staging)))
+            s = names(staging)
+            # the rows an update replaces leave the checksums; their new versions enter them below
+            sums.apply(conn.execute(sql.SQL("SELECT d.{b}, count(*), bit_xor(d.{h}) FROM {} d JOIN {} s ON {} "
+                                            "GROUP BY d.{b}").format(data, s, key, b=sql.Identifier(BUCKET),
+                                                                     h=sql.Identifier(HASH))).fetchall(), -1)
+            updated = sums.apply(_changed(conn, update_sql(data, s, cols, returning)), +1)
+            columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in cols)
+            inserted = sums.apply(_changed(conn, sql.SQL(
+                "INSERT INTO {} AS d ({}) SELECT {} FROM {} s WHERE NOT EXISTS (SELECT FROM {} d WHERE {}) {}").format(
+                data, columns, columns, s, data, key, returning)), +1)
+            conn.execute(sql.SQL("DROP TABLE {}").format(s))
             conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(names(LOADS)), (staging,))
         if recreate_view:
             conn.execute(view_sql(names, record.data_table, cols, replace=False))
@@ -366,6 +372,51 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
         save_record(conn, names, new)
         before_commit()
     return inserted, updated, deleted
+
+
+def _key_match() -> sql.Composed:
+    return sql.SQL(" AND ").join(sql.SQL("d.{k} = s.{k}").format(k=sql.Identifier(k)) for k in KEY)
+
+
+def update_sql(data: sql.Composable, staging: sql.Composable, cols: Sequence[Column],
+               returning: sql.Composable) -> sql.Composed:
+    """The rows of DATA whose key STAGING has, updated in place: one new tuple each. A vector
+    whose bytes are the same keeps the stored value itself (not an equal copy, which the
+    server would count as a change of the indexed column), so a row whose lineage alone
+    changed can be a HOT update: no new entry in the HNSW index or the key's, when its page
+    has room (the data table's fillfactor leaves some)."""
+    sets = []
+    for c in cols:
+        if c.name in KEY:
+            continue
+        if c.copy_type == "vector":
+            value = sql.SQL("CASE WHEN vector_send(d.{c}) = vector_send(s.{c}) THEN d.{c} ELSE s.{c} END")
+        else:
+            value = sql.SQL("s.{c}")
+        sets.append(sql.SQL("{c} = ").format(c=sql.Identifier(c.name)) + value.format(c=sql.Identifier(c.name)))
+    return sql.SQL("UPDATE {} d SET {} FROM {} s WHERE {} {}").format(data, sql.SQL(", ").join(sets), staging,
+                                                                       _key_match(), returning)
+
+
+def search_default(conn: psycopg.Connection, ef_search: int) -> bool:
+    """hnsw.ef_search = EF_SEARCH in every later session of this role in this database (ALTER
+    ROLE ... IN DATABASE ... SET: a psql user searches as `search` does; other roles and
+    databases keep theirs). False, with a warning, where the server refuses it."""
+    try:
+        with conn.transaction():
+            held = conn.execute("SELECT setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = "
+                                "s.setdatabase WHERE d.datname = current_database() AND s.setrole = "
+                                "(SELECT oid FROM pg_roles WHERE rolname = current_user)").fetchone()
+            if held and f"hnsw.ef_search={ef_search}" in (held[0] or ()):
+                return True
+            conn.execute("SELECT '[0]'::vector")   # pgvector loaded: hnsw.ef_search is its setting, not a placeholder
+            conn.execute(sql.SQL("ALTER ROLE CURRENT_USER IN DATABASE {} SET hnsw.ef_search = {}").format(
+                sql.Identifier(one(conn.execute("SELECT current_database()"))[0]), sql.Literal(ef_search)))
+    except psycopg.Error as exc:
+        log.warning("hnsw.ef_search could not be made this role's default (%s): SET hnsw.ef_search = %d in each "
+                    "session that searches", first_line(exc), ef_search)
+        return False
+    return True
 
 
 def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: bool) -> sql.Composed:
@@ -418,5 +469,5 @@ def nearest(conn: psycopg.Connection, names: Names, dimensions: int, kept: Seque
             conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
         cur = conn.execute(sql.SQL("SELECT {}, 1 - ({}) AS similarity FROM {} {} ORDER BY {} LIMIT {}").format(
             columns, distance, names(), where, distance, sql.Literal(k)), {**params, "exclude": exclude_doc})
-        found = [d.name for d in cur.description]
-        return [dict(zip(found, row)) for row in cur]
+        found = [d.name for d in cur.description or ()]
+        return [dict(zip(found, row, strict=True)) for row in cur]

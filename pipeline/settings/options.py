@@ -55,14 +55,42 @@ def unknown_flags(flags: list[str]) -> list[str]:
     return found
 
 
+def _takes_value(action: argparse.Action) -> bool:
+    return action.nargs != 0
+
+
+def split_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """ARGV as (a command's own arguments, which PARSER reads; the flags it passes to Beam). A
+    flag PARSER does not know goes to Beam's with the value Beam's option takes, so that
+    `publish --profile prism DIR` never reads `prism` as DIR."""
+    own = {opt: _takes_value(a) for a in parser._actions for opt in a.option_strings}
+    beam = {opt: _takes_value(a) for a in all_options_parser()._actions for opt in a.option_strings}
+    mine: list[str] = []
+    flags: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.split("=", 1)[0]
+        if not arg.startswith("-") or name in own or arg == "-":
+            to, takes = mine, own.get(name, False)
+        else:
+            to, takes = flags, beam.get(name, False)
+        width = 2 if takes and "=" not in arg else 1
+        to.extend(argv[i:i + width])
+        i += width
+    return mine, flags
+
+
 def command_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
     """A small command's own flags (report, compare), Beam's filesystem options passed through to
     FileSystems; an int is argparse's exit code (it printed the usage or the help)."""
     parser.epilog = "Beam's filesystem options pass through (--s3_endpoint_url, --project, ...)."
+    mine, beam_flags = split_flags(argv, parser)
     try:
-        args, beam_flags = parser.parse_known_args(argv)
+        args, stray = parser.parse_known_args(mine)   # a stray value is reported with the unknown flags
     except SystemExit as exc:
         return int(exc.code or 0)
+    beam_flags += stray
     if unknown := unknown_flags(beam_flags):
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
     use_filesystems(PipelineOptions(beam_flags))

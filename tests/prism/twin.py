@@ -7,11 +7,13 @@ the key is searched for in Prism's log, the worker pool's log, both launchers' o
     pair.cli("run", "--input", corpus, "--output", "{out}", "--model", MODEL, "--base-url", "{base_url}")
     pair.cli("plan", "--input", corpus, "--model", MODEL, "--base-url", "{base_url}", "--json")
 
-`{out}` (the side's DIR), `{base_url}` (its sandbox) and `{tmp}` (a directory of its own) are
-each side's. `extra=fn` compares fn(side) too (what a command leaves outside DIR: a table it
-published, say); `compare=False` returns both outcomes unchecked. What differs between any two runs is normalised: run ids (by their order in DIR's
-history), request ids (by the texts each request carried, from the sandbox's ledger), times,
-latencies and DIR's path. Runners cut bundles differently, and requests are packed per bundle:
+`{out}` (the side's DIR), `{base_url}` (its sandbox), `{tmp}` (a directory of its own) and the
+names in the side's `values` (its database's URL, say: `{db}`) are each side's. `extra=fn`
+compares fn(side) too, normalised as the rest (what a command leaves outside DIR: a table it
+published, as a list of rows, say); `compare=False` returns both outcomes unchecked. What
+differs between any two runs is normalised: run ids (by their order in DIR's history),
+request ids (by the texts each request carried, from the sandbox's ledger), times, latencies,
+DIR's path and the side's values; a JSON output is compared as its values. Runners cut bundles differently, and requests are packed per bundle:
 when the two sides packed other requests, what follows from the packing (a row's request and
 cost, the requests' rows) is compared by its invariants instead (totals within the service's
 rounding of 1e-6 RUB a request, each text's share within 1.5e-6 RUB of its tokens x price).
@@ -76,9 +78,11 @@ class Side:
         self._scanned, self.key = scanned, key
         self.out, self.tmp = root / "out", root / "tmp"
         self.tmp.mkdir(parents=True, exist_ok=True)
+        self.values: dict[str, str] = {}
 
     def fill(self, arg: str) -> str:
-        return arg.format(out=self.out, base_url=self.sandbox.base_url, tmp=self.tmp) if "{" in arg else arg
+        return arg.format(out=self.out, base_url=self.sandbox.base_url, tmp=self.tmp, **self.values) \
+            if "{" in arg else arg
 
     def argv(self, command: str, args: Sequence[str]) -> list[str]:
         own = self.flags if command in RUNNER_COMMANDS else []
@@ -110,11 +114,15 @@ class Side:
     def outcome(self, code: int, stdout: str, stderr: str, extra=None) -> Outcome:
         """What the command left, with every request the side's sandbox billed so far."""
         charges = self.ledger()
-        names = _Names(self.out, charges, str(self.root))
+        names = _Names(self.out, charges, str(self.root), self.values)
         summary = json.loads((self.out / "summary.json").read_text()) if (self.out / "summary.json").exists() else None
-        return Outcome(self.name, code, names.text(stdout), _own_lines(stderr, names), self.view(names),
+        try:
+            shown = names.value(json.loads(stdout))
+        except json.JSONDecodeError:
+            shown = names.text(stdout)
+        return Outcome(self.name, code, shown, _own_lines(stderr, names), self.view(names),
                        names.value(summary), sorted(sorted(c["input_sha256"]) for c in charges),
-                       extra(self) if extra else None, stderr)
+                       names.value(extra(self)) if extra else None, stderr)
 
     def view(self, names: _Names) -> dict[str, list]:
         if not (self.out / "_current.json").exists():
@@ -127,15 +135,17 @@ class Side:
 class _Names:
     """What two runs name differently, named by what it stands for."""
 
-    def __init__(self, out: Path, ledger: list[dict], root: str):
+    def __init__(self, out: Path, ledger: list[dict], root: str, values: dict[str, str] | None = None):
         runs = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")] if out.exists() else []
         runs.sort(key=lambda r: r["started_at"])
         self.runs = {r["run_id"]: f"RUN{i}" for i, r in enumerate(runs, 1)}
         self.requests = {c["request_id"]: "REQ(" + ",".join(sorted(h[:10] for h in c["input_sha256"])) + ")"
                          for c in ledger}
-        self.root = root
+        self.root, self.values = root, values or {}
 
     def text(self, s: str) -> str:
+        for name, value in self.values.items():
+            s = s.replace(value, f"<{name}>")
         s = s.replace(self.root, "<SIDE>")
         s = RUN_ID.sub(lambda m: self.runs.get(m.group(), "RUN?"), s)
         return re.sub(r"\b[0-9a-f]{32}\b", lambda m: self.requests.get(m.group(), m.group()), s)
@@ -144,7 +154,8 @@ class _Names:
         if key == "metrics":   # a counter never incremented: Prism reports it as 0, FnApiRunner not at all
             return {k: x for k, x in v.items() if x and k not in _TIMING_OR_MODE}
         if isinstance(v, dict):
-            return {self.text(k): self.value(x, k) for k, x in v.items() if k not in _DROPPED and not k.endswith(("_at", "_s"))}
+            return {self.text(k): self.value(x, k) for k, x in v.items()
+                    if k not in _DROPPED and not k.endswith(("_at", "_s")) and not k.startswith("seconds")}
         if isinstance(v, list):
             return [self.value(x) for x in v]
         return self.text(v) if isinstance(v, str) else v
@@ -195,13 +206,16 @@ def assert_same(local: Outcome, other: Outcome, price_per_token: float | None = 
     not follow from the packing, and the money's invariants."""
     where = f"{other.side} against {local.side}"
     assert other.code == local.code, f"{where}: exit {other.code} != {local.code}\n{other.raw_stderr[-3000:]}"
-    assert other.extra == local.extra, where
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in _PACKING} for r in rows]
+    if other.same_packing(local) or not isinstance(local.extra, list):
+        assert other.extra == local.extra, f"{where}: {difference(local.extra, other.extra, 'extra')}"
+    else:   # rows: what follows from the packing aside, as the view's
+        assert strip(other.extra) == strip(local.extra), f"{where}: {difference(local.extra, other.extra, 'extra')}"
     if other.same_packing(local):
         for part in ("log", "stdout", "view", "summary"):
             a, b = getattr(local, part), getattr(other, part)
             assert a == b, f"{where}: {difference(a, b, part)}" + (f"\n{a}\n{b}" if part == "log" else "")
         return
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in _PACKING} for r in rows]
     for kind in set(local.view) | set(other.view):
         if kind != "requests":
             a, b = strip(local.view.get(kind, [])), strip(other.view.get(kind, []))

@@ -3,22 +3,33 @@ from __future__ import annotations
 
 import decimal
 import json
-import os
+import time
 from pathlib import Path
 
 import numpy as np
 import psycopg
-import pyarrow as pa
 import pyarrow.parquet as pq
+from psycopg import sql
 
 from pipeline.cli import main
-from tests.e2e.money_helpers import MODEL
 
 KEY = ("doc_id", "chunk_index", "token_start")
 
 
 def publish(out: Path, target: str, *extra: str) -> int:
     return main(["publish", str(out), "--to", target, *extra])
+
+
+def relation(table: str) -> sql.Identifier:
+    """TABLE, or SCHEMA.TABLE, quoted."""
+    return sql.Identifier(*table.split("."))
+
+
+def published(capsys, out: Path, url: str, *extra: str) -> dict:
+    """publish --json: its report."""
+    capsys.readouterr()
+    assert publish(out, url, "--json", *extra) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 def view_rows(out: Path) -> dict[tuple, dict]:
@@ -35,11 +46,11 @@ def view_rows(out: Path) -> dict[tuple, dict]:
 def table_rows(url: str, table: str = "embeddings") -> dict[tuple, dict]:
     """The published relation by key; the vector as float32 bytes from pgvector's binary form."""
     with psycopg.connect(url) as conn:
-        cur = conn.execute(f"SELECT *, vector_send(embedding) AS _bytes FROM {table}")
+        cur = conn.execute(sql.SQL("SELECT *, vector_send(embedding) AS _bytes FROM {}").format(relation(table)))
         names = [d.name for d in cur.description]
         rows = {}
         for values in cur:
-            r = dict(zip(names, values))
+            r = dict(zip(names, values, strict=True))
             raw = bytes(r.pop("_bytes"))
             r["embedding"] = np.frombuffer(raw[4:], dtype=">f4").astype(np.float32).tobytes()
             rows[tuple(r[k] for k in KEY)] = r
@@ -62,3 +73,21 @@ def assert_same(out: Path, url: str, table: str = "embeddings") -> int:
 
 def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
+
+
+def tuples_written(url: str) -> dict[str, int]:
+    """What the served data table took so far, as pg_stat_user_tables counts it (inserts,
+    updates, of them HOT ones, deletes), once every publishing backend has ended (a backend
+    flushes its counts before it leaves pg_stat_activity)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(300):
+            if not conn.execute("SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'embedpipe publish%' "
+                                "AND pid <> pg_backend_pid()").fetchall():
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("a publishing backend is still there")
+        data = conn.execute("SELECT record->>'data_table' FROM embedpipe_published").fetchone()[0]
+        found = conn.execute("SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables "
+                             "WHERE relname = %s", (data,)).fetchone()
+    return dict(zip(("inserted", "updated", "hot", "deleted"), found, strict=True)) | {"table": data}

@@ -6,10 +6,14 @@ import threading
 import time
 
 import psycopg
+from psycopg import sql
+
+from tests.publish.helpers import relation
 
 
 def snapshot(conn: psycopg.Connection, table: str = "embeddings") -> frozenset:
-    return frozenset(conn.execute(f"SELECT doc_id, chunk_index, token_start, run_id, model FROM {table}").fetchall())
+    return frozenset(conn.execute(sql.SQL("SELECT doc_id, chunk_index, token_start, run_id, model FROM {}")
+                                  .format(relation(table))).fetchall())
 
 
 class Reader(threading.Thread):
@@ -29,8 +33,8 @@ class Reader(threading.Thread):
             while not self._done.is_set():
                 try:
                     self.seen.add(snapshot(conn, self.table))
-                    conn.execute(f"SELECT doc_id FROM {self.table} ORDER BY embedding <=> "
-                                 f"(SELECT embedding FROM {self.table} LIMIT 1) LIMIT 3").fetchall()
+                    conn.execute(sql.SQL("SELECT doc_id FROM {t} ORDER BY embedding <=> (SELECT embedding FROM {t} "
+                                         "LIMIT 1) LIMIT 3").format(t=relation(self.table))).fetchall()
                     self.polls += 1
                 except psycopg.Error as exc:
                     self.errors.append(str(exc))

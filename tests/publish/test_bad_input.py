@@ -4,7 +4,6 @@ SQL), a table that is not embedpipe's, a server that does not answer, a role wit
 a server without pgvector, a second publisher of the same table."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -12,9 +11,8 @@ import psycopg
 import pytest
 
 from tests.e2e.money_helpers import REPO
-from tests.publish.conftest import url_of
+from tests.postgres import url_of
 from tests.publish.helpers import publish
-from tests.publish.test_publish import day1, env_key  # noqa: F401  (fixtures)
 
 SECRET = "s3cr3t-Pa55"
 

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.e2e.money_helpers import REPO, corpus_rows
 from tests.e2e.test_sync import next_day
-from tests.publish.helpers import assert_same, publish
+from tests.publish.helpers import assert_same, publish, published
 from tests.publish.reader import snapshot
-from tests.publish.test_delta import days, env_key, published  # noqa: F401  (fixtures)
 
 
 def start_paused(out, url: str, step: str, *extra: str) -> subprocess.Popen:
@@ -112,13 +111,14 @@ def test_a_table_edited_by_hand_is_repaired_by_the_next_publish(days, pg_url, ca
     with psycopg.connect(pg_url, autocommit=True) as conn:
         data = conn.execute("SELECT data_table FROM (SELECT record->>'data_table' AS data_table FROM "
                             "embedpipe_published) r").fetchone()[0]
-        conn.execute(f"UPDATE {data} SET embedding = embedding + embedding WHERE doc_id = 's-1'")
-        conn.execute(f"UPDATE {data} SET cost_rub = 0 WHERE doc_id = 's-2'")
-        conn.execute(f"DELETE FROM {data} WHERE doc_id = 's-3'")
-        conn.execute(f"INSERT INTO {data} (doc_id, chunk_index, chunk_count, token_start, token_end, n_tokens, "
-                     f"text_sha256, model, embedding, request_id, cost_rub, run_id, embedded_at) SELECT 'intruder', "
-                     f"chunk_index, chunk_count, token_start, token_end, n_tokens, text_sha256, model, embedding, "
-                     f"request_id, cost_rub, run_id, embedded_at FROM {data} WHERE doc_id = 's-4'")
+        for statement in ("UPDATE {t} SET embedding = embedding + embedding WHERE doc_id = 's-1'",
+                          "UPDATE {t} SET cost_rub = 0 WHERE doc_id = 's-2'",
+                          "DELETE FROM {t} WHERE doc_id = 's-3'",
+                          "INSERT INTO {t} (doc_id, chunk_index, chunk_count, token_start, token_end, n_tokens, "
+                          "text_sha256, model, embedding, request_id, cost_rub, run_id, embedded_at) SELECT "
+                          "'intruder', chunk_index, chunk_count, token_start, token_end, n_tokens, text_sha256, model, "
+                          "embedding, request_id, cost_rub, run_id, embedded_at FROM {t} WHERE doc_id = 's-4'"):
+            conn.execute(sql.SQL(statement).format(t=sql.Identifier(data)))
     repaired = published(capsys, days.out, pg_url)
     assert repaired["action"] == "delta" and 1 <= repaired["drifted_buckets"] <= 4
     assert repaired["written"] < 60

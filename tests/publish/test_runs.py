@@ -6,17 +6,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.conftest import SANDBOX_KEY
 from tests.e2e.money_helpers import MODEL, corpus_rows, start_sandbox, write_corpus
 from tests.e2e.test_switch import OTHER, run, write_models
 from tests.e2e.test_sync import next_day
 from tests.publish.helpers import assert_same, summary
 from tests.publish.reader import Reader, snapshot
-
-
-@pytest.fixture
-def env_key(monkeypatch):
-    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
 
 
 @pytest.fixture

@@ -8,10 +8,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.cli import main
-from tests.e2e.money_helpers import MODEL, ledger
+from tests.e2e.money_helpers import MODEL, corpus_rows, micro
+from tests.e2e.test_sync import next_day
 from tests.publish.helpers import publish, view_rows
-from tests.publish.test_delta import days, env_key  # noqa: F401  (fixtures)
-from tests.e2e.money_helpers import corpus_rows
 
 
 def search(capsys, *args) -> dict:
@@ -87,3 +86,22 @@ def test_over_2000_dimensions_the_index_is_on_halfvec_and_search_uses_it(tmp_pat
         assert "_hnsw" in plan
     like = search(capsys, str(out), "--like", "s-3", "-k", "3", "--to", pg_url)
     assert len(like["results"]) == 3 and all(r["doc_id"] != "s-3" for r in like["results"])
+
+
+def test_a_search_is_named_in_the_next_runs_reconciliation(days, pg_url, capsys):
+    """A paid search is a request without rows that is not lost: the next run's reconciliation
+    counts it as a search, and DIR reconciles to the micro-rouble with the sandbox's ledger."""
+    rows = corpus_rows(n_short=40, n_long=1)
+    assert days(rows) == 0
+    assert publish(days.out, pg_url) == 0
+    found = search(capsys, str(days.out), "budget vector rouble", "--to", pg_url, "--base-url", days.base_url,
+                   "--models-config", str(days.models))
+    assert days(next_day(rows, edit_short=2, edit_long=0, remove=1, add=2)[0], "--sync") == 0
+    s = json.loads((days.out / "summary.json").read_text())
+    recon = s["reconciliation"]
+    billed = micro(c["cost_rub"] for c in days.sandbox_ledger())
+    assert recon["searches"] == {"count": 1, "rub": found["request"]["cost_rub"]}
+    assert recon["lost"]["count"] == 0 and recon["others_rub"] == 0 and recon["unexplained_rub"] == 0
+    assert micro([recon["balance_delta_rub"]]) == billed == \
+        micro([recon["rows_cost_rub"], recon["searches"]["rub"]]) > micro([recon["rows_cost_rub"]])
+    assert recon["notes"] == []

@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.exits import UsageError
@@ -39,7 +40,7 @@ def test_vectors_go_in_pgvector_binary_form_bit_for_bit():
     v = np.array([[1.5, -0.0, np.float32(1e-45), 3.4e38], [0.1, 0.2, 0.3, 0.4]], np.float32)
     column = pa.FixedSizeListArray.from_arrays(pa.array(v.ravel(), pa.float32()), 4)
     payloads = vector_payloads(column, 4)
-    for row, payload in zip(v, payloads):
+    for row, payload in zip(v, payloads, strict=True):
         assert struct.unpack(">HH", payload[:4]) == (4, 0)
         assert np.frombuffer(payload[4:], ">f4").astype(np.float32).tobytes() == row.tobytes()
     with pytest.raises(ValueError):
@@ -72,16 +73,18 @@ def test_buckets_and_the_index_expression():
 
 
 def _keys(rows) -> pa.Table:
-    """(doc, chunk, start, identity, row) -> delta.ROWS with file 0, group 0."""
+    """(doc, chunk, start, run, row) -> delta.ROWS with file 0, group 0, one text and request."""
+    n = len(rows)
     return pa.table([pa.array([r[0] for r in rows], pa.string()), pa.array([r[1] for r in rows], pa.int32()),
-                     pa.array([r[2] for r in rows], pa.int32()), pa.array([r[3] for r in rows], pa.binary()),
-                     pa.array([0] * len(rows), pa.int32()), pa.array([0] * len(rows), pa.int32()),
+                     pa.array([r[2] for r in rows], pa.int32()), pa.array([r[3] for r in rows], pa.string()),
+                     pa.array(["f" * 64] * n, pa.string()), pa.array(["q"] * n, pa.string()),
+                     pa.array([0] * n, pa.int32()), pa.array([0] * n, pa.int32()),
                      pa.array([r[4] for r in rows], pa.int32())], schema=delta.ROWS)
 
 
 def test_the_delta_writes_what_changed_and_deletes_what_left():
-    old = _keys([("a", 0, 0, b"1", 0), ("b", 0, 0, b"1", 1), ("c", 0, 0, b"1", 2)])
-    new = _keys([("a", 0, 0, b"1", 0), ("b", 0, 0, b"2", 1), ("d", 0, 0, b"1", 2)])
+    old = _keys([("a", 0, 0, "run1", 0), ("b", 0, 0, "run1", 1), ("c", 0, 0, "run1", 2)])
+    new = _keys([("a", 0, 0, "run1", 0), ("b", 0, 0, "run2", 1), ("d", 0, 0, "run1", 2)])
     writes, gone, updates = delta.diff(old, new, None, [])
     assert sorted(writes.column("doc_id").to_pylist()) == ["b", "d"] and updates == 1
     assert gone.column("doc_id").to_pylist() == ["c"]
@@ -91,3 +94,18 @@ def test_the_delta_writes_what_changed_and_deletes_what_left():
     bucket = bucket_of("a", 0, 0)
     writes, gone, _ = delta.diff(old, new, new, [bucket])
     assert "a" in writes.column("doc_id").to_pylist()
+
+
+def test_keys_are_placed_by_file_row_group_and_row(tmp_path):
+    rows = [{"doc_id": f"d{i}", "chunk_index": i % 2, "token_start": 0, "run_id": "r", "text_sha256": "t",
+             "request_id": f"q{i}"} for i in range(7)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet", row_group_size=3)
+    pq.write_table(pa.Table.from_pylist(rows[:2]), tmp_path / "b.parquet")
+    keys = delta.read_keys([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")])
+    assert keys.column("doc_id").to_pylist() == [f"d{i}" for i in (*range(7), 0, 1)]
+    assert list(zip(keys.column("file").to_pylist(), keys.column("group").to_pylist(),
+                    keys.column("row").to_pylist(), strict=True)) == \
+        [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 2, 0), (1, 0, 0), (1, 0, 1)]
+    served = delta.table_keys([[(r["doc_id"], r["chunk_index"], 0, "r", "t", r["request_id"]) for r in rows[:4]]])
+    assert served.column("request_id").to_pylist() == ["q0", "q1", "q2", "q3"]
+    assert sorted(delta.diff(served, keys, None, [])[0].column("doc_id").to_pylist()) == ["d4", "d5", "d6"]

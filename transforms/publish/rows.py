@@ -49,9 +49,9 @@ def copy_rows(table: pa.Table, cols: Sequence[Column], dimensions: int) -> Itera
     for col in cols:
         column = table.column(col.name)
         found.append(vector_payloads(column, dimensions) if col.copy_type == "vector" else _values(column, col))
-    return zip(*found)
+    return zip(*found, strict=True)
 
 
-def select(table: pa.Table, rows: Sequence[int] | None) -> pa.Table:
+def select(table: pa.Table, rows: np.ndarray | Sequence[int] | None) -> pa.Table:
     """TABLE, or its ROWS (indexes) only."""
     return table if rows is None else table.take(pa.array(np.asarray(rows, dtype=np.int64)))

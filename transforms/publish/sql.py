@@ -7,11 +7,20 @@ counts them after the job, and drops them with the table.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 LOADS = "embedpipe_loads"
+
+
+def one(cur: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    """The row of a statement that always returns one (an aggregate, a function's value)."""
+    row = cur.fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("a statement that always returns a row returned none")
+    return tuple(row)
 
 
 def ident(schema: str, name: str) -> sql.Composed:
