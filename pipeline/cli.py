@@ -20,12 +20,9 @@ import logging
 import sys
 import threading
 
-from pipeline import prism
-from pipeline.checks.reach import check_workers_reach_paths
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
-from pipeline.settings import profiles
 from pipeline.settings.job import model_names, resolve
-from pipeline.settings.options import EmbedPipeOptions, all_options_parser, check_beam, unknown_flags, use_filesystems
+from pipeline.settings.options import EmbedPipeOptions, all_options_parser, command_options
 from pipeline.terminal import OWN_LOGGERS
 from pipeline.terminal import summary as short
 from pipeline.terminal import usage
@@ -83,21 +80,9 @@ def _logging(verbose: bool) -> None:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
-def _options(argv: list[str]) -> EmbedPipeOptions:
-    flags = profiles.expand(argv)
-    if unknown := unknown_flags(flags):
-        raise UsageError(f"unknown option(s): {', '.join(unknown)}")
-    opts = EmbedPipeOptions(flags)
-    check_beam(opts)
-    prism.use_build(opts)
-    check_workers_reach_paths(opts)
-    use_filesystems(opts)
-    return opts
-
-
 def cmd_run(argv: list[str]) -> int:
     from pipeline.commands.run import execute
-    job = resolve(_options(argv), need_output=True)
+    job = resolve(command_options(argv), need_output=True)
     opts = job.opts
     if opts.publish or opts.publish_table:   # refused before anything is spent
         from pipeline.commands import publish
@@ -118,7 +103,7 @@ def cmd_run(argv: list[str]) -> int:
 
 def cmd_plan(argv: list[str]) -> int:
     from pipeline.commands.plan import plan, render
-    opts = _options(argv)
+    opts = command_options(argv)
     if names := model_names(opts):
         return _plan_models(opts, names)
     result = plan(resolve(opts, need_output=False))

@@ -5,6 +5,8 @@ anything is sent. A Flink or portable cluster may mount one shared filesystem at
 on every host, so a local path is left to the user there (docs/RUNNERS.md)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
@@ -17,13 +19,14 @@ def _is_local(path: str) -> bool:
     return FileSystems.get_scheme(path) in (None, "file")
 
 
-def check_workers_reach_paths(opts: PipelineOptions) -> None:
-    """A local --input, --output or --known on a runner whose workers are elsewhere: UsageError."""
+def check_workers_reach_paths(opts: PipelineOptions, others: Sequence[tuple[str, str]] = ()) -> None:
+    """A local --input, --output or --known, or one of OTHERS ((name, path): a command's DIR), on
+    a runner whose workers are elsewhere: UsageError."""
     runner = opts.view_as(StandardOptions).runner
     if runner not in REMOTE_ONLY_RUNNERS:
         return
     paths = [("--input", opts.input), ("--output", getattr(opts, "output", None))]
-    paths += [("--known", k) for k in getattr(opts, "known", None) or []]
+    paths += [("--known", k) for k in getattr(opts, "known", None) or []] + list(others)
     for flag, path in paths:
         if path and _is_local(path):
             raise UsageError(f"{flag} {path} is on this machine's disk, and {runner}'s workers run on "

@@ -15,23 +15,11 @@ from pipeline.outdir import OutputDir
 from pipeline.outdir.view import is_local
 from pipeline.publish.publisher import publish
 from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, parse_table, parse_url
-from pipeline.settings import profiles
-from pipeline.settings.options import EmbedPipeOptions, check_beam, split_flags, unknown_flags, use_filesystems
+from pipeline.settings.options import command_args
 from pipeline.settings.steps import run_settings
 from pipeline.terminal.figures import count
 
 log = logging.getLogger("embedpipe")
-
-
-def beam_options(flags: list[str]) -> EmbedPipeOptions:
-    """A small command's Beam options (the pipeline it runs, the filesystems it reads)."""
-    flags = profiles.expand(flags)
-    if unknown := unknown_flags(flags):
-        raise UsageError(f"unknown option(s): {', '.join(unknown)}")
-    opts = EmbedPipeOptions(flags)
-    check_beam(opts)
-    use_filesystems(opts)
-    return opts
 
 
 def render(r: dict, output_dir: str) -> str:
@@ -59,14 +47,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--table", default=DEFAULT_TABLE, help=f"the table's name (default {DEFAULT_TABLE})")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.epilog = "Beam's options pass through (--runner, --direct_num_workers, --profile, --run-config ...)."
-    mine, flags = split_flags(argv, parser)
-    try:
-        args, stray = parser.parse_known_args(mine)   # a stray value is reported with the unknown flags
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    flags += stray
+    args = command_args(parser, argv, read_by_workers=("dir",))
+    if isinstance(args, int):
+        return args
+    opts = args.options
     table = parse_table(args.table)
-    opts = beam_options(flags)
     report = publish(OutputDir(args.dir), args.target, table, run_settings(opts.run_config).publish, opts)
     print(json.dumps(report, indent=2) if args.json else render(report, args.dir))
     return EXIT_OK

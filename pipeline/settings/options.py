@@ -1,8 +1,9 @@
-"""Command-line options of `run` and `plan`, as a Beam PipelineOptions subclass."""
+"""Command-line options of every command, as a Beam PipelineOptions subclass."""
 from __future__ import annotations
 
 import argparse
 import difflib
+from collections.abc import Sequence
 from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 # Registers the Flink and Spark runners' options, so their flags count as known.
@@ -14,7 +15,10 @@ from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, 
 from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
 from apache_beam.runners.runner import create_runner
 
+from pipeline import prism
+from pipeline.checks.reach import check_workers_reach_paths
 from pipeline.exits import UsageError
+from pipeline.settings import profiles
 
 _Options = TypeVar("_Options", bound=PipelineOptions)
 
@@ -81,19 +85,37 @@ def split_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[
     return mine, flags
 
 
-def command_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
-    """A small command's own flags (report, compare), Beam's filesystem options passed through to
-    FileSystems; an int is argparse's exit code (it printed the usage or the help)."""
-    parser.epilog = "Beam's filesystem options pass through (--s3_endpoint_url, --project, ...)."
+def command_options(flags: list[str], read_by_workers: Sequence[tuple[str, str]] = ()) -> EmbedPipeOptions:
+    """Every command's options, from its flags after its profile's: refused (UsageError) when a
+    flag is unknown, when Beam would refuse them once the job is built, or when a path its
+    workers read (--input, --output, --known, and READ_BY_WORKERS: (name, path)) is on this
+    machine for a runner whose workers run elsewhere; Prism as `make prism` built it; the
+    driver's filesystems set up as the workers' are."""
+    flags = profiles.expand(flags)
+    if unknown := unknown_flags(flags):
+        raise UsageError(f"unknown option(s): {', '.join(unknown)}")
+    opts = EmbedPipeOptions(flags)
+    check_beam(opts)
+    prism.use_build(opts)
+    check_workers_reach_paths(opts, read_by_workers)
+    use_filesystems(opts)
+    return opts
+
+
+def command_args(parser: argparse.ArgumentParser, argv: list[str],
+                 read_by_workers: Sequence[str] = ()) -> argparse.Namespace | int:
+    """A small command's own arguments (PARSER's), with `options`: the command's options from
+    the flags PARSER does not know (command_options; READ_BY_WORKERS: the names of its
+    arguments that are paths its workers read). An int is argparse's exit code (it printed the
+    usage or the help)."""
+    parser.epilog = parser.epilog or "Beam's options pass through (--profile, --runner, --s3_endpoint_url, ...)."
     mine, beam_flags = split_flags(argv, parser)
     try:
         args, stray = parser.parse_known_args(mine)   # a stray value is reported with the unknown flags
     except SystemExit as exc:
         return int(exc.code or 0)
-    beam_flags += stray
-    if unknown := unknown_flags(beam_flags):
-        raise UsageError(f"unknown option(s): {', '.join(unknown)}")
-    use_filesystems(PipelineOptions(beam_flags))
+    paths = [(name.upper(), getattr(args, name)) for name in read_by_workers]
+    args.options = command_options(beam_flags + stray, paths)
     return args
 
 

@@ -5,6 +5,8 @@ reach the database by a URL without a password, with the one their environment g
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from tests.e2e.helpers import corpus_rows, write_corpus
+from tests.e2e.money_helpers import REPO
 from tests.e2e.test_secrets import files_under, hits
 from tests.postgres import url_of
 from tests.prism.test_commands import _day2
@@ -134,3 +137,19 @@ def test_pool_workers_take_the_password_from_their_environment(tmp_path, sandbox
         failed = outcomes["without"]
         assert failed.code == 1 and "Traceback" not in failed.raw_stderr, failed.raw_stderr[-2000:]
         assert "a worker could not load rows" in failed.raw_stderr and "password" in failed.raw_stderr
+
+
+def test_publish_on_prism_runs_the_binary_make_prism_built(tmp_path, sandbox_factory, pg_url, prism_binary,
+                                                            monkeypatch):
+    """`publish --profile prism` takes Prism from .cache/prism/ as `run --profile prism` does:
+    without --prism_location, Beam would look for one in its own cache, then on GitHub."""
+    from tests.e2e.money_helpers import SANDBOX_KEY, run, start_sandbox, write_models
+    monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+    models = write_models(tmp_path / "models.yaml")
+    out = tmp_path / "out"
+    assert run(write_corpus(tmp_path / "corpus.parquet", corpus_rows()), out, start_sandbox(sandbox_factory, models),
+               models) == 0
+    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", "--profile", "prism", str(out), "--to", pg_url],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same(out, pg_url)

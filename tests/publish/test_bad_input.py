@@ -109,3 +109,12 @@ def test_nothing_to_publish_and_embedded_on_an_object_store_are_usage_errors(tmp
     assert "has no view to publish" in caplog.text
     assert publish("s3://bucket/out", "embedded") == 2   # nothing read from the store first
     assert "on a local disk" in caplog.text
+
+
+def test_a_dir_on_this_disk_is_refused_for_workers_that_run_elsewhere(day1, caplog):
+    """DIR's files are read by the workers: on a runner whose workers are on other hosts, a local
+    DIR is refused as a local --output is, before anything is read or connected."""
+    assert publish(day1, "postgresql://postgres@127.0.0.1:9/db", "--profile", "dataflow", "--region",
+                   "us-central1") == 2
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].getMessage().startswith(f"DIR {day1} is on this machine's disk")
