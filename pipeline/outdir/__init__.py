@@ -78,6 +78,14 @@ class OutputDir:
     def view(self) -> View | None:
         return views.load(self.path, self.slot)
 
+    def require_view(self) -> View:
+        """The view, for a command that reads DIR and writes nothing unless DIR has one (a
+        mistyped DIR is refused, never made)."""
+        if self.view is None:
+            raise UsageError(f"{self.path} has no view of embeddings (no run committed one there): check DIR, or "
+                             f"run `python -m pipeline run ... --output {self.path}` first")
+        return self.view
+
     def _match(self, pattern: str) -> list[str]:
         return sorted(m.path for m in FileSystems.match([self.join(pattern)])[0].metadata_list)
 

