@@ -19,6 +19,7 @@ import json
 import logging
 import sys
 import threading
+from typing import Any
 
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
 from pipeline.settings.job import model_names, resolve
@@ -91,15 +92,20 @@ def cmd_run(argv: list[str]) -> int:
     if opts.publish or opts.publish_table:   # refused before anything is spent
         from pipeline.commands import publish
         publish.check_after_run(opts)
-    code, report = execute(job)
-    next_step = short.advice(report, opts.output, job.again)
-    if not opts.json:
-        print("\n".join(short.lines(report, opts.output, next_step)), flush=True)
-    if next_step:  # logged too, for logs and schedulers; a screen showing the summary has it already
-        log.error(next_step, extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
-    if opts.publish:   # the view is committed: the run's outcome stands, whatever the publish does
-        from pipeline.commands import publish
-        code = publish.after_run(opts, code, report)
+
+    def committed(code: int, report: dict[str, Any]) -> int:
+        """The run's outcome, then (in DIR's lock) the publish of the view it committed."""
+        next_step = short.advice(report, opts.output, job.again)
+        if not opts.json:
+            print("\n".join(short.lines(report, opts.output, next_step)), flush=True)
+        if next_step:  # logged too, for logs and schedulers; a screen showing the summary has it already
+            log.error(next_step, extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
+        if opts.publish:   # the run's outcome stands, whatever the publish does
+            from pipeline.commands.publish import after_run
+            code = after_run(opts, code, report)
+        return code
+
+    code, report = execute(job, committed)
     if opts.json:
         print(json.dumps(report, indent=2, default=str))
     return code

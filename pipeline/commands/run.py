@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 
 import apache_beam as beam
 import pyarrow as pa
@@ -62,7 +63,10 @@ def _account_after(job: Job) -> acct.Account:
         return acct.Account(None, None, None)
 
 
-def execute(job: Job) -> tuple[int, dict]:
+def execute(job: Job, then: Callable[[int, dict], int] | None = None) -> tuple[int, dict]:
+    """The run: (exit code, summary). THEN(code, summary) -> code follows the commit while the
+    run still holds DIR's lock (`run --publish`: the view it publishes is the one this run
+    committed, and the summary it completes is this run's)."""
     started = dt.datetime.now(dt.UTC)
     out = OutputDir(job.opts.output)
     space.quiet_worker_logs()
@@ -73,7 +77,8 @@ def execute(job: Job) -> tuple[int, dict]:
             out.adopt_earlier_layout()
             out.repair_link()
             out.collect_garbage(job.settings.views.keep)   # a killed commit's files: room for this one
-            return _execute(job, out, started, writes)
+            code, report = _execute(job, out, started, writes)
+            return (then(code, report) if then else code), report
     except JobFailed:
         raise
     except Exception as exc:   # anywhere in DIR: the probe, the lock, a record, the job, the commit

@@ -3,10 +3,15 @@ runs of a model switch) the table is DIR's current view bit for bit, and a reade
 meanwhile sees the state before or the state after, whole, and never an error."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import psycopg
 import pytest
 
-from tests.e2e.money_helpers import MODEL, corpus_rows, start_sandbox, write_corpus
+from pipeline.cli import main
+from tests.e2e.money_helpers import MODEL, REPO, corpus_rows, start_sandbox, write_corpus
 from tests.e2e.test_switch import OTHER, run, write_models
 from tests.e2e.test_sync import next_day
 from tests.publish.helpers import assert_same, summary
@@ -51,7 +56,6 @@ def test_each_kind_of_run_is_published_whole(setup, pg_url, caplog):
 
 def run_resume(out, sb, models, url) -> int:
     """--resume without --input: the view's pending rows."""
-    from pipeline.cli import main
     return main(["run", "--output", str(out), "--model", MODEL, "--base-url", sb.base_url, "--models-config",
                  str(models), "--resume", "--publish", url])
 
@@ -77,3 +81,23 @@ def test_a_switch_serves_the_old_model_until_it_completes_then_swaps_whole(setup
         tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
         assert len([t for t in tables if t.startswith("embedpipe_data_")]) == 1
         assert not [t for t in tables if t.startswith("embedpipe_staging_")]
+
+
+def test_the_publish_of_a_run_holds_dir_until_it_ends(days, tmp_path, pg_url):
+    """`run --publish` publishes while it still holds DIR's lock: another run is refused
+    meanwhile, so the table serves the view this run committed and summary.json is this run's."""
+    corpus = write_corpus(tmp_path / "corpus.parquet", corpus_rows(n_short=30, n_long=1))
+    argv = ["run", "--input", str(corpus), "--output", str(days.out), "--model", MODEL, "--base-url",
+            days.base_url, "--models-config", str(days.models), "--sync"]
+    first = subprocess.Popen([sys.executable, "-m", "pipeline", *argv, "--publish", pg_url], cwd=REPO,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "EMBEDPIPE_PUBLISH_PAUSE_AT": "loaded"})
+    try:
+        assert any("publish paused at loaded" in line for line in first.stderr), first.wait(30)
+        assert main(argv) == 2   # the lock: another run is writing DIR
+    finally:
+        out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0
+    s = summary(days.out)
+    assert out.startswith(f"run {s['run_id']} ") and s["publish"]["view"] == s["current"]["view"] == s["run_id"]
+    assert_same(days.out, pg_url)
