@@ -28,7 +28,7 @@ from pipeline.outdir import layout, leftovers, records, space
 from pipeline.outdir import view as views
 from pipeline.outdir.commit import Rewrite, RunFiles, next_view
 from pipeline.outdir.jsonfiles import write_json
-from pipeline.outdir.lock import OutputLock
+from pipeline.outdir.lock import RUN_AGAIN, OutputLock
 from pipeline.outdir.view import View
 from pipeline.settings.config import LockSettings
 from transforms.money import journal
@@ -145,8 +145,8 @@ class OutputDir:
         finally:
             _delete_quietly([probe])
 
-    def lock(self, run_id: str, settings: LockSettings) -> OutputLock:
-        return OutputLock(self.path, run_id, settings)
+    def lock(self, run_id: str, settings: LockSettings, again: str = RUN_AGAIN) -> OutputLock:
+        return OutputLock(self.path, run_id, settings, again)
 
     def record_start(self, run_id: str, model: str, mode: str, account: dict[str, Any]) -> None:
         records.record_start(self.path, run_id, model, mode, account)

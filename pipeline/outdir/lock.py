@@ -28,6 +28,7 @@ from pipeline.outdir.view import is_local
 from pipeline.settings.config import LockSettings
 
 LOCK_FILE = "_lock.json"
+RUN_AGAIN = "run the same command again, with --resume if it has neither --resume nor --sync"
 
 
 class OutputLocked(UsageError):
@@ -48,8 +49,10 @@ class OutputLock:
     """A context manager: holds DIR's lock for the run, refreshing its heartbeat, and releases
     it on the way out (a SIGKILLed run leaves it behind; the next run finds it stale)."""
 
-    def __init__(self, output_dir: str, run_id: str, settings: LockSettings):
+    def __init__(self, output_dir: str, run_id: str, settings: LockSettings, again: str = RUN_AGAIN):
+        """AGAIN: what the holder's command is to do once the other run is gone."""
         self._path = FileSystems.join(output_dir, LOCK_FILE)
+        self._again = again
         self._local = is_local(self._path)
         self._settings = settings
         self._stop = threading.Event()
@@ -82,8 +85,7 @@ class OutputLock:
             f"--output {FileSystems.split(self._path)[0]} is being written by another run: run "
             f"{other.get('run_id')} on host {other.get('host')}, pid {other.get('pid')}, started "
             f"{other.get('started_at')} (lock {self._path}). Wait for it to finish (or stop it), then "
-            f"run the same command again, with --resume if it has neither --resume nor --sync; the lock "
-            f"of a run that is gone is ignored (on another host or an object store once its heartbeat is "
+            f"{self._again}; the lock of a run that is gone is ignored (on another host or an object store once its heartbeat is "
             f"{self._settings.lease_s:g} s old).")
 
     def _acquire_local(self) -> None:

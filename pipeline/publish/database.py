@@ -71,15 +71,20 @@ class Names:
         return ident(self.schema, table or self.name)
 
 
-def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: str) -> Names:
-    """NAME's schema (the search_path's first when not given), checked to exist and to take
-    tables from this role; pgvector there."""
+def schema_of(conn: psycopg.Connection, db: Database, schema: str | None) -> str:
+    """SCHEMA, or the search_path's first when not given, checked to exist."""
     if schema is None:
         schema = one(conn.execute("SELECT current_schema()"))[0]
         if schema is None:
             raise UsageError(f"no schema of the search_path exists in {db.shown}: give --table SCHEMA.TABLE")
     elif conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
         raise UsageError(f"schema {schema} does not exist in {db.shown}")
+    return schema
+
+
+def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: str) -> Names:
+    """NAME's schema (schema_of), checked to take tables from this role; pgvector there."""
+    schema = schema_of(conn, db, schema)
     role, may_create = one(conn.execute("SELECT current_user, has_schema_privilege(%s, 'CREATE')", (schema,)))
     if not may_create:
         raise JobFailed(f"role {role} may not create tables in schema {schema} of {db.shown}: grant it CREATE "

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from pipeline.publish.target import pgserver
-from tests.e2e.money_helpers import MODEL, REPO
-from tests.publish.helpers import view_rows
+from tests.e2e.money_helpers import MODEL, REPO, corpus_rows
+from tests.publish.helpers import publish, view_rows
 from tests.publish.test_publish import _postgres_of
 
 
@@ -34,7 +34,7 @@ def one_line(done: subprocess.CompletedProcess, code: int) -> str:
     return done.stderr.strip()
 
 
-@pytest.mark.parametrize("args", [["psql", "{dir}", "-c", "SELECT 1"]])
+@pytest.mark.parametrize("args", [["psql", "{dir}", "-c", "SELECT 1"], ["search", "{dir}", "--like", "s-1"]])
 def test_psql_and_search_of_a_mistyped_dir_create_nothing(public_tmp, args):
     typo = public_tmp / "typo" / "out"
     line = one_line(cli(*[a.format(dir=typo) for a in args]), 2)
@@ -42,7 +42,17 @@ def test_psql_and_search_of_a_mistyped_dir_create_nothing(public_tmp, args):
     assert not (public_tmp / "typo").exists()
 
 
-@pytest.mark.parametrize("command", [["psql", "{dir}", "-c", "SELECT 1"]])
+def test_a_search_through_a_url_of_a_mistyped_dir_pays_and_writes_nothing(days, pg_url):
+    assert days(corpus_rows(n_short=10, n_long=0)) == 0
+    assert publish(days.out, pg_url) == 0
+    charges = len(days.sandbox_ledger())
+    typo = days.out.parent / "typo"
+    line = one_line(cli("search", str(typo), "a text", "--to", pg_url, "--base-url", days.base_url,
+                        "--models-config", str(days.models)), 2)
+    assert f"{typo} has no view" in line and not typo.exists() and len(days.sandbox_ledger()) == charges
+
+
+@pytest.mark.parametrize("command", [["psql", "{dir}", "-c", "SELECT 1"], ["search", "{dir}", "--like", "s-1"]])
 def test_psql_and_search_need_the_database_publish_makes(day1, command):
     line = one_line(cli(*[a.format(dir=day1) for a in command]), 2)
     assert f"{day1} has no embedded database" in line and not (day1 / "_postgres").exists()

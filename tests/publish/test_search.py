@@ -105,3 +105,43 @@ def test_a_search_is_named_in_the_next_runs_reconciliation(days, pg_url, capsys)
     assert micro([recon["balance_delta_rub"]]) == billed == \
         micro([recon["rows_cost_rub"], recon["searches"]["rub"]]) > micro([recon["rows_cost_rub"]])
     assert recon["notes"] == []
+
+
+def test_a_search_that_pays_is_refused_while_a_run_writes_dir(days, pg_url, caplog):
+    from pipeline.outdir.lock import OutputLock
+    from pipeline.settings.steps import run_settings
+    assert days(corpus_rows(n_short=10, n_long=0)) == 0
+    assert publish(days.out, pg_url) == 0
+    charges = len(days.sandbox_ledger())
+    with OutputLock(str(days.out), "20260101T000000Z-abcdef", run_settings(None).lock):   # a live run's
+        assert main(["search", str(days.out), "budget", "--to", pg_url, "--base-url", days.base_url,
+                     "--models-config", str(days.models)]) == 2
+    assert "is being written by another run" in caplog.text and "then search again" in caplog.text
+    assert len(days.sandbox_ledger()) == charges and not list((days.out / "history").glob("*/*search*"))
+    assert main(["search", str(days.out), "--like", "s-1", "--to", pg_url]) == 0   # reads only: no lock
+
+
+def test_a_full_disk_while_a_search_keeps_its_request_leaves_no_torn_file(tmp_path, small_disk, sandbox_factory,
+                                                                           env_key, pg_url, caplog):
+    """DIR on a tmpfs with one page free: what the search writes is whole or absent, and the
+    next run reads DIR's history as before."""
+    from pipeline.outdir.space import free_bytes
+    from tests.conftest import fill, make_free
+    from tests.e2e.money_helpers import run, start_sandbox, write_corpus, write_models
+    models = write_models(tmp_path / "models.yaml")
+    sandbox = start_sandbox(sandbox_factory, models)
+    corpus = write_corpus(tmp_path / "corpus.parquet", corpus_rows(n_short=20, n_long=0))
+    out = small_disk / "out"
+    assert run(corpus, out, sandbox, models) == 0
+    assert publish(out, pg_url) == 0
+    filler = fill(small_disk, 4096)
+    caplog.clear()
+    assert main(["search", str(out), "budget", "--to", pg_url, "--base-url", sandbox.base_url, "--models-config",
+                 str(models)]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith(f"no space left on the disk of {out}"), errors
+    for found in out.glob("history/*/*.parquet"):
+        pq.read_metadata(found)   # whole
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
+    make_free(small_disk, filler, free_bytes(small_disk) + (1 << 20))
+    assert run(corpus, out, sandbox, models, "--sync") == 0
