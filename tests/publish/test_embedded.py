@@ -98,3 +98,17 @@ def test_a_database_of_another_postgres_version_is_one_line_and_its_advice_works
     counted = cli("psql", str(day1), "-tA", "-c", "SELECT count(*) FROM embeddings").stdout.strip()
     assert counted == str(len(view_rows(day1)))
     assert not _postgres_of(day1 / "_postgres")
+
+
+def test_a_killed_user_of_the_server_does_not_keep_it_running(day1):
+    """A publish killed (SIGKILL: no exit handler) leaves its pid in the package's list of the
+    server's users; the next command's end still stops the server: the dead are not counted."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "publish", str(day1), "--to", "embedded"], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "EMBEDPIPE_PUBLISH_PAUSE_AT": "loaded"})
+    assert any("publish paused at loaded" in line for line in proc.stderr), proc.wait(30)
+    proc.kill()
+    proc.wait(30)
+    assert _postgres_of(day1 / "_postgres") and str(proc.pid) in (day1 / "_postgres" / ".handle_pids.json").read_text()
+    assert cli("publish", str(day1), "--to", "embedded").returncode == 0
+    assert not _postgres_of(day1 / "_postgres")
