@@ -1,4 +1,5 @@
-"""One live run per output directory: DIR/_lock.json names the run that holds it.
+"""One live writer per output directory (a run, or a search recording its paid query):
+DIR/_lock.json names the run that holds it.
 
 On a local disk the lock is created with O_EXCL, so two runs cannot both take it; a holder on
 this host is alive while its pid is and its heartbeat is fresher than the lease (a pid reused
