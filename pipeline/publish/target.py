@@ -77,7 +77,7 @@ def shown(params: dict) -> str:
 
 
 def parse_url(value: str, flag: str = "--to") -> Database:
-    """A libpq URL, refused when it holds a password (nothing of it is echoed)."""
+    """A libpq URL, refused when it holds a password or another secret (nothing of it is echoed)."""
     if not value.startswith(("postgresql://", "postgres://")):
         raise UsageError(f"{flag}: expected `embedded` or a URL postgresql://[user@]host[:port]/database"
                          "[?param=value...]")
@@ -186,7 +186,8 @@ def _why(server: Any, exc: subprocess.SubprocessError) -> str:
     except OSError:
         lines = []
     if not lines:
-        return f"{Path(str(exc.cmd[0])).name if isinstance(exc, subprocess.CalledProcessError) else 'pg_ctl'} failed"
+        command = getattr(exc, "cmd", None) or ["pg_ctl"]   # CalledProcessError's and TimeoutExpired's
+        return f"{Path(str(command[0])).name} failed"
     pid = re.search(r"\[\d+\]", lines[-1])
     last = [line for line in lines[-5:] if pid and pid.group(0) in line] or lines[-1:]
     return "; ".join(re.sub(r"^.*?\b[A-Z]+:\s+", "", line, count=1) for line in last)
