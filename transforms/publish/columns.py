@@ -85,7 +85,8 @@ def columns(kept: list[pa.Field], dimensions: int) -> list[Column]:
 
 def index_expression(dimensions: int) -> tuple[str, str]:
     """(the indexed expression, its operator class): halfvec above what a vector index takes.
-    A query must order by the same expression to use the index (search_expression)."""
+    A query must order by the same expression to use the index (pipeline/publish/database.py:
+    nearest)."""
     if dimensions > HALFVEC_ABOVE:
         return f"(embedding::halfvec({dimensions}))", "halfvec_cosine_ops"
     return "embedding", "vector_cosine_ops"
