@@ -37,6 +37,7 @@ log = logging.getLogger("embedpipe")
 META = "embedpipe_published"
 DATA, STAGING = "embedpipe_data_", "embedpipe_staging_"
 FORMAT = 1
+KEYS_BATCH = 50_000   # rows of keys a fetch brings to the launcher (a few MB)
 
 
 def first_line(exc: BaseException) -> str:
@@ -291,12 +292,12 @@ def loaded(conn: psycopg.Connection, names: Names, table: str) -> tuple[int, int
     return n, int(rows)
 
 
-def table_rows(conn: psycopg.Connection, names: Names, table: str, batch: int = 50_000):
-    """TABLE's keys and identities (pipeline/publish/delta.py), BATCH rows at a time."""
+def table_rows(conn: psycopg.Connection, names: Names, table: str):
+    """TABLE's keys and identities (pipeline/publish/delta.py), KEYS_BATCH rows at a time."""
     with conn.transaction(), conn.cursor(name="embedpipe_keys") as cur:
         cur.execute(sql.SQL("SELECT doc_id, chunk_index, token_start, run_id, text_sha256, request_id FROM {}")
                     .format(names(table)))
-        while rows := cur.fetchmany(batch):
+        while rows := cur.fetchmany(KEYS_BATCH):
             yield rows
 
 

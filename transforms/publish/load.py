@@ -38,7 +38,7 @@ class Load(NamedTuple):
     columns: tuple[Column, ...]
     dimensions: int
     vector_oid: int           # the vector type's oid in that database
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float
 
     @property
     def copy_types(self) -> list:
