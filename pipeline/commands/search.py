@@ -31,6 +31,7 @@ from pipeline.terminal.figures import exact
 from service.client import EmbeddingsClient
 from service.credentials import load_api_key
 from transforms import schemas
+from transforms.errors import one_line
 from transforms.publish.columns import CONTRACT
 from transforms.publish.sql import one
 
@@ -101,7 +102,7 @@ def search(args) -> dict:
             rows = dbs.nearest(conn, names, record.dimensions, kept, query, params, args.k, settings.ef_search,
                                exclude_doc=args.like)
         except psycopg.Error as exc:
-            raise JobFailed(f"searching {table.name} at {db.shown} failed: {dbs.first_line(exc)}") from None
+            raise JobFailed(f"searching {table.name} at {db.shown} failed: {one_line(exc)}") from None
         finally:
             conn.close()
     return {"table": names.qualified, "view": record.view, "model": record.model, "query": args.like or args.text,

@@ -28,6 +28,7 @@ from psycopg import errors, sql
 from pipeline.exits import JobFailed, UsageError
 from pipeline.publish.target import Database
 from pipeline.settings.config import PublishSettings
+from transforms.errors import one_line
 from transforms.publish.columns import BUCKET, BUCKETS, HASH, KEY, Column, bucket_sql, hash_sql, index_expression
 from transforms.publish.sql import LOADS, create_loads, ident, one
 from transforms.publish.load import connect as open_connection
@@ -40,15 +41,11 @@ FORMAT = 1
 KEYS_BATCH = 50_000   # rows of keys a fetch brings to the launcher (a few MB)
 
 
-def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
 def connect(db: Database, settings: PublishSettings) -> psycopg.Connection:
     try:
         return open_connection(db.url, settings.connect_timeout_s, "publish")
     except psycopg.OperationalError as exc:
-        raise JobFailed(f"the database at {db.shown} did not answer: {first_line(exc)}") from None
+        raise JobFailed(f"the database at {db.shown} did not answer: {one_line(exc)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,7 +412,7 @@ def search_default(conn: psycopg.Connection, ef_search: int) -> bool:
                 sql.Identifier(one(conn.execute("SELECT current_database()"))[0]), sql.Literal(ef_search)))
     except psycopg.Error as exc:
         log.warning("hnsw.ef_search could not be made this role's default (%s): SET hnsw.ef_search = %d in each "
-                    "session that searches", first_line(exc), ef_search)
+                    "session that searches", one_line(exc), ef_search)
         return False
     return True
 

@@ -26,7 +26,6 @@ import psycopg
 import pyarrow as pa
 from psycopg import errors
 
-from pipeline.checks.reading import worker_error
 from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View, is_local
@@ -37,7 +36,8 @@ from pipeline.publish.target import EMBEDDED, Database, TableName, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKETS, Column, columns
-from transforms.publish.load import Load, Task, load_task, loader
+from transforms.errors import one_line
+from transforms.publish.load import Load, Task, database_error, load_task, loader
 from transforms.publish.transform import LoadRows
 from transforms.read.parquet import open_parquet, parquet_file
 
@@ -84,7 +84,7 @@ def load_here(tasks: list[Task], load: Load) -> None:
                 load_task(conn, load, task)
             except (OSError, pa.ArrowException) as exc:
                 raise JobFailed(f"could not read {task.path} to load it into {load.schema}.{load.table}: "
-                                f"{dbs.first_line(exc)}; the table serves what it did before: publish again") from None
+                                f"{one_line(exc)}; the table serves what it did before: publish again") from None
 
 
 def run_load(tasks: list[Task], load: Load, opts) -> None:
@@ -96,11 +96,10 @@ def run_load(tasks: list[Task], load: Load, opts) -> None:
     try:
         pipeline.run().wait_until_finish()
     except Exception as exc:   # a worker's error arrives wrapped by the runner
-        why = worker_error(exc)
-        if "DiskFull" in why:
-            why = f"the database server's disk is full ({why.split('DiskFull: ', 1)[-1]})"
-        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {why}; the table serves "
-                        "what it did before: publish again") from None
+        if (error := database_error(exc)) is not None:
+            raise error from None   # told as the launcher's own (_failure)
+        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {one_line(exc, worker=True)}; "
+                        "the table serves what it did before: publish again") from None
 
 
 @dataclasses.dataclass
@@ -265,11 +264,11 @@ def _failure(exc: psycopg.Error, db: Database, names) -> str:
     """One line for a database error in the middle of a publish: NAME is as it was."""
     name = names.qualified if isinstance(names, Names) else names.name
     if isinstance(exc, errors.InsufficientPrivilege):
-        what = f"this role lacks a right: {dbs.first_line(exc)}"
+        what = f"this role lacks a right: {one_line(exc)}"
     elif isinstance(exc, errors.DiskFull):
         what = "the database server's disk is full"
     elif isinstance(exc, psycopg.OperationalError):
-        what = f"the connection to {db.shown} was lost ({dbs.first_line(exc)})"
+        what = f"the connection to {db.shown} was lost ({one_line(exc)})"
     else:
-        what = dbs.first_line(exc)
+        what = one_line(exc)
     return f"publishing to {name} failed: {what}; it serves what it did before: publish again"

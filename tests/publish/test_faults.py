@@ -160,9 +160,13 @@ def test_a_server_restarted_mid_publish_leaves_the_table_as_it_was(days, pg_url,
     assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]
 
 
-def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url, public_tmp, caplog):
+@pytest.mark.parametrize("launcher_rows", [10_000, 0])   # the delta's rows loaded by the launcher, or the workers
+def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url, public_tmp, caplog, tmp_path,
+                                                                   launcher_rows):
     """The database's tables on a tablespace of a small tmpfs (root mounts one), filled."""
     from tests.conftest import fill
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"publish:\n  launcher_rows: {launcher_rows}\n")
     disk = public_tmp / "disk"
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
@@ -182,7 +186,7 @@ def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url,
         before = state(pg_url)
         assert days(next_day(rows, edit_short=10, edit_long=2, remove=2, add=20)[0], "--sync") == 0
         filler = fill(disk, 8192)
-        assert publish(days.out, pg_url) == 1
+        assert publish(days.out, pg_url, "--run-config", str(config)) == 1
         assert "disk is full" in caplog.text and "serves what it did before" in caplog.text
         assert state(pg_url) == before
         filler.unlink()
