@@ -35,7 +35,7 @@ from pipeline.publish.database import DATA, STAGING, Names, Record
 from pipeline.publish.target import EMBEDDED, Database, TableName, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
-from transforms.publish.columns import BUCKETS, Column, columns
+from transforms.publish.columns import BUCKETS, Column, Unpublishable, columns
 from transforms.errors import one_line
 from transforms.publish.load import Load, Task, database_error, load_task, loader
 from transforms.publish.transform import LoadRows
@@ -239,7 +239,11 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
         raise UsageError(f"{out.path} has no view to publish: run `python -m pipeline run ... --output {out.path}` "
                          "first")
     started = time.monotonic()
-    cols = columns(kept_fields(out, view), view.dimensions)
+    try:
+        cols = columns(kept_fields(out, view), view.dimensions)
+    except Unpublishable as exc:
+        raise UsageError(f"{exc}: a run without it in --keep-columns makes a view that publishes (nothing was "
+                         "written)") from None
     with reach(target, out.path) as db:
         conn = dbs.connect(db, settings)
         names = None
@@ -263,6 +267,9 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
 def _failure(exc: psycopg.Error, db: Database, names) -> str:
     """One line for a database error in the middle of a publish: NAME is as it was."""
     name = names.qualified if isinstance(names, Names) else names.name
+    if isinstance(exc, psycopg.DataError):   # the same rows would meet it again
+        return (f"publishing to {name} failed: the view holds a value PostgreSQL does not take "
+                f"({one_line(exc)}); it serves what it did before")
     if isinstance(exc, errors.InsufficientPrivilege):
         what = f"this role lacks a right: {one_line(exc)}"
     elif isinstance(exc, errors.DiskFull):
