@@ -107,22 +107,36 @@ def vector_oid(conn: psycopg.Connection) -> int:
     return int(one(conn.execute("SELECT 'vector'::regtype::oid"))[0])
 
 
+def advisory_key(what: str) -> int:
+    """The bigint key of an advisory lock on WHAT (advisory locks are the database's own)."""
+    return int.from_bytes(hashlib.sha256(f"embedpipe {what}".encode()).digest()[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def lock_timeout(conn: psycopg.Connection, wait_s: float) -> Iterator[None]:
+    """The statements of the block wait at most WAIT_S for a lock (LockNotAvailable after it)."""
+    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{max(1, round(wait_s * 1000))}ms")))
+    try:
+        yield
+    finally:
+        conn.execute("RESET lock_timeout")
+
+
 @contextlib.contextmanager
 def publisher_lock(conn: psycopg.Connection, names: Names, wait_s: float) -> Iterator[None]:
     """One publisher per NAME: a session advisory lock (released with the connection, so a
-    killed publish holds nothing), waited for WAIT_S, then refused."""
-    key = int.from_bytes(hashlib.sha256(f"embedpipe publish {names.qualified}".encode()).digest()[:8], "big",
-                         signed=True)
-    deadline = time.monotonic() + wait_s
-    while not one(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)))[0]:
-        if time.monotonic() >= deadline:
-            holder = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
-                                  "AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
-                                  ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
-            pid = (holder.fetchone() or ("?",))[0]
-            raise JobFailed(f"another publish of {names.qualified} is under way (server process {pid}); "
-                            "run this one again once it has ended")
-        time.sleep(0.2)
+    killed publish holds nothing), waited for at most WAIT_S by the server, then refused."""
+    key = advisory_key(f"publish {names.qualified}")
+    try:
+        with lock_timeout(conn, wait_s):
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+    except errors.LockNotAvailable:
+        holder = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                              "AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+                              ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+        pid = (holder.fetchone() or ("?",))[0]
+        raise JobFailed(f"another publish of {names.qualified} is under way (server process {pid}); "
+                        "run this one again once it has ended") from None
     try:
         yield
     finally:
