@@ -69,9 +69,10 @@ class Names:
         return ident(self.schema, table or self.name)
 
 
-def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: str) -> Names:
+def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: str, wait_s: float) -> Names:
     """NAME's schema (the search_path's first when not given), checked to exist and to take
-    tables from this role; pgvector there."""
+    tables from this role; pgvector there, and the tables beside NAME that it shares (waiting
+    at most WAIT_S for another publish making them)."""
     if schema is None:
         schema = one(conn.execute("SELECT current_schema()"))[0]
         if schema is None:
@@ -82,12 +83,22 @@ def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: st
     if not may_create:
         raise JobFailed(f"role {role} may not create tables in schema {schema} of {db.shown}: grant it CREATE "
                         "there, or publish as a role that has it")
-    _vector(conn, db)
-    names = Names(schema, name)
-    conn.execute(create_loads(schema))
-    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, record jsonb NOT NULL, "
-                         "bucket_counts integer[] NOT NULL, bucket_hashes bigint[] NOT NULL)").format(names(META)))
-    return names
+    shared_tables(conn, db, schema, wait_s)
+    return Names(schema, name)
+
+
+def shared_tables(conn: psycopg.Connection, db: Database, schema: str, wait_s: float) -> None:
+    """pgvector in the database, and the tables every NAME of SCHEMA shares (the markers, the
+    records), made once: under an advisory lock of the database, since two publishes making
+    them at once (of two NAMEs: each holds only its own NAME's lock) would race on the
+    catalogue's unique indexes (IF NOT EXISTS looks before it inserts)."""
+    with lock_timeout(conn, wait_s), conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("shared tables"),))
+        _vector(conn, db)
+        conn.execute(create_loads(schema))
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, record jsonb NOT NULL, "
+                             "bucket_counts integer[] NOT NULL, bucket_hashes bigint[] NOT NULL)").format(
+            ident(schema, META)))
 
 
 def _vector(conn: psycopg.Connection, db: Database) -> None:

@@ -248,7 +248,7 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
         conn = dbs.connect(db, settings)
         names = None
         try:
-            names = dbs.resolve(conn, db, table.schema, table.name)
+            names = dbs.resolve(conn, db, table.schema, table.name, settings.lock_wait_s)
             ctx = Context(out, view, db, conn, names, cols, settings, opts)
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
