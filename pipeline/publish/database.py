@@ -351,7 +351,7 @@ class Inexact(Exception):
 
 def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging: str | None,
                 cols: Sequence[Column], gone, drifted: list[int], sums: Checksums, make_record,
-                recreate_view: bool, before_commit=lambda: None) -> tuple[int, int, int]:
+                recreate_view: bool) -> tuple[int, int, int]:
     """The delta in one transaction (readers see the table before it or after it, whole): the
     keys GONE and the DRIFTED buckets deleted, STAGING's rows applied (an update where the key
     is there, an insert where not), the record saved with the checksums SUMS carried through;
@@ -393,7 +393,6 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
         if sum(sums.counts) != new.rows:
             raise Inexact(f"{sum(sums.counts)} rows where the view has {new.rows}")
         save_record(conn, names, new)
-        before_commit()
     return inserted, updated, deleted
 
 
@@ -449,7 +448,7 @@ def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: boo
 
 
 def swap(conn: psycopg.Connection, names: Names, data_table: str, cols: Sequence[Column], compatible: bool,
-         record: Record, settings: PublishSettings, before_commit=lambda: None) -> int:
+         record: Record, settings: PublishSettings) -> int:
     """NAME reads DATA_TABLE from now on, and the record says so: one short transaction that
     waits for readers' locks at most lock_timeout, tried again until it gets through. A reader
     waits behind it at most that long. The attempts it took."""
@@ -465,7 +464,6 @@ def swap(conn: psycopg.Connection, names: Names, data_table: str, cols: Sequence
                     f"{record.dimensions} dimensions); its record is in {META}")))
                 save_record(conn, names, record)
                 conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(names(LOADS)), (data_table,))
-                before_commit()
             return attempt
         except errors.LockNotAvailable:
             log.info("the swap of %s waited %d ms for a reader's lock: trying again (%d of %d)", names.qualified,

@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import os
-import sys
 import time
 
 import apache_beam as beam
@@ -42,17 +40,6 @@ from transforms.publish.transform import LoadRows
 from transforms.read.parquet import open_parquet, parquet_file
 
 log = logging.getLogger("embedpipe")
-
-# Tests stop a publish at a named step (loaded, indexed, swap, apply), to kill it there or
-# break its connection; it goes on when its standard input closes.
-PAUSE_AT = "EMBEDPIPE_PUBLISH_PAUSE_AT"
-
-
-def pause(step: str) -> None:
-    if os.environ.get(PAUSE_AT) == step:
-        print(f"publish paused at {step}", file=sys.stderr, flush=True)
-        sys.stdin.read()
-
 
 def kept_fields(out: OutputDir, view: View) -> list[pa.Field]:
     """The kept columns' fields, from the footer of a file of the view that has them."""
@@ -149,14 +136,12 @@ def build(ctx: Context, record: Record | None) -> dict:
     started = time.monotonic()
     run_load(tasks, ctx.load(table), ctx.opts)
     ctx.loaded_all(table, tasks, rows)
-    pause("loaded")
     loaded_at = time.monotonic()
     dbs.build_indexes(ctx.conn, names, table, view.dimensions, rows, ctx.settings)
-    pause("indexed")
     indexed_at = time.monotonic()
     counts, hashes = dbs.aggregates(ctx.conn, names, table)
     attempts = dbs.swap(ctx.conn, names, table, ctx.cols, compatible(record, ctx) and _view_exists(ctx),
-                        ctx.record(table, rows, counts, hashes), ctx.settings, lambda: pause("swap"))
+                        ctx.record(table, rows, counts, hashes), ctx.settings)
     if record is not None and record.data_table != table:
         dbs.drop_table(ctx.conn, names, record.data_table, ctx.settings, attempts=3)
     return {"action": "built" if record is None else "rebuilt", "inserted": rows, "updated": 0,
@@ -212,13 +197,12 @@ def update(ctx: Context, record: Record) -> dict:
             run_load(delta.tasks, ctx.load(staging), ctx.opts)
             loaded_by = "workers"
         ctx.loaded_all(staging, delta.tasks, delta.writes)
-    pause("loaded")
     loaded_at = time.monotonic()
     rows = view.rows("embeddings")
     try:
         inserted, updated, deleted = dbs.apply_delta(
             ctx.conn, names, record, staging, ctx.cols, delta.gone, drifted, sums,
-            lambda s: ctx.record(record.data_table, rows, s.counts, s.hashes), view_missing, lambda: pause("apply"))
+            lambda s: ctx.record(record.data_table, rows, s.counts, s.hashes), view_missing)
     except dbs.Inexact as exc:   # never served: the whole view instead
         if staging is not None:
             dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)

@@ -1,13 +1,29 @@
-"""Publishes at once: one publisher per table (a second one waits for it in the server), and
-the first publishes of two tables in one schema at once."""
+"""Publishes at once: one publisher per table (a second one waits for it in the server, then is
+refused in one line), and publishes of other tables go on, the first of two tables in one
+schema at once included."""
 from __future__ import annotations
 
 import psycopg
 
 from pipeline.publish.database import advisory_key
 from tests.e2e.money_helpers import corpus_rows
-from tests.publish.helpers import assert_same
-from tests.publish.stops import PUBLISHING, holding, start, until, waits
+from tests.publish.helpers import assert_same, publish
+from tests.publish.stops import PUBLISHING, holding, publish_waits_on, served_table, start, until, waits
+
+
+def test_a_second_publisher_of_the_same_table_is_refused_and_others_go_on(day1, pg_url, tmp_path, caplog):
+    assert publish(day1, pg_url) == 0
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("publish:\n  lock_wait_s: 0.5\n")
+    with holding(pg_url, f"LOCK TABLE {served_table(pg_url)} IN ACCESS EXCLUSIVE MODE"):
+        first = start(day1, pg_url)
+        publish_waits_on(pg_url, first, served_table(pg_url))   # holding NAME's lock
+        assert publish(day1, pg_url, "--run-config", str(config)) == 1
+        assert "another publish of public.embeddings is under way" in caplog.text
+        assert publish(day1, pg_url, "--run-config", str(config), "--table", "other") == 0
+    assert first.wait(120) == 0, first.stderr.read()
+    assert_same(day1, pg_url)
+    assert_same(day1, pg_url, "other")
 
 
 def test_a_second_publisher_waits_in_the_server_and_goes_on_when_the_first_ends(day1, pg_url):
