@@ -3,19 +3,12 @@ error: a file that changed since the scan listed it (its stamp is checked again 
 that cannot be read (named by the worker's own message, transforms/read/parquet.py)."""
 from __future__ import annotations
 
-import re
-
 from pipeline.checks.inputs import InputInfo
 from pipeline.exits import JobFailed, UsageError
+from transforms.errors import one_line
 from transforms.read import stamps
 
-_WHILE_RUNNING = re.compile(r"\s*\[while running '[^']*'\]\s*$")
 AGAIN = "run the same command again once the input is written whole"
-
-
-def worker_error(exc: Exception) -> str:
-    """The last line of a failed job's error, without the runner's step name."""
-    return _WHILE_RUNNING.sub("", (str(exc).strip().splitlines() or [type(exc).__name__])[-1])
 
 
 def changed(info: InputInfo) -> stamps.InputChanged | None:
@@ -24,7 +17,7 @@ def changed(info: InputInfo) -> stamps.InputChanged | None:
 
 def unreadable(exc: Exception) -> str | None:
     """The worker's message when EXC is an input file that cannot be read, else None."""
-    last = worker_error(exc)   # after the error's type, which the runner may prefix
+    last = one_line(exc, worker=True)   # after the error's type, which the runner may prefix
     start = last.find(stamps.INPUT_FILE)
     return last[start:] if start >= 0 and " is not readable Parquet " in last else None
 

@@ -23,9 +23,9 @@ import socket
 import grpc
 from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
 
-from pipeline.checks import reading
 from pipeline.settings.job import Job
 from service.credentials import ENV_VAR, MissingApiKeyError
+from transforms.errors import one_line
 from transforms.money import journal
 
 MISSING = MissingApiKeyError.__name__ + ":"   # a worker's exception reaches the launcher as text
@@ -53,7 +53,7 @@ def message(job: Job, exc: Exception) -> str | None:
                     f"job may still run there; once it has ended: {paid}")
         runner = job.opts.view_as(StandardOptions).runner
         return f"the runner ({runner}, started by this command) stopped mid-run ({exc.code().name}). {paid}"
-    error = reading.worker_error(exc)
+    error = one_line(exc, worker=True)
     source = job.key_source
     port = _local_port(pool) if pool else None
     if DISCONNECTED in error:

@@ -13,12 +13,12 @@ import shlex
 
 from pipeline.exits import EXIT_FAILED, EXIT_OK, JobFailed, UsageError
 from pipeline.outdir import OutputDir
-from pipeline.publish.database import first_line
 from pipeline.publish.publisher import publish
 from pipeline.publish.target import DEFAULT_TABLE, check_target, parse_table
 from pipeline.settings.options import command_args
 from pipeline.settings.steps import catalogue, run_settings
 from pipeline.terminal.figures import count
+from transforms.errors import one_line
 
 log = logging.getLogger("embedpipe")
 
@@ -111,7 +111,7 @@ def after_run(opts, code: int, report: dict) -> int:
         result = publish(out, opts.publish, table, run_settings(opts.run_config).publish, opts)
     except Exception as exc:   # the view is committed: the run's outcome stands, the publish is told
         again = publish_command(opts.output, opts.publish, opts.publish_table, opts)
-        why = str(exc) if isinstance(exc, (JobFailed, UsageError)) else f"{type(exc).__name__}: {first_line(exc)}"
+        why = str(exc) if isinstance(exc, (JobFailed, UsageError)) else f"{type(exc).__name__}: {one_line(exc)}"
         log.error("the view of %s is committed (run %s), but publishing it failed: %s. Publish it with: %s",
                   opts.output, report.get("run_id"), why, again)
         log.debug("the publish's failure", exc_info=exc)   # --verbose: where

@@ -37,6 +37,7 @@ from pipeline.terminal.progress import job_progress
 from service import errors
 from service.catalog import get_model
 from service.client import EmbeddingsClient
+from transforms.errors import one_line
 from transforms.money import journal
 from transforms.money.budget import Budget
 from transforms.money.caps import Spendable
@@ -187,7 +188,7 @@ def _failed(job: Job, out: OutputDir, info: InputInfo, exc: Exception) -> JobFai
     if (reason := reading.unreadable(exc)) is not None:
         return JobFailed(f"{reason}; {_kept(out, job)}. {paid}; replace the file with a readable copy and run "
                          f"{job.again}: {NOT_TWICE}.")
-    return JobFailed(f"the job failed on a worker: {reading.worker_error(exc)} (--verbose shows where). {paid}; "
+    return JobFailed(f"the job failed on a worker: {one_line(exc, worker=True)} (--verbose shows where). {paid}; "
                      f"fix the cause and run {job.again}: {NOT_TWICE}.")
 
 

@@ -38,6 +38,7 @@ from service.client import check_base_url
 from service.credentials import KeySource
 from transforms import schemas
 from transforms.embed.send import request_key
+from transforms.errors import one_line
 from transforms.publish.columns import CONTRACT
 from transforms.records import TextItem
 
@@ -121,7 +122,7 @@ def search(args: argparse.Namespace) -> dict:
             rows = dbs.nearest(conn, names, record.dimensions, kept, query, params, args.k,
                                settings.publish.ef_search, exclude_doc=args.like)
         except psycopg.Error as exc:
-            raise JobFailed(f"searching {table.name} at {db.shown} failed: {dbs.first_line(exc)}") from None
+            raise JobFailed(f"searching {table.name} at {db.shown} failed: {one_line(exc)}") from None
         finally:
             conn.close()
     return {"table": names.qualified, "view": record.view, "model": record.model, "query": args.like or args.text,

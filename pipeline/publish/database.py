@@ -28,6 +28,7 @@ from psycopg import errors, sql
 from pipeline.exits import JobFailed, UsageError
 from pipeline.publish.target import Database
 from pipeline.settings.config import PublishSettings
+from transforms.errors import one_line
 from transforms.publish.columns import BUCKET, BUCKETS, HASH, KEY, Column, bucket_sql, hash_sql, index_expression
 from transforms.publish.sql import LOADS, create_loads, ident, one
 from transforms.publish.load import connect as open_connection
@@ -37,17 +38,14 @@ log = logging.getLogger("embedpipe")
 META = "embedpipe_published"
 DATA, STAGING = "embedpipe_data_", "embedpipe_staging_"
 FORMAT = 1
-
-
-def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+KEYS_BATCH = 50_000   # rows of keys a fetch brings to the launcher (a few MB)
 
 
 def connect(db: Database, settings: PublishSettings) -> psycopg.Connection:
     try:
         return open_connection(db.url, settings.connect_timeout_s, "publish")
     except psycopg.OperationalError as exc:
-        raise JobFailed(f"the database at {db.shown} did not answer: {first_line(exc)}") from None
+        raise JobFailed(f"the database at {db.shown} did not answer: {one_line(exc)}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,19 +80,30 @@ def schema_of(conn: psycopg.Connection, db: Database, schema: str | None) -> str
     return schema
 
 
-def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: str) -> Names:
-    """NAME's schema (schema_of), checked to take tables from this role; pgvector there."""
+def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: str, wait_s: float) -> Names:
+    """NAME's schema (schema_of), checked to take tables from this role; pgvector there, and the
+    tables beside NAME that it shares (waiting at most WAIT_S for another publish making them)."""
     schema = schema_of(conn, db, schema)
     role, may_create = one(conn.execute("SELECT current_user, has_schema_privilege(%s, 'CREATE')", (schema,)))
     if not may_create:
         raise JobFailed(f"role {role} may not create tables in schema {schema} of {db.shown}: grant it CREATE "
                         "there, or publish as a role that has it")
-    _vector(conn, db)
-    names = Names(schema, name)
-    conn.execute(create_loads(schema))
-    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, record jsonb NOT NULL, "
-                         "bucket_counts integer[] NOT NULL, bucket_hashes bigint[] NOT NULL)").format(names(META)))
-    return names
+    shared_tables(conn, db, schema, wait_s)
+    return Names(schema, name)
+
+
+def shared_tables(conn: psycopg.Connection, db: Database, schema: str, wait_s: float) -> None:
+    """pgvector in the database, and the tables every NAME of SCHEMA shares (the markers, the
+    records), made once: under an advisory lock of the database, since two publishes making
+    them at once (of two NAMEs: each holds only its own NAME's lock) would race on the
+    catalogue's unique indexes (IF NOT EXISTS looks before it inserts)."""
+    with lock_timeout(conn, wait_s), conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("shared tables"),))
+        _vector(conn, db)
+        conn.execute(create_loads(schema))
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, record jsonb NOT NULL, "
+                             "bucket_counts integer[] NOT NULL, bucket_hashes bigint[] NOT NULL)").format(
+            ident(schema, META)))
 
 
 def _vector(conn: psycopg.Connection, db: Database) -> None:
@@ -114,22 +123,36 @@ def vector_oid(conn: psycopg.Connection) -> int:
     return int(one(conn.execute("SELECT 'vector'::regtype::oid"))[0])
 
 
+def advisory_key(what: str) -> int:
+    """The bigint key of an advisory lock on WHAT (advisory locks are the database's own)."""
+    return int.from_bytes(hashlib.sha256(f"embedpipe {what}".encode()).digest()[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def lock_timeout(conn: psycopg.Connection, wait_s: float) -> Iterator[None]:
+    """The statements of the block wait at most WAIT_S for a lock (LockNotAvailable after it)."""
+    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(f"{max(1, round(wait_s * 1000))}ms")))
+    try:
+        yield
+    finally:
+        conn.execute("RESET lock_timeout")
+
+
 @contextlib.contextmanager
 def publisher_lock(conn: psycopg.Connection, names: Names, wait_s: float) -> Iterator[None]:
     """One publisher per NAME: a session advisory lock (released with the connection, so a
-    killed publish holds nothing), waited for WAIT_S, then refused."""
-    key = int.from_bytes(hashlib.sha256(f"embedpipe publish {names.qualified}".encode()).digest()[:8], "big",
-                         signed=True)
-    deadline = time.monotonic() + wait_s
-    while not one(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)))[0]:
-        if time.monotonic() >= deadline:
-            holder = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
-                                  "AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
-                                  ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
-            pid = (holder.fetchone() or ("?",))[0]
-            raise JobFailed(f"another publish of {names.qualified} is under way (server process {pid}); "
-                            "run this one again once it has ended")
-        time.sleep(0.2)
+    killed publish holds nothing), waited for at most WAIT_S by the server, then refused."""
+    key = advisory_key(f"publish {names.qualified}")
+    try:
+        with lock_timeout(conn, wait_s):
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+    except errors.LockNotAvailable:
+        holder = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                              "AND classid = %s::bigint::oid AND objid = %s::bigint::oid",
+                              ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF))
+        pid = (holder.fetchone() or ("?",))[0]
+        raise JobFailed(f"another publish of {names.qualified} is under way (server process {pid}); "
+                        "run this one again once it has ended") from None
     try:
         yield
     finally:
@@ -296,12 +319,12 @@ def loaded(conn: psycopg.Connection, names: Names, table: str) -> tuple[int, int
     return n, int(rows)
 
 
-def table_rows(conn: psycopg.Connection, names: Names, table: str, batch: int = 50_000):
-    """TABLE's keys and identities (pipeline/publish/delta.py), BATCH rows at a time."""
+def table_rows(conn: psycopg.Connection, names: Names, table: str):
+    """TABLE's keys and identities (pipeline/publish/delta.py), KEYS_BATCH rows at a time."""
     with conn.transaction(), conn.cursor(name="embedpipe_keys") as cur:
         cur.execute(sql.SQL("SELECT doc_id, chunk_index, token_start, run_id, text_sha256, request_id FROM {}")
                     .format(names(table)))
-        while rows := cur.fetchmany(batch):
+        while rows := cur.fetchmany(KEYS_BATCH):
             yield rows
 
 
@@ -333,7 +356,7 @@ class Inexact(Exception):
 
 def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging: str | None,
                 cols: Sequence[Column], gone, drifted: list[int], sums: Checksums, make_record,
-                recreate_view: bool, before_commit=lambda: None) -> tuple[int, int, int]:
+                recreate_view: bool) -> tuple[int, int, int]:
     """The delta in one transaction (readers see the table before it or after it, whole): the
     keys GONE and the DRIFTED buckets deleted, STAGING's rows applied (an update where the key
     is there, an insert where not), the record saved with the checksums SUMS carried through;
@@ -375,7 +398,6 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
         if sum(sums.counts) != new.rows:
             raise Inexact(f"{sum(sums.counts)} rows where the view has {new.rows}")
         save_record(conn, names, new)
-        before_commit()
     return inserted, updated, deleted
 
 
@@ -419,7 +441,7 @@ def search_default(conn: psycopg.Connection, ef_search: int) -> bool:
                 sql.Identifier(one(conn.execute("SELECT current_database()"))[0]), sql.Literal(ef_search)))
     except psycopg.Error as exc:
         log.warning("hnsw.ef_search could not be made this role's default (%s): SET hnsw.ef_search = %d in each "
-                    "session that searches", first_line(exc), ef_search)
+                    "session that searches", one_line(exc), ef_search)
         return False
     return True
 
@@ -431,7 +453,7 @@ def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: boo
 
 
 def swap(conn: psycopg.Connection, names: Names, data_table: str, cols: Sequence[Column], compatible: bool,
-         record: Record, settings: PublishSettings, before_commit=lambda: None) -> int:
+         record: Record, settings: PublishSettings) -> int:
     """NAME reads DATA_TABLE from now on, and the record says so: one short transaction that
     waits for readers' locks at most lock_timeout, tried again until it gets through. A reader
     waits behind it at most that long. The attempts it took."""
@@ -447,7 +469,6 @@ def swap(conn: psycopg.Connection, names: Names, data_table: str, cols: Sequence
                     f"{record.dimensions} dimensions); its record is in {META}")))
                 save_record(conn, names, record)
                 conn.execute(sql.SQL("DELETE FROM {} WHERE target = %s").format(names(LOADS)), (data_table,))
-                before_commit()
             return attempt
         except errors.LockNotAvailable:
             log.info("the swap of %s waited %d ms for a reader's lock: trying again (%d of %d)", names.qualified,

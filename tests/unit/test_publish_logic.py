@@ -85,14 +85,14 @@ def _keys(rows) -> pa.Table:
 def test_the_delta_writes_what_changed_and_deletes_what_left():
     old = _keys([("a", 0, 0, "run1", 0), ("b", 0, 0, "run1", 1), ("c", 0, 0, "run1", 2)])
     new = _keys([("a", 0, 0, "run1", 0), ("b", 0, 0, "run2", 1), ("d", 0, 0, "run1", 2)])
-    writes, gone, updates = delta.diff(old, new, None, [])
-    assert sorted(writes.column("doc_id").to_pylist()) == ["b", "d"] and updates == 1
+    writes, gone = delta.diff(old, new, None, [])
+    assert sorted(writes.column("doc_id").to_pylist()) == ["b", "d"]
     assert gone.column("doc_id").to_pylist() == ["c"]
     tasks = delta.tasks_of(writes, ["f.parquet"])
     assert [(t.path, t.group, np.frombuffer(t.rows, np.int32).tolist()) for t in tasks] == [("f.parquet", 0, [1, 2])]
     # a drifted bucket: every row of the view in it is written again, none of it is deleted by key
     bucket = bucket_of("a", 0, 0)
-    writes, gone, _ = delta.diff(old, new, new, [bucket])
+    writes, gone = delta.diff(old, new, new, [bucket])
     assert "a" in writes.column("doc_id").to_pylist()
 
 
@@ -109,3 +109,32 @@ def test_keys_are_placed_by_file_row_group_and_row(tmp_path):
     served = delta.table_keys([[(r["doc_id"], r["chunk_index"], 0, "r", "t", r["request_id"]) for r in rows[:4]]])
     assert served.column("request_id").to_pylist() == ["q0", "q1", "q2", "q3"]
     assert sorted(delta.diff(served, keys, None, [])[0].column("doc_id").to_pylist()) == ["d4", "d5", "d6"]
+
+
+def _fails(exc: Exception) -> None:
+    raise exc
+
+
+@pytest.mark.parametrize("mode", ["in_memory", "multi_processing"])
+def test_a_workers_database_error_reaches_the_launcher_as_its_class(mode):
+    """A runner hands a worker's exception over as text; the database error's class survives it."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from psycopg import errors
+
+    from pipeline.runner import make_runner
+    from transforms.publish.load import database_error, load_failed
+
+    for raised, want in ((errors.DiskFull("could not extend file \"base/1/2\": No space left on device"),
+                          errors.DiskFull), (RuntimeError("not the database's"), None)):
+        opts = PipelineOptions(["--direct_running_mode", mode, "--direct_num_workers", "1"])
+        pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
+        error = load_failed(raised) if want else raised
+        _ = pipeline | beam.Create([1]) | "Load" >> beam.Map(lambda _, e=error: _fails(e))
+        with pytest.raises(Exception) as failed:
+            pipeline.run().wait_until_finish()
+        carried = database_error(failed.value)
+        if want is None:
+            assert carried is None
+        else:
+            assert type(carried) is want and "No space left on device" in str(carried)

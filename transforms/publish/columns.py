@@ -36,7 +36,28 @@ _TYPES = {"text": ("text", None), "integer": ("int4", "int4send"), "bigint": ("i
           "double precision": ("float8", "float8send"), "boolean": ("bool", "boolsend"),
           "date": ("date", "date_send"), "timestamptz": ("timestamptz", "timestamptz_send"),
           "timestamp": ("timestamp", "timestamp_send"), "bytea": ("bytea", "byteasend"),
-          "numeric": ("numeric", "numeric_send"), "jsonb": ("jsonb", "jsonb_send")}
+          "numeric": ("numeric", "numeric_send"), "jsonb": ("jsonb", "jsonb_send"), "time": ("time", "time_send"),
+          "interval": ("interval", "interval_send")}
+
+# Arrow type -> the PostgreSQL type that holds each of its values exactly (real holds every
+# half float; numeric every uint64; timestamps and times hold microseconds, as a view's values
+# are: pyarrow gives no finer ones to the job that wrote them)
+_SCALARS = ((pa.types.is_null, "text"), (pa.types.is_boolean, "boolean"), (pa.types.is_int8, "smallint"),
+            (pa.types.is_int16, "smallint"), (pa.types.is_uint8, "smallint"), (pa.types.is_int32, "integer"),
+            (pa.types.is_uint16, "integer"), (pa.types.is_int64, "bigint"), (pa.types.is_uint32, "bigint"),
+            (pa.types.is_uint64, "numeric"), (pa.types.is_float16, "real"), (pa.types.is_float32, "real"),
+            (pa.types.is_float64, "double precision"), (pa.types.is_string, "text"),
+            (pa.types.is_large_string, "text"), (pa.types.is_string_view, "text"), (pa.types.is_binary, "bytea"),
+            (pa.types.is_large_binary, "bytea"), (pa.types.is_fixed_size_binary, "bytea"),
+            (pa.types.is_binary_view, "bytea"), (pa.types.is_date, "date"), (pa.types.is_time, "time"),
+            (pa.types.is_duration, "interval"), (pa.types.is_decimal, "numeric"))
+# leaves of a nested value that JSON (jsonb) holds as they are: numbers, text, true/false, null
+_JSON_LEAVES = (pa.types.is_null, pa.types.is_boolean, pa.types.is_integer, pa.types.is_floating,
+                pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+
+
+class Unpublishable(ValueError):
+    """A kept column whose values no PostgreSQL type holds exactly; the message names it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,22 +68,38 @@ class Column:
     send: str | None   # its binary send function (None: text, hashed as itself)
 
 
-def pg_type(t: pa.DataType) -> str:
-    """A kept column's type in PostgreSQL; values of nested types go as JSON."""
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
-        return "text"
-    for check, name in ((pa.types.is_boolean, "boolean"), (pa.types.is_int8, "smallint"),
-                        (pa.types.is_int16, "smallint"), (pa.types.is_int32, "integer"),
-                        (pa.types.is_uint8, "smallint"), (pa.types.is_uint16, "integer"),
-                        (pa.types.is_uint32, "bigint"), (pa.types.is_int64, "bigint"),
-                        (pa.types.is_float32, "real"), (pa.types.is_float64, "double precision"),
-                        (pa.types.is_date, "date"), (pa.types.is_binary, "bytea"),
-                        (pa.types.is_large_binary, "bytea"), (pa.types.is_decimal, "numeric")):
-        if check(t):
-            return name
+def pg_type(field: pa.Field) -> str:
+    """A kept column's type in PostgreSQL; nested values go as JSON. Unpublishable when none
+    holds its values exactly."""
+    t = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
     if pa.types.is_timestamp(t):
         return "timestamptz" if t.tz else "timestamp"
-    return "jsonb"
+    for check, name in _SCALARS:
+        if check(t):
+            return name
+    if _nested(t):
+        if (leaf := _not_json(t)) is None:
+            return "jsonb"
+        raise Unpublishable(f"kept column {field.name} ({t}) holds {leaf} values in a nested value, which JSON "
+                            "(jsonb, the table's type for nested values) does not hold exactly")
+    raise Unpublishable(f"kept column {field.name} ({t}) has no PostgreSQL type that holds its values exactly")
+
+
+def _nested(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or \
+        pa.types.is_struct(t) or pa.types.is_map(t)
+
+
+def _not_json(t: pa.DataType) -> pa.DataType | None:
+    """A leaf type of nested T that JSON does not hold as it is, if any."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if _nested(t):
+        for i in range(t.num_fields):
+            if (leaf := _not_json(t.field(i).type)) is not None:
+                return leaf
+        return None
+    return None if any(check(t) for check in _JSON_LEAVES) else t
 
 
 def vector_type(dimensions: int) -> str:
@@ -78,14 +115,15 @@ def columns(kept: list[pa.Field], dimensions: int) -> list[Column]:
         else:
             found.append(Column(name, type_, *_TYPES[type_]))
     for field in kept:
-        type_ = pg_type(field.type)
+        type_ = pg_type(field)
         found.append(Column(field.name, type_, *_TYPES[type_]))
     return found
 
 
 def index_expression(dimensions: int) -> tuple[str, str]:
     """(the indexed expression, its operator class): halfvec above what a vector index takes.
-    A query must order by the same expression to use the index (search_expression)."""
+    A query must order by the same expression to use the index (pipeline/publish/database.py:
+    nearest)."""
     if dimensions > HALFVEC_ABOVE:
         return f"(embedding::halfvec({dimensions}))", "halfvec_cosine_ops"
     return "embedding", "vector_cosine_ops"

@@ -10,13 +10,16 @@ that every task was. Only the row groups the tasks name are read. The URL holds 
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import numpy as np
 import psycopg
+from psycopg import errors
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
+from transforms.errors import one_line
 from transforms.publish import sql
 from transforms.publish.columns import Column
 from transforms.publish.rows import copy_rows, select
@@ -38,7 +41,7 @@ class Load(NamedTuple):
     columns: tuple[Column, ...]
     dimensions: int
     vector_oid: int           # the vector type's oid in that database
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float
 
     @property
     def copy_types(self) -> list:
@@ -77,3 +80,28 @@ def load_task(conn: psycopg.Connection, load: Load, task: Task) -> int:
             for row in copy_rows(table, load.columns, load.dimensions):
                 copy.write_row(row)
     return table.num_rows
+
+
+class LoadFailed(RuntimeError):
+    """A database error on a worker, carried to the launcher by its SQLSTATE (load_failed): a
+    runner hands a worker's exception over as text, and database_error() makes it the same
+    psycopg class again, so the launcher tells a full disk or a missing right from the rest as
+    it does its own."""
+
+
+def load_failed(exc: psycopg.Error) -> LoadFailed:
+    state = f" [SQLSTATE {exc.sqlstate}]" if exc.sqlstate else ""
+    return LoadFailed(f"{type(exc).__name__}{state}: {one_line(exc)}")
+
+
+_CARRIED = re.compile(r" \[SQLSTATE ([0-9A-Z]{5})\]: (.*)")
+
+
+def database_error(failure: Exception) -> psycopg.Error | None:
+    """The database error a worker's LoadFailed carries in FAILURE (a failed job's), as its
+    psycopg class; None when FAILURE is not one."""
+    found = _CARRIED.search(one_line(failure, worker=True))
+    try:
+        return errors.lookup(found[1])(found[2]) if found else None
+    except KeyError:   # a state this psycopg does not know
+        return None

@@ -3,7 +3,8 @@
 The vector goes as pgvector's binary form (two big-endian uint16, dimensions and 0, then
 big-endian float32s): the view's float32 bytes in another byte order, bit for bit, converted
 for a whole batch at once. `cost_rub` goes as the numeric whose text is the shortest that
-reads back as the same float64 (repr), so the table's value is the view's exactly.
+reads back as the same float64 (repr), so the table's value is the view's exactly; a decimal
+column's values go as they are.
 """
 from __future__ import annotations
 
@@ -35,9 +36,18 @@ def vector_payloads(column: pa.ChunkedArray | pa.Array, dimensions: int) -> list
 
 
 def _values(column: pa.ChunkedArray, col: Column) -> list:
+    """COLUMN's values as COL's type takes them, converted by their Arrow type."""
+    t = column.type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+        column = column.cast(t)
+    if pa.types.is_float16(t):   # as real, which holds each exactly
+        column = column.cast(pa.float32())
     values = column.to_pylist()
-    if col.type == "numeric":
+    if col.type == "numeric" and pa.types.is_floating(t):   # cost_rub: the shortest decimal of the float
         return [None if v is None else decimal.Decimal(repr(v)) for v in values]
+    if col.type == "numeric" and pa.types.is_integer(t):    # an uint64
+        return [None if v is None else decimal.Decimal(v) for v in values]
     if col.type == "jsonb":
         return [None if v is None else Jsonb(v, dumps=_dumps) for v in values]
     return values

@@ -9,7 +9,7 @@ from __future__ import annotations
 import apache_beam as beam
 import psycopg
 
-from transforms.publish.load import Load, Task, load_task, loader
+from transforms.publish.load import Load, Task, load_failed, load_task, loader
 
 
 class _LoadFn(beam.DoFn):
@@ -23,8 +23,8 @@ class _LoadFn(beam.DoFn):
     def process(self, task: Task):
         try:
             self._rows.inc(load_task(self._conn, self._load, task))
-        except psycopg.Error as exc:   # its first line: the rest is the statement and a caret
-            raise RuntimeError(f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}") from None
+        except psycopg.Error as exc:
+            raise load_failed(exc) from None
 
     def teardown(self):
         if getattr(self, "_conn", None) is not None:
