@@ -28,9 +28,12 @@ def stop(server) -> None:
 
 @pytest.fixture(scope="session")
 def pg_server():
-    pgserver = package()
     root = public_dir("embedpipe-test-pg-")
-    server = pgserver.PostgresServer(root / "data")
+    yield from serving(root, package().PostgresServer(root / "data"))
+
+
+def serving(root, server):
+    """SERVER, its data in ROOT/data, started; stopped and ROOT removed when the generator ends."""
     (root / "data").mkdir()
     server.start()
     try:

@@ -2,7 +2,6 @@
 (days); and a server without pgvector. The server with it is tests/postgres.py's."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -11,7 +10,7 @@ import yaml
 from pipeline.publish.target import pgserver as package
 from tests.conftest import SANDBOX_KEY, public_dir
 from tests.e2e.money_helpers import MODEL, corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
-from tests.postgres import stop
+from tests.postgres import serving
 
 
 @pytest.fixture(scope="session")
@@ -30,15 +29,9 @@ def pg_without_vector():
     (root / libs.name).symlink_to(libs)
     for found in [*copy.glob("share/**/extension/vector*"), *copy.glob("lib/**/vector.so")]:
         found.unlink()
-    (root / "data").mkdir()
     server = pgserver.PostgresServer(root / "data")
     server.bin_path = copy / "bin"
-    server.start()
-    try:
-        yield server
-    finally:
-        stop(server)
-        shutil.rmtree(root, ignore_errors=True)
+    yield from serving(root, server)
 
 
 @pytest.fixture
