@@ -14,6 +14,7 @@ did is visible before the delta's commit or the swap's.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import itertools
@@ -228,6 +229,11 @@ def update(ctx: Context, record: Record) -> dict:
             dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
         log.warning("%s: the delta was not exact (%s): built beside and swapped in", names.qualified, exc)
         return build(ctx, record)
+    except psycopg.Error:   # rolled back (a constraint of the user's, say): its rows staged go too, if they can
+        if staging is not None and not ctx.conn.broken:
+            with contextlib.suppress(psycopg.Error):
+                dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
+        raise
     return {"action": "delta", "inserted": inserted, "updated": updated, "deleted": deleted,
             "drifted_buckets": len(drifted), "loaded_by": loaded_by,
             "seconds": {"load": round(loaded_at - started, 3), "apply": round(time.monotonic() - loaded_at, 3)}}
@@ -255,6 +261,10 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
             dbs.search_default(conn, settings.ef_search)
+        except errors.ForeignKeyViolation as exc:   # a delta's deletes, rolled back: the user's constraint is in the way
+            raise UsageError(f"publishing to {names.qualified if names else table.name} failed: {one_line(exc)}: a "
+                             "foreign key of yours refers to rows the view no longer has; drop it, or delete the "
+                             "rows that refer to them, then publish again (nothing was changed)") from None
         except psycopg.Error as exc:
             raise JobFailed(_failure(exc, db, names or table)) from None
         finally:

@@ -118,7 +118,7 @@ def test_a_switch_to_another_length_is_refused_while_objects_of_the_user_depend_
         execute(pg_url, "DROP OWNED BY reader_o", "DROP ROLE reader_o")
 
 
-def test_a_rebuild_is_refused_while_objects_of_the_user_read_the_data_table(switching, pg_url, tmp_path, caplog):
+def test_a_rebuild_is_refused_while_objects_of_the_user_read_the_data_table_and_a_delta_is_not(switching, pg_url, tmp_path, caplog):
     day = corpus_rows(n_short=30, n_long=1)
     assert switching(MODEL, day) == 0
     assert publish(switching.out, pg_url) == 0
@@ -143,3 +143,10 @@ def test_a_rebuild_is_refused_while_objects_of_the_user_read_the_data_table(swit
     assert publish(switching.out, pg_url) == 0   # a delta updates that table in place: they stay valid
     assert_same(switching.out, pg_url)
     assert rows(pg_url, "SELECT * FROM raw") == rows(pg_url, "SELECT doc_id, chunk_index FROM embeddings")
+
+    assert switching(MODEL, [r for r in day if r["id"] != "l-0"], "--sync") == 0   # the rows notes refers to go
+    before = database_state(pg_url)
+    caplog.clear()
+    assert publish(switching.out, pg_url) == 2
+    assert "notes_doc_id_chunk_index_token_start_fkey" in caplog.text and "nothing was changed" in caplog.text
+    assert database_state(pg_url) == before and not [t for (t,) in before[2] if t.startswith("embedpipe_staging_")]
