@@ -222,6 +222,59 @@ def check_ours(conn: psycopg.Connection, names: Names, record: Record | None) ->
                          "or drop it yourself (nothing was changed)")
 
 
+# The user's objects that depend on a relation REL (its oid): those that read it or its row
+# type (views, materialized views, functions with an SQL body, rules and foreign keys of
+# other tables), as the server names them (a view's rule by its view), and the rules and
+# triggers on REL itself, which go with it when it is dropped. Not REL's own generated
+# columns, nor the rules of NOT_OF (NAME's, which reads the data table).
+_DEPENDENTS = """
+WITH refs(classid, objid) AS (
+    SELECT 'pg_class'::regclass, %(rel)s::oid
+    UNION ALL SELECT 'pg_type'::regclass, reltype FROM pg_class WHERE oid = %(rel)s
+    UNION ALL SELECT 'pg_class'::regclass, indexrelid FROM pg_index WHERE indrelid = %(rel)s)
+SELECT CASE WHEN r.rulename = '_RETURN' THEN pg_describe_object('pg_class'::regclass, r.ev_class, 0)
+            ELSE pg_describe_object(d.classid, d.objid, 0) END
+FROM pg_depend d JOIN refs ON d.refclassid = refs.classid AND d.refobjid = refs.objid
+LEFT JOIN pg_rewrite r ON d.classid = 'pg_rewrite'::regclass AND r.oid = d.objid
+LEFT JOIN pg_attrdef a ON d.classid = 'pg_attrdef'::regclass AND a.oid = d.objid
+WHERE d.deptype = 'n' AND (r.oid IS NULL OR r.ev_class NOT IN (%(rel)s, %(not_of)s))
+    AND (a.oid IS NULL OR a.adrelid <> %(rel)s)
+UNION SELECT pg_describe_object('pg_rewrite'::regclass, oid, 0) FROM pg_rewrite
+    WHERE ev_class = %(rel)s AND rulename <> '_RETURN'
+UNION SELECT pg_describe_object('pg_trigger'::regclass, oid, 0) FROM pg_trigger
+    WHERE tgrelid = %(rel)s AND NOT tgisinternal
+ORDER BY 1"""
+
+
+def dependents(conn: psycopg.Connection, names: Names, table: str, not_of: str | None = None) -> list[str]:
+    """The objects of the user's that depend on TABLE of NAME's schema (_DEPENDENTS)."""
+    rel, other = one(conn.execute("SELECT to_regclass(%s)::oid, coalesce(to_regclass(%s)::oid, 0)",
+                                  (_regclass(names.schema, table), _regclass(names.schema, not_of or table))))
+    if rel is None:
+        return []
+    return [r[0] for r in conn.execute(_DEPENDENTS, {"rel": rel, "not_of": other})]
+
+
+def check_dependents(conn: psycopg.Connection, names: Names, record: Record | None, replace: bool,
+                     change: str) -> None:
+    """Refused before anything is built (exit 2: the user's objects, which embedpipe never
+    drops, are in the way; the same command fails until they are moved): a build whose swap
+    would drop what the user's objects need. The swap keeps NAME when it REPLACEs it (the
+    objects on NAME then read the new rows), else drops it (CHANGE says why); it always drops
+    the served data table."""
+    if record is not None:
+        on_data = dependents(conn, names, record.data_table, not_of=names.name)
+        if on_data:
+            raise UsageError(f"objects of yours read embedpipe's data table {names.schema}.{record.data_table}, "
+                             f"which this publish replaces with a new one: {', '.join(on_data)}; make them read "
+                             f"{names.qualified} instead (or drop them), then publish again (nothing was changed)")
+    on_name = [] if replace else dependents(conn, names, names.name)
+    if on_name:
+        raise UsageError(f"{names.qualified} is made anew for this view ({change}), and objects of yours depend on it: "
+                         f"{', '.join(on_name)}; drop them, publish again, then create them again (nothing was "
+                         "changed)")
+
+
 def remove_leftovers(conn: psycopg.Connection, names: Names, keep: Sequence[str], settings: PublishSettings) -> list:
     """Tables of NAME's that nothing serves (a killed publish's), with their markers."""
     found = conn.execute("SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE "
@@ -250,6 +303,11 @@ def drop_table(conn: psycopg.Connection, names: Names, table: str, settings: Pub
         except errors.LockNotAvailable:
             if attempt + 1 < attempts:
                 time.sleep(settings.swap_backoff_s)
+        except errors.DependentObjectsStillExist:   # made by the user since check_dependents
+            log.warning("%s is still read by objects of yours (%s): make them read %s, and the next publish "
+                        "drops it", table, ", ".join(dependents(conn, names, table, not_of=names.name)),
+                        names.qualified)
+            return False
     log.warning("%s is still read by a query: the next publish drops it", table)
     return False
 
@@ -452,18 +510,35 @@ def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: boo
         names(data_table))
 
 
-def swap(conn: psycopg.Connection, names: Names, data_table: str, cols: Sequence[Column], compatible: bool,
+def _grants(conn: psycopg.Connection, names: Names) -> list[sql.Composed]:
+    """The GRANTs that give NAME's privileges again, to all but its owner (a view made anew
+    has none)."""
+    found = conn.execute("SELECT a.privilege_type, a.is_grantable, r.rolname FROM pg_class c, aclexplode(c.relacl) a "
+                         "LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE c.oid = to_regclass(%s) AND "
+                         "a.grantee <> c.relowner", (_regclass(names.schema, names.name),)).fetchall()
+    return [sql.SQL("GRANT {} ON {} TO {}{}").format(sql.SQL(privilege), names(),
+                                                     sql.Identifier(role) if role else sql.SQL("PUBLIC"),
+                                                     sql.SQL(" WITH GRANT OPTION" if grantable else ""))
+            for privilege, grantable, role in found]
+
+
+def swap(conn: psycopg.Connection, names: Names, data_table: str, cols: Sequence[Column], replace: bool,
          record: Record, settings: PublishSettings) -> int:
     """NAME reads DATA_TABLE from now on, and the record says so: one short transaction that
     waits for readers' locks at most lock_timeout, tried again until it gets through. A reader
-    waits behind it at most that long. The attempts it took."""
+    waits behind it at most that long. REPLACE: NAME keeps its columns first (CREATE OR
+    REPLACE: what depends on it stays and reads the new rows); else it is dropped and made
+    anew, with its grants. The attempts it took."""
     for attempt in range(1, settings.swap_attempts + 1):
         try:
             with conn.transaction():
                 conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(settings.lock_timeout_ms)))
-                if not compatible:
+                grants = [] if replace else _grants(conn, names)
+                if not replace:
                     conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(names()))
-                conn.execute(view_sql(names, data_table, cols, replace=compatible))
+                conn.execute(view_sql(names, data_table, cols, replace=replace))
+                for grant in grants:
+                    conn.execute(grant)
                 conn.execute(sql.SQL("COMMENT ON VIEW {} IS {}").format(names(), sql.Literal(
                     f"embedpipe: view {record.view} of {record.details.get('dir', 'DIR')} ({record.model}, "
                     f"{record.dimensions} dimensions); its record is in {META}")))

@@ -14,8 +14,10 @@ did is visible before the delta's commit or the swap's.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import itertools
 import logging
 import time
 
@@ -128,6 +130,8 @@ def compatible(record: Record | None, ctx: Context) -> bool:
 def build(ctx: Context, record: Record | None) -> dict:
     """The view's rows in a new table beside the served one, indexed, then swapped in."""
     names, view = ctx.names, ctx.view
+    replace, change = _keeps_columns(ctx, record)
+    dbs.check_dependents(ctx.conn, names, record, replace, change)
     table = names.new(DATA)
     dbs.create_data_table(ctx.conn, names, table, ctx.cols,
                           f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})",
@@ -140,13 +144,30 @@ def build(ctx: Context, record: Record | None) -> dict:
     dbs.build_indexes(ctx.conn, names, table, view.dimensions, rows, ctx.settings)
     indexed_at = time.monotonic()
     counts, hashes = dbs.aggregates(ctx.conn, names, table)
-    attempts = dbs.swap(ctx.conn, names, table, ctx.cols, compatible(record, ctx) and _view_exists(ctx),
-                        ctx.record(table, rows, counts, hashes), ctx.settings)
+    attempts = dbs.swap(ctx.conn, names, table, ctx.cols, replace, ctx.record(table, rows, counts, hashes),
+                        ctx.settings)
     if record is not None and record.data_table != table:
         dbs.drop_table(ctx.conn, names, record.data_table, ctx.settings, attempts=3)
     return {"action": "built" if record is None else "rebuilt", "inserted": rows, "updated": 0,
             "deleted": record.rows if record else 0, "swap_attempts": attempts,
             "seconds": {"load": round(loaded_at - started, 3), "index": round(indexed_at - loaded_at, 3)}}
+
+
+def _keeps_columns(ctx: Context, record: Record | None) -> tuple[bool, str]:
+    """Whether the served NAME's columns stay, the same names and types first (CREATE OR
+    REPLACE VIEW takes new columns after them only); else what changes."""
+    if record is None or not _view_exists(ctx):
+        return False, "it is not there"
+    new = tuple((c.name, c.type) for c in ctx.cols)
+    if new[:len(record.columns)] == record.columns:
+        return True, ""
+    types = dict(new)
+    name, was = next(c for c, n in itertools.zip_longest(record.columns, new) if c != n)
+    if name not in types:
+        return False, f"its column {name} goes"
+    if types[name] != was:
+        return False, f"its column {name} changes from {was} to {types[name]}"
+    return False, f"its column {name} moves"
 
 
 def _view_exists(ctx: Context) -> bool:
@@ -208,6 +229,11 @@ def update(ctx: Context, record: Record) -> dict:
             dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
         log.warning("%s: the delta was not exact (%s): built beside and swapped in", names.qualified, exc)
         return build(ctx, record)
+    except psycopg.Error:   # rolled back (a constraint of the user's, say): its rows staged go too, if they can
+        if staging is not None and not ctx.conn.broken:
+            with contextlib.suppress(psycopg.Error):
+                dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
+        raise
     return {"action": "delta", "inserted": inserted, "updated": updated, "deleted": deleted,
             "drifted_buckets": len(drifted), "loaded_by": loaded_by,
             "seconds": {"load": round(loaded_at - started, 3), "apply": round(time.monotonic() - loaded_at, 3)}}
@@ -235,6 +261,10 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
             dbs.search_default(conn, settings.ef_search)
+        except errors.ForeignKeyViolation as exc:   # a delta's deletes, rolled back: the user's constraint is in the way
+            raise UsageError(f"publishing to {names.qualified if names else table.name} failed: {one_line(exc)}: a "
+                             "foreign key of yours refers to rows the view no longer has; drop it, or delete the "
+                             "rows that refer to them, then publish again (nothing was changed)") from None
         except psycopg.Error as exc:
             raise JobFailed(_failure(exc, db, names or table)) from None
         finally:

@@ -47,5 +47,10 @@ class Reader(threading.Thread):
         return self
 
     def __exit__(self, *exc):
+        """Stopped after a poll begun once the body ended (the one in flight may have read the
+        state before its last commit): the state the body left is among those seen."""
+        polls, errors, deadline = self.polls, len(self.errors), time.monotonic() + 30
+        while self.polls < polls + 2 and len(self.errors) == errors and time.monotonic() < deadline:
+            time.sleep(0.005)
         self._done.set()
         self.join(30)
