@@ -182,6 +182,15 @@ def configure(data: Path, settings: PublishSettings) -> None:
             f.write(f"\n{include}\n")
 
 
+def configured_at_start(server: Any, settings: PublishSettings) -> None:
+    """SERVER (the package's, not started) configured when it starts: after initdb, before the
+    server runs, in the package's lock (start()'s)."""
+    def ensure_pgdata_inited() -> None:
+        type(server).ensure_pgdata_inited(server)
+        configure(server.pgdata, settings)
+    server.ensure_pgdata_inited = ensure_pgdata_inited
+
+
 def _started(output_dir: str, data: Path, create: bool, settings: PublishSettings | None) -> Any:
     """The package's server of DATA, started (or joined) for this process; configured first
     with SETTINGS, if given."""
@@ -203,11 +212,8 @@ def _started(output_dir: str, data: Path, create: bool, settings: PublishSetting
     server = pg.get_server(data, start=False)
     if not isinstance(server.global_process_id_list, _LiveUsers):   # the same server again in this process
         server.global_process_id_list = _LiveUsers(server.global_process_id_list)
-    if settings is not None:   # after initdb, before the server starts, in the package's lock (start()'s)
-        def ensure_pgdata_inited() -> None:
-            type(server).ensure_pgdata_inited(server)
-            configure(data, settings)
-        server.ensure_pgdata_inited = ensure_pgdata_inited
+    if settings is not None:
+        configured_at_start(server, settings)
     try:
         server.start()
     except subprocess.SubprocessError as exc:   # initdb or pg_ctl; the package logged their output (--verbose)
