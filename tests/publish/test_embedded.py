@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pipeline.publish.target import pgserver
+from pipeline.publish.target import pgserver, shared_buffers_mb
 from tests.e2e.money_helpers import MODEL, REPO, corpus_rows
 from tests.publish.helpers import publish, view_rows
 from tests.publish.stops import until
@@ -115,3 +115,27 @@ def test_a_killed_user_of_the_server_does_not_keep_it_running(day1):
     assert _postgres_of(day1 / "_postgres") and str(proc.pid) in (day1 / "_postgres" / ".handle_pids.json").read_text()
     assert cli("publish", str(day1), "--to", "embedded").returncode == 0
     assert not _postgres_of(day1 / "_postgres")
+
+
+def _shared_buffers(out) -> str:
+    done = cli("psql", str(out), "-tA", "-c", "SHOW shared_buffers")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def test_the_embedded_server_runs_with_the_run_configs_shared_buffers(day1, tmp_path):
+    """A database made without embedpipe's settings (by the package alone) runs with them from
+    the next publish on, and with another figure from the publish that gives it; psql starts
+    the server with those the last publish wrote."""
+    data = day1 / "_postgres"
+    data.mkdir()
+    pgserver().PostgresServer(data).ensure_pgdata_inited()
+    assert _shared_buffers(day1) == "128MB"   # PostgreSQL's own
+    assert cli("publish", str(day1), "--to", "embedded").returncode == 0
+    default = shared_buffers_mb(1024)
+    assert _shared_buffers(day1) == (f"{default // 1024}GB" if default % 1024 == 0 else f"{default}MB")
+    config = tmp_path / "run.yaml"
+    config.write_text("publish:\n  embedded_shared_buffers_mb: 200\n")
+    assert cli("publish", str(day1), "--to", "embedded", "--run-config", str(config)).returncode == 0
+    assert _shared_buffers(day1) == "200MB"
+    assert not _postgres_of(data)

@@ -2,6 +2,7 @@
 server computes, the delta between two views' keys."""
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from pipeline.exits import UsageError
 from pipeline.publish import delta
 from pipeline.publish.database import work_mem_mb
-from pipeline.publish.target import TableName, parse_table, parse_url
+from pipeline.publish.target import TableName, parse_table, parse_url, shared_buffers_mb
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKETS, bucket_of, columns, hash_sql, index_expression
 from transforms.publish.rows import copy_rows, vector_payloads
@@ -70,6 +71,12 @@ def test_buckets_and_the_index_expression():
     assert index_expression(3072) == ("(embedding::halfvec(3072))", "halfvec_cosine_ops")
     s = PublishSettings()
     assert 64 <= work_mem_mb(1000, 1536, s) <= work_mem_mb(200_000, 1536, s) == s.maintenance_work_mem_mb
+
+
+def test_the_embedded_servers_shared_buffers_are_the_setting_up_to_a_quarter_of_the_memory():
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 ** 20
+    assert shared_buffers_mb(64) == 64
+    assert 0 < shared_buffers_mb(10 ** 9) <= memory_mb // 4
 
 
 def _keys(rows) -> pa.Table:
