@@ -174,7 +174,11 @@ def configure(data: Path, settings: PublishSettings) -> None:
     temp = data / f".{SERVER_CONF}.{os.getpid()}"
     temp.write_text("# embedpipe's settings of this server, written by `publish` from its run config's publish "
                     f"section\nshared_buffers = '{shared_buffers_mb(settings.embedded_shared_buffers_mb)}MB'\n")
-    os.replace(temp, data / SERVER_CONF)   # a server starting meanwhile reads the old file or the new one
+    try:
+        os.replace(temp, data / SERVER_CONF)   # a server starting meanwhile reads the old file or the new one
+    except OSError:
+        temp.unlink(missing_ok=True)
+        raise
     conf = data / "postgresql.conf"
     include = f"include_if_exists = '{SERVER_CONF}'"
     if include not in conf.read_text().splitlines():
@@ -219,6 +223,9 @@ def _started(output_dir: str, data: Path, create: bool, settings: PublishSetting
     except subprocess.SubprocessError as exc:   # initdb or pg_ctl; the package logged their output (--verbose)
         raise JobFailed(f"the embedded PostgreSQL of {output_dir} did not start ({_why(server, exc)}); its log: "
                         f"{server.log}") from None
+    except OSError as exc:   # its data directory's files: the settings written, the package's own
+        raise JobFailed(f"the embedded PostgreSQL of {output_dir} did not start: {exc.strerror or exc}: "
+                        f"{exc.filename or data}") from None
     return server
 
 

@@ -139,3 +139,13 @@ def test_the_embedded_server_runs_with_the_run_configs_shared_buffers(day1, tmp_
     assert cli("publish", str(day1), "--to", "embedded", "--run-config", str(config)).returncode == 0
     assert _shared_buffers(day1) == "200MB"
     assert not _postgres_of(data)
+
+
+def test_settings_that_cannot_be_written_are_one_line(day1):
+    assert cli("publish", str(day1), "--to", "embedded").returncode == 0
+    settings = day1 / "_postgres" / "embedpipe.conf"
+    settings.unlink()
+    settings.mkdir()   # in the settings' place: replacing it fails, as a full or read-only disk would
+    line = one_line(cli("publish", str(day1), "--to", "embedded"), 1)
+    assert f"the embedded PostgreSQL of {day1} did not start: Is a directory: {day1}/_postgres/" in line, line
+    assert not _postgres_of(day1 / "_postgres") and not list((day1 / "_postgres").glob(".embedpipe.conf.*"))
