@@ -218,6 +218,30 @@ def test_a_switch_killed_half_way_resumes_with_the_same_command(tmp_path, sandbo
     assert_current_as(out, models, day, OTHER)
 
 
+def _target_failed(monkeypatch, caplog, where, *, before=None, after=None) -> str:
+    """A switching `--sync` of WHERE (corpus, out, sandbox, models) whose second job (the
+    target's) has BEFORE done before it starts or AFTER once it ran, and fails: exit 1, and its
+    line, which says that the served part is committed."""
+    corpus, out, sb, models = where
+    real, calls = run_command._run_job, []
+
+    def second_job(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2 and before:
+            before()
+        result = real(*args, **kwargs)
+        if len(calls) == 2 and after:
+            after()
+        return result
+    monkeypatch.setattr(run_command, "_run_job", second_job)
+    caplog.clear()
+    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 1
+    line = next(r.getMessage() for r in caplog.records if "did not advance" in r.getMessage())
+    assert "nothing is committed" not in line and f"{out} serves this run's changes, committed in its view of " \
+        f"{MODEL};" in line, line
+    return line
+
+
 def test_an_input_changed_during_the_targets_part_says_the_served_part_is_committed(tmp_path, sandbox_factory,
                                                                                   env_key, monkeypatch, caplog):
     """The served view's share of the day is committed first; the input changes while the
@@ -227,20 +251,8 @@ def test_an_input_changed_during_the_targets_part_says_the_served_part_is_commit
     today, _ = next_day(day, seed=5, edit_short=2, edit_long=0, remove=1, add=2)
     write_corpus(corpus, today)
     later, _ = next_day(today, seed=6, edit_short=2, edit_long=0, remove=0, add=1)
-    real, calls = run_command._run_job, []
-
-    def rewritten_during_the_target(*args, **kwargs):
-        result = real(*args, **kwargs)
-        calls.append(1)
-        if len(calls) == 2:
-            write_corpus(corpus, later)
-        return result
-    monkeypatch.setattr(run_command, "_run_job", rewritten_during_the_target)
-    caplog.clear()
-    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 1
-    line = next(r.getMessage() for r in caplog.records if "did not advance" in r.getMessage())
-    assert f"the input file {corpus} changed while the run read it" in line and "nothing is committed" not in line
-    assert f"{out} serves this run's changes, committed in its view of {MODEL};" in line, line
+    line = _target_failed(monkeypatch, caplog, (corpus, out, sb, models), after=lambda: write_corpus(corpus, later))
+    assert f"the input file {corpus} changed while the run read it" in line
     assert f"the view of {OTHER} beside it stays as it was before this run" in line
     assert_current(out, models, today)           # the served part is committed: the day as first read
     assert not summary(out)["switch"]["switched"] and summary(out)["exit_code"] == 1
@@ -265,19 +277,10 @@ def test_a_full_disk_during_the_targets_part_says_what_to_free_and_the_same_comm
     assert run(corpus, out, sb, models, MODEL) == 0
     today, _ = next_day(day, seed=5, edit_short=2, edit_long=0, remove=1, add=2)
     write_corpus(corpus, today)
-    real, calls, filler = run_command._run_job, [], []
-
-    def full_before_the_target(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            filler.append(fill(mount, 64 << 10))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(run_command, "_run_job", full_before_the_target)
-    caplog.clear()
-    assert run(corpus, out, sb, models, OTHER, "--sync", "--switch-model") == 1
-    line = next(r.getMessage() for r in caplog.records if "did not advance" in r.getMessage())
-    assert f"--output {out}: no space left on its disk" in line and "nothing is committed" not in line
-    assert f"{out} serves this run's changes, committed in its view of {MODEL};" in line, line
+    filler = []
+    line = _target_failed(monkeypatch, caplog, (corpus, out, sb, models),
+                          before=lambda: filler.append(fill(mount, 64 << 10)))
+    assert f"--output {out}: no space left on its disk" in line
     # as a reader of current/ sees it: summary.json stays the last run's when even it found no room
     served = collections.defaultdict(list)
     for r in glob_rows(out).to_pylist():
