@@ -204,11 +204,12 @@ def reads_from(conn: psycopg.Connection, names: Names, data_table: str) -> bool:
     """Whether NAME is a view over DATA_TABLE (as a publish made it)."""
     row = conn.execute("SELECT 1 FROM pg_rewrite r JOIN pg_depend d ON d.objid = r.oid AND d.classid = "
                        "'pg_rewrite'::regclass WHERE r.ev_class = to_regclass(%s) AND d.refobjid = to_regclass(%s)",
-                       (_regclass(names.schema, names.name), _regclass(names.schema, data_table))).fetchone()
+                       (regclass(names.schema, names.name), regclass(names.schema, data_table))).fetchone()
     return row is not None
 
 
-def _regclass(schema: str, name: str) -> str:
+def regclass(schema: str, name: str) -> str:
+    """SCHEMA.NAME as to_regclass() takes it: quoted."""
     return sql.Identifier(schema, name).as_string(None)
 
 
@@ -220,59 +221,6 @@ def check_ours(conn: psycopg.Connection, names: Names, record: Record | None) ->
     if record is None or kind != "v" or not reads_from(conn, names, record.data_table):
         raise UsageError(f"{names.qualified} exists and is not a table embedpipe publishes: give another --table, "
                          "or drop it yourself (nothing was changed)")
-
-
-# The user's objects that depend on a relation REL (its oid): those that read it or its row
-# type (views, materialized views, functions with an SQL body, rules and foreign keys of
-# other tables), as the server names them (a view's rule by its view), and the rules and
-# triggers on REL itself, which go with it when it is dropped. Not REL's own generated
-# columns, nor the rules of NOT_OF (NAME's, which reads the data table).
-_DEPENDENTS = """
-WITH refs(classid, objid) AS (
-    SELECT 'pg_class'::regclass, %(rel)s::oid
-    UNION ALL SELECT 'pg_type'::regclass, reltype FROM pg_class WHERE oid = %(rel)s
-    UNION ALL SELECT 'pg_class'::regclass, indexrelid FROM pg_index WHERE indrelid = %(rel)s)
-SELECT CASE WHEN r.rulename = '_RETURN' THEN pg_describe_object('pg_class'::regclass, r.ev_class, 0)
-            ELSE pg_describe_object(d.classid, d.objid, 0) END
-FROM pg_depend d JOIN refs ON d.refclassid = refs.classid AND d.refobjid = refs.objid
-LEFT JOIN pg_rewrite r ON d.classid = 'pg_rewrite'::regclass AND r.oid = d.objid
-LEFT JOIN pg_attrdef a ON d.classid = 'pg_attrdef'::regclass AND a.oid = d.objid
-WHERE d.deptype = 'n' AND (r.oid IS NULL OR r.ev_class NOT IN (%(rel)s, %(not_of)s))
-    AND (a.oid IS NULL OR a.adrelid <> %(rel)s)
-UNION SELECT pg_describe_object('pg_rewrite'::regclass, oid, 0) FROM pg_rewrite
-    WHERE ev_class = %(rel)s AND rulename <> '_RETURN'
-UNION SELECT pg_describe_object('pg_trigger'::regclass, oid, 0) FROM pg_trigger
-    WHERE tgrelid = %(rel)s AND NOT tgisinternal
-ORDER BY 1"""
-
-
-def dependents(conn: psycopg.Connection, names: Names, table: str, not_of: str | None = None) -> list[str]:
-    """The objects of the user's that depend on TABLE of NAME's schema (_DEPENDENTS)."""
-    rel, other = one(conn.execute("SELECT to_regclass(%s)::oid, coalesce(to_regclass(%s)::oid, 0)",
-                                  (_regclass(names.schema, table), _regclass(names.schema, not_of or table))))
-    if rel is None:
-        return []
-    return [r[0] for r in conn.execute(_DEPENDENTS, {"rel": rel, "not_of": other})]
-
-
-def check_dependents(conn: psycopg.Connection, names: Names, record: Record | None, replace: bool,
-                     change: str) -> None:
-    """Refused before anything is built (exit 2: the user's objects, which embedpipe never
-    drops, are in the way; the same command fails until they are moved): a build whose swap
-    would drop what the user's objects need. The swap keeps NAME when it REPLACEs it (the
-    objects on NAME then read the new rows), else drops it (CHANGE says why); it always drops
-    the served data table."""
-    if record is not None:
-        on_data = dependents(conn, names, record.data_table, not_of=names.name)
-        if on_data:
-            raise UsageError(f"objects of yours read embedpipe's data table {names.schema}.{record.data_table}, "
-                             f"which this publish replaces with a new one: {', '.join(on_data)}; make them read "
-                             f"{names.qualified} instead (or drop them), then publish again (nothing was changed)")
-    on_name = [] if replace else dependents(conn, names, names.name)
-    if on_name:
-        raise UsageError(f"{names.qualified} is made anew for this view ({change}), and objects of yours depend on it: "
-                         f"{', '.join(on_name)}; drop them, publish again, then create them again (nothing was "
-                         "changed)")
 
 
 def remove_leftovers(conn: psycopg.Connection, names: Names, keep: Sequence[str], settings: PublishSettings) -> list:
@@ -303,10 +251,10 @@ def drop_table(conn: psycopg.Connection, names: Names, table: str, settings: Pub
         except errors.LockNotAvailable:
             if attempt + 1 < attempts:
                 time.sleep(settings.swap_backoff_s)
-        except errors.DependentObjectsStillExist:   # made by the user since check_dependents
+        except errors.DependentObjectsStillExist as exc:   # made by the user since dependents.check_dependents
+            detail = "; ".join((exc.diag.message_detail or "").splitlines())   # the server's list of them
             log.warning("%s is still read by objects of yours (%s): make them read %s, and the next publish "
-                        "drops it", table, ", ".join(dependents(conn, names, table, not_of=names.name)),
-                        names.qualified)
+                        "drops it", table, detail, names.qualified)
             return False
     log.warning("%s is still read by a query: the next publish drops it", table)
     return False
@@ -515,7 +463,7 @@ def _grants(conn: psycopg.Connection, names: Names) -> list[sql.Composed]:
     has none)."""
     found = conn.execute("SELECT a.privilege_type, a.is_grantable, r.rolname FROM pg_class c, aclexplode(c.relacl) a "
                          "LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE c.oid = to_regclass(%s) AND "
-                         "a.grantee <> c.relowner", (_regclass(names.schema, names.name),)).fetchall()
+                         "a.grantee <> c.relowner", (regclass(names.schema, names.name),)).fetchall()
     return [sql.SQL("GRANT {} ON {} TO {}{}").format(sql.SQL(privilege), names(),
                                                      sql.Identifier(role) if role else sql.SQL("PUBLIC"),
                                                      sql.SQL(" WITH GRANT OPTION" if grantable else ""))

@@ -32,6 +32,7 @@ from pipeline.outdir.view import View
 from pipeline.publish import database as dbs
 from pipeline.publish import delta as deltas
 from pipeline.publish.database import DATA, STAGING, Names, Record
+from pipeline.publish.dependents import check_dependents
 from pipeline.publish.target import Database, TableName, check_target, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
@@ -131,7 +132,7 @@ def build(ctx: Context, record: Record | None) -> dict:
     """The view's rows in a new table beside the served one, indexed, then swapped in."""
     names, view = ctx.names, ctx.view
     replace, change = _keeps_columns(ctx, record)
-    dbs.check_dependents(ctx.conn, names, record, replace, change)
+    check_dependents(ctx.conn, names, record, replace, change)
     table = names.new(DATA)
     dbs.create_data_table(ctx.conn, names, table, ctx.cols,
                           f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})",
