@@ -57,6 +57,16 @@ def started(pid: int) -> int | None:
         return None
 
 
+def private(path: Path, others: int = 0o077) -> bool:
+    """Whether PATH is this user's, with none of the OTHERS permission bits (0o022: no one else
+    writes it; 0o077: no one else reads it either)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & others
+
+
 def _pids_file(state: Path) -> Path:
     return state / "pids.json"
 
@@ -84,13 +94,15 @@ def serve_args(state: Path, host: str, port: int) -> list[str]:
 
 
 def port_of(pid: int, state: Path, start: int | None) -> int | None:
-    """The port of PID when it is STATE's pool started at START from this checkout; else None."""
+    """The port of PID when it is this user's pool of STATE started at START from this checkout;
+    else None."""
     try:
         args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[1:-1]
-        cwd = os.readlink(f"/proc/{pid}/cwd")
+        cwd, owner = os.readlink(f"/proc/{pid}/cwd"), os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return None
-    if start is None or started(pid) != start or cwd != str(ROOT) or args[:4] != [*SERVE, f"--state={state}"]:
+    if (start is None or started(pid) != start or owner != os.getuid() or cwd != str(ROOT)
+            or args[:4] != [*SERVE, f"--state={state}"]):
         return None
     port = args[-1].removeprefix("--port=")
     return int(port) if port.isdigit() else None
@@ -190,6 +202,10 @@ def own_pool(portable: PortableOptions) -> Path | None:
         return None
     state = state_dir()
     if port in running(state).values():
+        if not private(state, 0o022):
+            raise UsageError(f"the worker pool's directory {state} is writable by other users, who could admit "
+                             f"jobs of their own to it: stop the pool (`POOL_PORT={port} make pool-down`) and start "
+                             f"it with POOL_DIR in a directory of yours alone")
         return state
     if host not in LOOPBACK_HOSTS:
         return None
@@ -234,8 +250,14 @@ class _Admission(NamedTuple):
 
 
 def _admissions(state: Path) -> Iterator[_Admission]:
-    for path in sorted(_jobs_dir(state).glob("*.json")):
+    """STATE's admissions, those only that this user alone could have written."""
+    jobs = _jobs_dir(state)
+    if not private(jobs):
+        return
+    for path in sorted(jobs.glob("*.json")):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            if not private(path):
+                continue
             data = json.loads(path.read_text())
             yield _Admission(path, int(data["launcher"]), data["started"], int(data["prism_port"]), str(data["job"]),
                              data.get("key"))

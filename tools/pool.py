@@ -75,6 +75,9 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, hos
     """A pool on HOST:PORT (its own process group), once it listens; recorded in STATE."""
     state = state.absolute()
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not workerpool.private(state, 0o022):   # whoever writes it could admit jobs
+        raise SystemExit(f"{state} is writable by other users, who could admit jobs of their own to a pool there: "
+                         "choose a directory of yours alone with POOL_DIR=DIR")
     log = state / f"worker_pool-{port}.log"
     with open(log, "ab") as fh:
         proc = subprocess.Popen([sys.executable, *workerpool.serve_args(state, host, port)], stdin=subprocess.DEVNULL,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -16,15 +17,18 @@ from concurrent import futures
 import grpc
 import psutil
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import (beam_fn_api_pb2, beam_fn_api_pb2_grpc, beam_provision_api_pb2_grpc,
                                          endpoints_pb2)
 
-from pipeline import workerpool
+from pipeline import prism, workerpool
+from pipeline.exits import UsageError
 from service.credentials import ENV_VAR, key_fingerprint
 from tests.conftest import free_port
 from tests.e2e.helpers import corpus_rows, write_corpus
 from tests.prism.test_faults import Job
 from tests.prism.twin import Side, env_for
+from tests.second_user import second_user
 from tools import pool as pools
 
 MODEL = "text-embedding-3-small"
@@ -118,6 +122,26 @@ def test_a_launcher_s_admission_dies_with_it(own_pool, runner):
     path.write_text(json.dumps({**json.loads(path.read_text()), "launcher": int(gone.stdout)}))
     assert "refused" in start_worker(pool.address, runner.port, "job-001[job]_env").error
     assert not path.exists() and not runner.asked
+
+
+def test_another_user_admits_no_job(own_pool, runner, tmp_path, monkeypatch):
+    """An admission only counts when the pool's own user alone could have written it: a file of
+    another user's, or a state directory other users write, is none."""
+    user = second_user()
+    pool = own_pool()
+    path = workerpool.admit(pool.state, runner.port, "job-001", key=None)
+    os.chown(path, user.pw_uid, user.pw_gid)   # as if that user had written it
+    assert "refused" in start_worker(pool.address, runner.port, "job-001[job]_env").error and not runner.asked
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)   # as /tmp
+    with pytest.raises(SystemExit, match="writable by other users"):
+        pools.start(free_port(), shared)
+    pool.state.chmod(0o777)
+    monkeypatch.setenv(workerpool.STATE_VAR, str(pool.state))
+    with pytest.raises(UsageError, match="writable by other users"):
+        prism.own_pool(PipelineOptions(["--runner", "PrismRunner", "--environment_type", "EXTERNAL",
+                                        "--environment_config", pool.address]))
 
 
 def test_a_launcher_refuses_another_checkout_s_pool_before_anything_is_sent(tmp_path, own_pool, sandbox_factory,
