@@ -14,11 +14,11 @@ and gives its own port as every endpoint of the StartWorker request. The pool st
 of a request that matches an admission, once (the admission is deleted as it is taken), with the
 key in that worker's environment only; any other request (a StartWorker from elsewhere, a job
 someone else submitted to the same Prism, a launcher that died) is refused before anything of
-it runs. Whoever can write STATE can admit jobs: it is its owner's.
+it runs. Whoever writes STATE could admit jobs: the pool and the launcher refuse a STATE that
+other users write, and an admission counts only in a directory and a file no one else reads.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -129,15 +129,36 @@ def address(host: str, port: int) -> str:
     return _join("localhost" if host in ("", "0.0.0.0", "::") else host, port)
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def _bind(server: grpc.Server, host: str, port: int) -> int:
+    """HOST:PORT on SERVER, localhost as 127.0.0.1 and ::1 both or not at all: gRPC binds what
+    it can of a name's addresses, and another process listening on ::1 there would then take
+    the connections made to localhost that try ::1 first. Raises when an address is taken."""
+    if host != "localhost":
+        return int(server.add_insecure_port(_join(host, port)))
+    bound = int(server.add_insecure_port(f"127.0.0.1:{port}"))
+    if _ipv6_loopback():
+        server.add_insecure_port(f"[::1]:{bound}")
+    return bound
+
+
 def serve(servicer: beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolServicer, host: str = "localhost",
           port: int = 0) -> tuple[str, grpc.Server]:
-    """SERVICER on HOST:PORT (every address HOST names: localhost is 127.0.0.1 and ::1), where
-    Beam's worker_pool_main serves it on every interface. No SO_REUSEPORT: a second server on
-    the port fails rather than sharing its connections. The address to give the runner."""
+    """SERVICER on HOST:PORT (localhost: 127.0.0.1 and ::1), where Beam's worker_pool_main serves
+    it on every interface. No SO_REUSEPORT: a second server on the port fails rather than sharing
+    its connections. The address to give the runner."""
     server = grpc.server(thread_pool_executor.shared_unbounded_instance(),
                          options=[("grpc.http2.max_pings_without_data", 0), ("grpc.http2.max_ping_strikes", 0),
                                   ("grpc.so_reuseport", 0)])
-    bound = server.add_insecure_port(_join(host, port))
+    bound = _bind(server, host, port)
     beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(servicer, server)
     server.start()
     return address(host, bound), server
@@ -249,18 +270,22 @@ class _Admission(NamedTuple):
     key: str | None
 
 
+def _admission(path: Path) -> _Admission | None:
+    """The admission in PATH when this user alone could have written it (and it is whole)."""
+    if not private(path):
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return _Admission(path, int(data["launcher"]), data["started"], int(data["prism_port"]), str(data["job"]),
+                          data.get("key"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _admissions(state: Path) -> Iterator[_Admission]:
-    """STATE's admissions, those only that this user alone could have written."""
     jobs = _jobs_dir(state)
-    if not private(jobs):
-        return
-    for path in sorted(jobs.glob("*.json")):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            if not private(path):
-                continue
-            data = json.loads(path.read_text())
-            yield _Admission(path, int(data["launcher"]), data["started"], int(data["prism_port"]), str(data["job"]),
-                             data.get("key"))
+    if private(jobs):
+        yield from filter(None, map(_admission, sorted(jobs.glob("*.json"))))
 
 
 def take(state: Path, request: beam_fn_api_pb2.StartWorkerRequest) -> dict[str, str] | None:

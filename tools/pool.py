@@ -48,6 +48,7 @@ STATE = ROOT / ".pool"
 DEFAULT_PORT = 50000   # configs/profiles/prism-pool.yaml's --environment_config
 DEFAULT_HOST = "localhost"
 START_TIMEOUT_S = 60.0
+READY = b"worker pool serving "   # the pool's line once every address is bound
 STOP_TIMEOUT_S = 15.0
 
 
@@ -72,7 +73,7 @@ def _workers_dir(state: Path) -> Path:
 
 
 def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, host: str = DEFAULT_HOST) -> int:
-    """A pool on HOST:PORT (its own process group), once it listens; recorded in STATE."""
+    """A pool on HOST:PORT (its own process group), once it serves there; recorded in STATE."""
     state = state.absolute()
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not workerpool.private(state, 0o022):   # whoever writes it could admit jobs
@@ -80,12 +81,13 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, hos
                          "choose a directory of yours alone with POOL_DIR=DIR")
     log = state / f"worker_pool-{port}.log"
     with open(log, "ab") as fh:
+        offset = fh.tell()
         proc = subprocess.Popen([sys.executable, *workerpool.serve_args(state, host, port)], stdin=subprocess.DEVNULL,
                                 stdout=fh, stderr=subprocess.STDOUT, env=pool_env(env), cwd=ROOT,
                                 start_new_session=True)
     pool = {proc.pid: workerpool.started(proc.pid)}
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not listening(port, host):
+    while READY not in log.read_bytes()[offset:]:   # a port that listens may be another's, or half bound
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_pid(proc.pid)
             raise SystemExit(f"the worker pool did not start on port {port}: {log.read_text()[-1500:]}")
@@ -192,7 +194,7 @@ def serve(state: Path, host: str, port: int) -> None:
     """The pool itself (`start` runs it): serves until SIGINT."""
     _workers_dir(state).mkdir(exist_ok=True)
     address, server = workerpool.serve(_Pool(state), host, port)
-    print(f"worker pool of {state} on {address}", flush=True)
+    print(f"{READY.decode()}{address} for {state}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         server.wait_for_termination()
     server.stop(0)

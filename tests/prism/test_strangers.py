@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -95,6 +96,19 @@ def test_the_pool_listens_on_loopback_unless_told_otherwise(own_pool, tmp_path):
         assert listening_on(pid) == {"127.0.0.2"}
     finally:
         pools.down(state)
+
+
+def test_a_pool_takes_both_loopback_addresses_or_none(tmp_path):
+    """Another process on ::1 at the port would take the connections to localhost that try ::1
+    first: the pool does not start rather than listen on 127.0.0.1 alone."""
+    with socket.socket(socket.AF_INET6) as squatter:
+        squatter.bind(("::1", 0))
+        squatter.listen()
+        try:
+            with pytest.raises(SystemExit, match="did not start"):
+                pools.start(squatter.getsockname()[1], tmp_path / ".pool")
+        finally:
+            pools.down(tmp_path / ".pool")
 
 
 def test_a_stranger_s_request_starts_nothing_and_only_an_admitted_job_s_worker_has_the_key(own_pool, runner,
