@@ -222,11 +222,11 @@ def own_pool(portable: PortableOptions) -> Path | None:
     if portable.environment_type != "EXTERNAL" or port is None:
         return None
     state = state_dir()
+    if state.exists() and not private(state, 0o022):
+        raise UsageError(f"the worker pools' directory {state} is not yours alone (another user's, or others write "
+                         "it): a pool there could run jobs of other users. Start this checkout's pool with "
+                         "POOL_DIR=DIR, a directory of yours alone, and run with the same POOL_DIR")
     if port in running(state).values():
-        if not private(state, 0o022):
-            raise UsageError(f"the worker pool's directory {state} is writable by other users, who could admit "
-                             f"jobs of their own to it: stop the pool (`POOL_PORT={port} make pool-down`) and start "
-                             f"it with POOL_DIR in a directory of yours alone")
         return state
     if host not in LOOPBACK_HOSTS:
         return None
@@ -249,10 +249,12 @@ def _jobs_dir(state: Path) -> Path:
 
 def admit(state: Path, prism_port: int, job: str, key: str | None) -> Path:
     """JOB of the Prism on PRISM_PORT admitted to STATE's pools, with KEY for its worker: the file
-    to delete once the job has ended."""
+    to delete once the job has ended. Admissions of launchers that died are deleted first."""
     jobs = _jobs_dir(state)
     jobs.mkdir(mode=0o700, parents=True, exist_ok=True)
     jobs.chmod(0o700)
+    for found in _admissions(state):
+        _alive(found)
     path = jobs / f"{secrets.token_hex(8)}.json"
     admission = {"launcher": os.getpid(), "started": started(os.getpid()), "prism_port": prism_port, "job": job}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -288,13 +290,21 @@ def _admissions(state: Path) -> Iterator[_Admission]:
         yield from filter(None, map(_admission, sorted(jobs.glob("*.json"))))
 
 
+def _alive(found: _Admission) -> bool:
+    """Whether FOUND's launcher still runs; its admission deleted when not (it may hold the key)."""
+    if started(found.launcher) == found.started:
+        return True
+    found.path.unlink(missing_ok=True)
+    return False
+
+
 def take(state: Path, request: beam_fn_api_pb2.StartWorkerRequest) -> dict[str, str] | None:
     """The environment for REQUEST's worker when a live launcher admitted its job to STATE (the
     admission deleted: taken once); None otherwise. Admissions of launchers gone are deleted."""
     for found in _admissions(state):
-        if started(found.launcher) != found.started:
-            found.path.unlink(missing_ok=True)
-        elif matches(request, found.prism_port, found.job):
+        if not _alive(found):
+            continue
+        if matches(request, found.prism_port, found.job):
             try:
                 found.path.unlink()
             except FileNotFoundError:   # another request took it first

@@ -77,8 +77,8 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, hos
     state = state.absolute()
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not workerpool.private(state, 0o022):   # whoever writes it could admit jobs
-        raise SystemExit(f"{state} is writable by other users, who could admit jobs of their own to a pool there: "
-                         "choose a directory of yours alone with POOL_DIR=DIR")
+        raise SystemExit(f"{state} is not yours alone (another user's, or others write it): a pool there could run "
+                         "jobs of other users; choose a directory of yours alone with POOL_DIR=DIR")
     log = state / f"worker_pool-{port}.log"
     with open(log, "ab") as fh:
         offset = fh.tell()
@@ -210,12 +210,19 @@ def _serve_args(argv: list[str]) -> Any:
 
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
-    given = os.environ.get("POOL_PORT")
+    given = os.environ.get("POOL_PORT", "")
     state = Path(os.environ.get(workerpool.STATE_VAR) or STATE).absolute()
     if command == "serve":
         args = _serve_args(argv[1:])
         serve(args.state, args.host, args.port)
         return 0
+    if given and not given.isdigit():
+        print(f"POOL_PORT={given}: not a port number", file=sys.stderr)
+        return 2
+    if state.exists() and not workerpool.private(state, 0o022):
+        print(f"{state} is not yours alone (another user's, or others write it): a pool there could run jobs of "
+              "other users; choose a directory of yours alone with POOL_DIR=DIR", file=sys.stderr)
+        return 1
     if command == "up":
         port, host = int(given or DEFAULT_PORT), os.environ.get("POOL_HOST") or DEFAULT_HOST
         if os.environ.get(ENV_VAR, "").strip():

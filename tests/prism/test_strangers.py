@@ -149,13 +149,17 @@ def test_another_user_admits_no_job(own_pool, runner, tmp_path, monkeypatch):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)   # as /tmp
-    with pytest.raises(SystemExit, match="writable by other users"):
+    with pytest.raises(SystemExit, match="is not yours alone"):
         pools.start(free_port(), shared)
-    pool.state.chmod(0o777)
     monkeypatch.setenv(workerpool.STATE_VAR, str(pool.state))
-    with pytest.raises(UsageError, match="writable by other users"):
-        prism.own_pool(PipelineOptions(["--runner", "PrismRunner", "--environment_type", "EXTERNAL",
-                                        "--environment_config", pool.address]))
+    options = PipelineOptions(["--runner", "PrismRunner", "--environment_type", "EXTERNAL", "--environment_config",
+                               pool.address])
+    assert prism.own_pool(options) == pool.state
+    for made_theirs in (lambda: pool.state.chmod(0o777), lambda: os.chown(pool.state, user.pw_uid, user.pw_gid)):
+        made_theirs()
+        with pytest.raises(UsageError, match="is not yours alone"):
+            prism.own_pool(options)
+    os.chown(pool.state, os.getuid(), os.getgid())   # the fixture stops it
 
 
 def test_a_launcher_refuses_another_checkout_s_pool_before_anything_is_sent(tmp_path, own_pool, sandbox_factory,

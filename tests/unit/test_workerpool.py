@@ -46,11 +46,19 @@ def test_an_admission_is_taken_once_with_its_key(tmp_path):
 
 
 def test_an_admission_of_a_launcher_gone_is_deleted_unused(tmp_path):
-    path = workerpool.admit(tmp_path, PRISM, "job-001", "sk-launcher")
+    """By the pool's next request, or the next launcher's admission: it holds the key."""
     gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout)
-    path.write_text(json.dumps({**json.loads(path.read_text()), "launcher": gone}))
+
+    def of_a_launcher_gone():
+        path = workerpool.admit(tmp_path, PRISM, "job-001", "sk-launcher")
+        path.write_text(json.dumps({**json.loads(path.read_text()), "launcher": gone}))
+        return path
+
+    path = of_a_launcher_gone()
     assert workerpool.take(tmp_path, request()) is None and not path.exists()
+    path = of_a_launcher_gone()
+    assert workerpool.admit(tmp_path, PRISM, "job-002", None).exists() and not path.exists()
 
 
 @pytest.mark.parametrize("opened", ["file", "directory"])
