@@ -12,10 +12,11 @@ nothing else; with POOL_PORT, only the one on that port. `python -m tools.pool s
 while a recorded pool runs (`make clean` removes .pool and the .venv the pool runs on only when
 none does). POOL_DIR puts that state elsewhere, for the launcher too.
 
-A recorded pid counts as this state's pool only while its command line names this state
-directory, its start time is the recorded one and it runs from this checkout
-(pipeline/workerpool.py): a pid the system gave to another process since, another checkout's
-pool among them, is neither kept nor stopped.
+A recorded pid counts as this state's pool only while it is this user's process, its command
+line names this state directory, its start time is the recorded one and it runs from this
+checkout (pipeline/workerpool.py): a pid the system gave to another process since, another
+checkout's pool among them, is neither kept nor stopped. The state directory must be this
+user's alone to write.
 
 The pool is Beam's worker pool servicer (`worker_pool_main`'s) that starts a worker only for a
 job a launcher admitted to this state, and holds no API key: an admitted job's worker gets its
