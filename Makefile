@@ -72,8 +72,8 @@ prism: setup
 	$(BIN)/python -m tools.prism install
 
 # A Beam worker pool on this .venv (EXTERNAL workers, as beside a Flink TaskManager), its pid in
-# .pool/pids.json. Its workers take EMBEDDINGS_API_KEY from this environment. pool-down stops
-# every recorded pool, or with POOL_PORT=N only the one on N.
+# .pool/pids.json, on localhost (POOL_HOST). It holds no API key: each job's worker gets its
+# launcher's. pool-down stops every recorded pool, or with POOL_PORT=N only the one on N.
 POOL_PORT ?= 50000
 pool-up: setup
 	POOL_PORT=$(POOL_PORT) $(BIN)/python -m tools.pool up

@@ -13,19 +13,41 @@
 - LOOPBACK workers are Beam's SdkHarness threads in the launcher, whose failed bundles Beam
   prints to stderr (a worker process's own log): that print is dropped; the logged copy of the
   traceback stays for --verbose, the failure itself is one line (pipeline/checks/workers.py).
+- Workers only for the launcher's own jobs. The launcher's worker service (LOOPBACK) listens on
+  localhost, not on every interface as Beam's, and both it and a worker pool of this checkout
+  (EXTERNAL, `make pool-up`) start a worker only for a job this launcher admitted between
+  Prism's Prepare and Run (pipeline/workerpool.py): a StartWorker request from anyone else, or
+  for a job someone else submitted to the same Prism, runs nothing. The pool holds no key: the
+  launcher's reaches its job's worker with the admission. A pool on this machine that is not this
+  checkout's (its code, its state directory) is refused before anything is read.
+  Prism itself listens on every interface: its binary takes no address (docs/RUNNERS.md).
 """
 from __future__ import annotations
 
+import atexit
+import copy
+import functools
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from apache_beam.options.pipeline_options import DebugOptions, PortableOptions, PrismRunnerOptions, StandardOptions
+from apache_beam.options.pipeline_options import (DebugOptions, PipelineOptions, PortableOptions, PrismRunnerOptions,
+                                                  StandardOptions)
+from apache_beam.portability import python_urns
+from apache_beam.portability.api import beam_job_api_pb2_grpc, beam_runner_api_pb2
 from apache_beam.runners.portability import job_server
+from apache_beam.runners.portability.portable_runner import JobServiceHandle
 from apache_beam.runners.portability.prism_runner import PrismJobServer, PrismRunner
+from apache_beam.runners.worker import sdk_worker_main
+from apache_beam.transforms import environments
 from apache_beam.utils import shared
 from apache_beam.version import __version__ as beam_version
 
+from pipeline import workerpool
 from pipeline.exits import UsageError
+from service.credentials import ENV_VAR
 
 CACHE = os.path.join(".cache", "prism")   # under the repository root
 # argv: the launcher's pid, then Prism's command line. The parent may have died before prctl.
@@ -40,7 +62,7 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
-def is_prism(opts) -> bool:
+def is_prism(opts: PipelineOptions) -> bool:
     return (opts.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1] == "PrismRunner"
 
 
@@ -49,7 +71,7 @@ def build_path(root: str, version: str = beam_version) -> str:
     return os.path.join(root, CACHE, f"v{version}", "prism")
 
 
-def use_build(opts) -> None:
+def use_build(opts: PipelineOptions) -> None:
     """--runner PrismRunner without --prism_location or --job_endpoint: `make prism`'s binary
     (of the repository, or of the working directory), else a usage error before anything is read."""
     prism = opts.view_as(PrismRunnerOptions)
@@ -63,22 +85,108 @@ def use_build(opts) -> None:
                      "Go module proxy), or pass --prism_location PATH (a binary, or Beam's release URL)")
 
 
+def own_pool(opts: PipelineOptions) -> Path | None:
+    """The state directory of the pool a Prism job's EXTERNAL workers come from when it is this
+    checkout's (pipeline/workerpool.py `own_pool`); else None, or a usage error for a pool on this
+    machine that is another checkout's."""
+    return workerpool.own_pool(opts.view_as(PortableOptions)) if is_prism(opts) else None
+
+
+# Beam's classes are unannotated: their methods are called by name, which mypy's strict checks
+# (untyped_calls_exclude) leave to Beam, where super() would not.
 class _JobServer(PrismJobServer):
-    def subprocess_cmd_and_endpoint(self):
-        cmd, endpoint = super().subprocess_cmd_and_endpoint()
-        return [sys.executable, "-S", "-c", _END_WITH_LAUNCHER, str(os.getpid()), *map(str, cmd)], endpoint
+    endpoint = ""
+
+    def __init__(self, options: PipelineOptions):
+        PrismJobServer.__init__(self, options)
+
+    def subprocess_cmd_and_endpoint(self) -> tuple[list[str], str]:
+        cmd, self.endpoint = super().subprocess_cmd_and_endpoint()
+        return [sys.executable, "-S", "-c", _END_WITH_LAUNCHER, str(os.getpid()), *map(str, cmd)], self.endpoint
+
+
+class _StopOnExit(job_server.StopOnExitJobServer):
+    def __init__(self, options: PipelineOptions):
+        self.prism = _JobServer(options)
+        job_server.StopOnExitJobServer.__init__(self, self.prism)
+
+    def start(self) -> beam_job_api_pb2_grpc.JobServiceStub:
+        stub: beam_job_api_pb2_grpc.JobServiceStub = job_server.StopOnExitJobServer.start(self)
+        return stub
+
+
+class _Handle(JobServiceHandle):
+    """Beam's submission, with the job admitted to its workers between Prepare and Run."""
+
+    def __init__(self, job_service: beam_job_api_pb2_grpc.JobServiceStub, options: PipelineOptions, admit: Callable[[str], None]):
+        JobServiceHandle.__init__(self, job_service, options, retain_unknown_options=True)   # as PrismRunner's
+        self._admit = admit
+
+    def run(self, preparation_id: str) -> Any:
+        self._admit(preparation_id)   # Prism's job id is its preparation id
+        return super().run(preparation_id)
 
 
 class Runner(PrismRunner):
     """Beam's PrismRunner whose Prism, one for all of a command's pipelines as Beam's, ends with
-    the launcher."""
+    the launcher, and whose workers run only this launcher's jobs."""
     shared_handle = shared.Shared()
 
-    def default_job_server(self, options):
-        make = lambda: job_server.StopOnExitJobServer(_JobServer(options))
+    def __init__(self) -> None:
+        PrismRunner.__init__(self)
+        self._own_jobs = workerpool.OwnJobs()
+        self._prism_port = 0
+
+    def default_job_server(self, options: PipelineOptions) -> _StopOnExit:
+        def make() -> _StopOnExit:
+            return _StopOnExit(options)
         if options.view_as(DebugOptions).lookup_experiment("disable_prism_server_singleton"):
             return make()
-        return Runner.shared_handle.acquire(make)
+        server: _StopOnExit = Runner.shared_handle.acquire(make)
+        return server
+
+    def create_job_service(self, options: PipelineOptions) -> _Handle:
+        """Beam's, knowing Prism's port (the port of the endpoints Prism gives its workers too)."""
+        portable = options.view_as(PortableOptions)
+        if portable.job_endpoint:
+            stub = job_server.ExternalJobServer(portable.job_endpoint, portable.job_server_timeout).start()
+            endpoint = portable.job_endpoint
+        else:
+            server = self.default_job_server(options)
+            stub, endpoint = server.start(), server.prism.endpoint
+        self._prism_port = workerpool.split_address(endpoint)[1] or 0
+        return _Handle(stub, options, functools.partial(self._admit, options))
+
+    def _admit(self, options: PipelineOptions, job: str) -> None:
+        """JOB's workers: the launcher's own (LOOPBACK), and those of this checkout's pool, which
+        get the launcher's key when it comes from the environment."""
+        self._own_jobs.add(self._prism_port, job)
+        # PortableRunner has unset the runner by now: is_prism no longer holds
+        if (state := workerpool.own_pool(options.view_as(PortableOptions))) is not None:
+            given = options.get_all_options()
+            key = None if given.get("api_key_file") or given.get("api_key_secret") else os.environ.get(ENV_VAR)
+            atexit.register(workerpool.admit(state, self._prism_port, job, key).unlink, missing_ok=True)
+
+    def start_and_replace_loopback_environments(  # type: ignore[override]  # Beam's is static; it calls self's
+            self, pipeline: beam_runner_api_pb2.Pipeline, options: PipelineOptions) -> list[Callable[[], None]]:
+        """Beam's, with the launcher's worker service on localhost and for its own jobs only."""
+        portable = copy.deepcopy(options.view_as(PortableOptions))
+        debug = options.view_as(DebugOptions)
+        cleanups: list[Callable[[], None]] = []
+        for env in pipeline.components.environments.values():
+            if env.urn != python_urns.EMBEDDED_PYTHON_LOOPBACK:
+                continue
+            servicer = workerpool.Servicer(
+                self._own_jobs.take, use_process=debug.lookup_experiment("use_loopback_process_worker", False),
+                state_cache_size=sdk_worker_main._get_state_cache_size_bytes(options=options),
+                data_buffer_time_limit_ms=sdk_worker_main._get_data_buffer_time_limit_ms(debug.experiments or []))
+            portable.environment_type = "EXTERNAL"
+            portable.environment_config, server = workerpool.serve(servicer)
+            # as Beam's own call: an external environment needs no context
+            external = environments.ExternalEnvironment.from_options(portable).to_runner_api(None)  # type: ignore[arg-type]
+            env.urn, env.payload = external.urn, external.payload
+            cleanups.append(functools.partial(server.stop, 1))
+        return cleanups
 
 
 def runner() -> Runner:

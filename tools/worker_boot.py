@@ -1,6 +1,6 @@
 """What the Beam SDK container's boot does before a Python worker runs, for the worker pool of
-tools/pool.py (its `--container_executable`): the job's options from the runner's provision
-service, then `apache_beam.runners.worker.sdk_worker_main` with them in its environment.
+tools/pool.py (the command it starts each worker with): the job's options from the runner's
+provision service, then `apache_beam.runners.worker.sdk_worker_main` with them in its environment.
 
 worker_pool_main alone starts each worker as a bare SdkHarness, which never sees the job's
 options, and a worker needs them: its FileSystems (an s3:// path reaches the job's
@@ -28,7 +28,7 @@ from google.protobuf import json_format, text_format
 
 
 def _descriptor(url: str) -> str:
-    return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
+    return str(text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url)))
 
 
 def main(argv: list[str]) -> None:

@@ -9,9 +9,9 @@ do. Three such causes the launcher can name from the runner's error:
   environment the launcher cannot see: there the first worker without a key fails the job.
 - the workers gone mid-run (their pool or host died): Prism says "SDK worker disconnected".
 
-For a worker pool on this machine the line gives the commands of tools/pool.py that start it
-again on the port --environment_config names (`make pool-up` alone keeps a running pool, and
-starts on 50000); a pool elsewhere is started by whoever runs it.
+For a worker pool on this machine the line gives the command of tools/pool.py that starts it
+again on the port --environment_config names (`make pool-up` alone starts on 50000); a pool
+elsewhere is started by whoever runs it.
 - the runner gone mid-run (Prism's process died): its job service stops answering. A runner
   this command started ended the job with it; a job service of its own (--job_endpoint, a
   cluster's) may still run the job, which must end before the next run on the same DIR.
@@ -56,9 +56,8 @@ def message(job: Job, exc: Exception) -> str | None:
     error = one_line(exc, worker=True)
     source = job.key_source
     port = _local_port(pool) if pool else None
-    if DISCONNECTED in error:
-        key = "" if source.secret or source.file else f"{ENV_VAR}=... "
-        back = (f"start the pool again (`{key}POOL_PORT={port} make pool-up`)" if port else
+    if DISCONNECTED in error:   # a pool of this checkout gives its workers the launcher's key
+        back = (f"start the pool again (`POOL_PORT={port} make pool-up`)" if port else
                 "start the pool again" if pool else "bring the workers back")
         return f"{workers} went away mid-run ({DISCONNECTED}): {back}. {paid}"
     if MISSING not in error:
@@ -68,8 +67,6 @@ def message(job: Job, exc: Exception) -> str | None:
         where = (f"give the workers' identity access to the secret {source.secret}" if source.secret else
                  f"put the key file at {source.file} on every worker (a path they read: the launcher's file is its own)")
         return f"{workers} could not read the API key ({said}): {where}. {paid}"
-    start = (f"start the pool again with it (`POOL_PORT={port} make pool-down && {ENV_VAR}=... POOL_PORT={port} "
-             "make pool-up`)" if port else "start the pool with it in its environment" if pool
-             else "set it where they run")
+    start = "start the pool with it in its environment" if pool else "set it where they run"
     return (f"{workers} found no {ENV_VAR} in their own environment (the launcher's is not theirs): {start}, or "
             f"pass --api-key-file PATH on a path every worker reads, or --api-key-secret NAME. {paid}")

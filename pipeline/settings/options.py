@@ -89,14 +89,16 @@ def command_options(flags: list[str], read_by_workers: Sequence[tuple[str, str]]
     """Every command's options, from its flags after its profile's: refused (UsageError) when a
     flag is unknown, when Beam would refuse them once the job is built, or when a path its
     workers read (--input, --output, --known, and READ_BY_WORKERS: (name, path)) is on this
-    machine for a runner whose workers run elsewhere; Prism as `make prism` built it; the
-    driver's filesystems set up as the workers' are."""
+    machine for a runner whose workers run elsewhere, or when a worker pool on this machine is
+    not this checkout's; Prism as `make prism` built it; the driver's filesystems set up as the
+    workers' are."""
     flags = profiles.expand(flags)
     if unknown := unknown_flags(flags):
         raise UsageError(f"unknown option(s): {', '.join(unknown)}")
     opts = EmbedPipeOptions(flags)
     check_beam(opts)
     prism.use_build(opts)
+    prism.own_pool(opts)
     check_workers_reach_paths(opts, read_by_workers)
     use_filesystems(opts)
     return opts

@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline import workerpool
 from tests.bench.corpus import SCHEMA, make_documents
 from tests.bench.measure import peak_rss_mb, process_cpu_s, run_measured
 from tests.bench.report import table
@@ -65,7 +66,7 @@ class Watch:
             except OSError:
                 continue
             seen = self.seen.setdefault(pid, {"command": "", "cpu_s": 0.0, "peak_rss_mb": 0.0})
-            # the command as it is now (a pool's worker is a boot script until it execs the worker;
+            # the command as it is now (a pool's worker is tools.worker_boot until it execs the worker;
             # an exited one, a zombie, has none)
             seen.update(command=command.strip() or seen["command"], cpu_s=cpu,
                         peak_rss_mb=max(seen["peak_rss_mb"], rss or 0.0))
@@ -144,7 +145,8 @@ def run(bench, docs: int, env: dict) -> None:
     try:
         rows = [_measure(bench, env, "local runner", corpus, [], None),
                 _measure(bench, env, "Prism, LOOPBACK", corpus, on_prism, None, out=work / "kept"),
-                _measure(bench, env, "Prism, worker pool", corpus, on_pool, pool_pid),
+                _measure(bench, {**env, workerpool.STATE_VAR: str(work / "pool")}, "Prism, worker pool", corpus,
+                         on_pool, pool_pid),
                 _measure(bench, env, f"Prism, LOOPBACK, {docs // 10:,} documents", tenth, on_prism, None),
                 _measure(bench, env, "Prism, LOOPBACK, next day --sync, nothing changed", corpus, on_prism, None,
                          out=work / "kept", extra=("--sync",))]

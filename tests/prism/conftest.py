@@ -16,6 +16,7 @@ import grpc
 import pytest
 from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
 
+from pipeline import workerpool
 from tests.conftest import free_port
 from tests.prism.twin import Pair, Side, env_for, wait_until
 from tools import pool as pools
@@ -43,12 +44,16 @@ def leak_key() -> str:
 
 
 class Pool:
-    """A worker pool of tools/pool.py in a state directory of its own."""
+    """A worker pool of tools/pool.py in a state directory of its own, which a launcher finds by
+    `launcher_env`'s POOL_DIR."""
 
     def __init__(self, state: Path, env: dict[str, str]):
         self.state, self.env = state, env
         self.port = free_port()
         self.pid = pools.start(self.port, state, env)
+
+    def launcher_env(self, env: dict[str, str]) -> dict[str, str]:
+        return {**env, workerpool.STATE_VAR: str(self.state)}
 
     @property
     def address(self) -> str:
@@ -62,7 +67,7 @@ class Pool:
         return {str(p): p.read_bytes() for p in self.state.glob("*.log")}
 
     def alive(self) -> bool:
-        return pools.port_of(self.pid) is not None
+        return self.pid in workerpool.running(self.state)
 
     def follow(self, line: str, key: str) -> None:
         """The command in backquotes of a launcher's LINE, run as a user types it in the tree (the
@@ -75,7 +80,7 @@ class Pool:
         done = subprocess.run(["bash"], input=script, cwd=pools.ROOT, env={**env, "POOL_DIR": str(self.state)},
                               capture_output=True, text=True, timeout=180)   # stdin: the key in no argv
         assert done.returncode == 0, done.stdout + done.stderr
-        self.pid = next(p for p in pools.recorded(self.state) if pools.port_of(p) == self.port)
+        self.pid = next(p for p, port in workerpool.running(self.state).items() if port == self.port)
 
     def stop(self) -> None:
         pools.down(self.state)
@@ -154,6 +159,7 @@ def both(request, tmp_path, sandbox_factory, leak_key, wrapper):
         if variant == "prism-pool":
             p = request.getfixturevalue("pool")
             flags += ["--environment_config", p.address]
+            env = p.launcher_env(env)
             scanned = lambda: {**wrapper.logs(), **p.logs()}
         sides = [Side(name, tmp_path / name, sandbox_factory(key=leak_key, balance=balance, args=list(sandbox_args)),
                       f, env, s, leak_key)

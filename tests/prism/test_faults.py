@@ -27,13 +27,14 @@ KILL_AFTER = 4        # answers journaled before the kill
 class Job:
     """A run of many small requests on Prism: started, killed, resumed."""
 
-    def __init__(self, tmp_path, sandbox_factory, key: str, flags: list[str], scanned=dict):
+    def __init__(self, tmp_path, sandbox_factory, key: str, flags: list[str], scanned=dict, pool=None):
         self.models = write_models(tmp_path / "models.yaml")
         self.rows = corpus_rows(n_short=160, n_long=3)
         self.corpus = write_corpus(tmp_path / "corpus.parquet", self.rows)
         sandbox = sandbox_factory(key=key, balance=100.0,
                                   args=["--models", str(self.models), "--latency-ms", str(LATENCY_MS)])
-        self.side = Side("prism", tmp_path / "side", sandbox, flags, env_for(key), scanned, key)
+        env = pool.launcher_env(env_for(key)) if pool else env_for(key)   # a pool: found by its POOL_DIR
+        self.side = Side("prism", tmp_path / "side", sandbox, flags, env, scanned, key)
         self.log = tmp_path / "killed-run.log"
 
     def args(self, *more: str) -> list[str]:
@@ -94,7 +95,7 @@ def test_the_pool_killed_mid_run_fails_in_one_line_and_resumes(tmp_path, sandbox
                                                                prism_binary):
     pool = own_pool()
     job = Job(tmp_path, sandbox_factory, leak_key, ["--profile", "prism-pool", "--prism_location", prism_binary,
-                                                    "--environment_config", pool.address], pool.logs)
+                                                    "--environment_config", pool.address], pool.logs, pool)
     proc = job.start()
     os.killpg(pool.pid, signal.SIGKILL)   # the pool and its workers: a host or a container gone
     code, output, seconds = job.ended(proc)
@@ -111,7 +112,7 @@ def test_prism_killed_mid_run_fails_in_one_line_and_resumes(tmp_path, sandbox_fa
                                                             variant):
     flags = ["--profile", variant, "--prism_location", str(wrapper.path)]
     flags += ["--environment_config", pool.address] if variant == "prism-pool" else []
-    job = Job(tmp_path, sandbox_factory, leak_key, flags, wrapper.logs)
+    job = Job(tmp_path, sandbox_factory, leak_key, flags, wrapper.logs, pool if variant == "prism-pool" else None)
     proc = job.start()
     os.kill(wrapper.pids()[0], signal.SIGKILL)
     code, output, seconds = job.ended(proc)
@@ -126,7 +127,7 @@ def test_the_launcher_killed_ends_its_prism_and_the_resume_completes(tmp_path, s
                                                                      wrapper, variant):
     flags = ["--profile", variant, "--prism_location", str(wrapper.path)]
     flags += ["--environment_config", pool.address] if variant == "prism-pool" else []
-    job = Job(tmp_path, sandbox_factory, leak_key, flags, wrapper.logs)
+    job = Job(tmp_path, sandbox_factory, leak_key, flags, wrapper.logs, pool if variant == "prism-pool" else None)
     proc = job.start()
     os.kill(proc.pid, signal.SIGKILL)   # the launcher alone, not its process group
     proc.wait(30)
@@ -139,7 +140,7 @@ def test_the_launcher_killed_while_a_job_service_runs_the_job(tmp_path, sandbox_
     """As on a cluster: the job goes on without its launcher; the resume after it pays nothing twice."""
     pool = own_pool()
     job = Job(tmp_path, sandbox_factory, leak_key, ["--profile", "prism-pool", "--job_endpoint", job_service.endpoint,
-                                                    "--environment_config", pool.address], pool.logs)
+                                                    "--environment_config", pool.address], pool.logs, pool)
     proc = job.start()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(30)

@@ -42,8 +42,8 @@ def test_s3_on_a_worker_pool(tmp_path, s3, sandbox_factory, leak_key, own_pool, 
     views = {}
     for name, flags in (("local", []), ("prism-pool", ["--profile", "prism-pool", "--prism_location", prism_binary,
                                                        "--environment_config", pool.address])):
-        side = Side(name, tmp_path / name, sandbox_factory(key=leak_key, balance=1000.0), flags + s3.flags, env,
-                    pool.logs, leak_key)
+        side = Side(name, tmp_path / name, sandbox_factory(key=leak_key, balance=1000.0), flags + s3.flags,
+                    pool.launcher_env(env), pool.logs, leak_key)
         outcome = side.cli("run", "--input", corpus, "--output", f"s3://corp/{name}", "--model", MODEL,
                            "--base-url", "{base_url}")
         assert outcome.code == 0, outcome.raw_stderr[-3000:]

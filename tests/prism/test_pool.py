@@ -1,7 +1,7 @@
 """`make pool-up` and `make pool-down` (tools/pool.py): a pool starts once and records its pid,
 a second `up` starts only what is missing, `down` stops exactly the recorded pids (with the SDK
 workers each started; with a port, only the pool on it) and nothing else, and a pid the system
-gave to another process is left alone."""
+gave to another process (another checkout's pool among them) is neither adopted nor stopped."""
 from __future__ import annotations
 
 import json
@@ -14,9 +14,12 @@ import sys
 import time
 
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 
-from tests.e2e.helpers import corpus_rows, write_corpus
+from pipeline import prism, workerpool
+from pipeline.exits import UsageError
 from pipeline.outdir.lock import pid_alive
+from tests.e2e.helpers import corpus_rows, write_corpus
 from tests.conftest import free_port
 from tests.prism.twin import Side, env_for, wait_until
 from tools import pool as pools
@@ -27,10 +30,10 @@ def test_up_is_idempotent_and_down_stops_exactly_its_pids(tmp_path):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         first = pools.up(port, state)
-        assert json.loads((state / "pids.json").read_text()) == {"worker_pools": first} and len(first) == 1
+        assert json.loads((state / "pids.json").read_text())["worker_pools"] == first and len(first) == 1
         assert pools.up(port, state) == first   # running: nothing started
         os.kill(first[0], signal.SIGKILL)       # died: replaced, and only it (its port free a moment later)
-        wait_until(lambda: pools.port_of(first[0]) is None, 10, "the pool's death")   # gone, or a zombie
+        wait_until(lambda: not workerpool.running(state), 10, "the pool's death")   # gone, or a zombie
         second = pools.up(port, state)
         assert len(second) == 1 and second != first and pools.listening(port)
         assert pools.down(state) == second
@@ -47,7 +50,7 @@ def test_down_with_a_port_stops_only_the_pool_on_it(tmp_path):
     try:
         first, second = (pools.start(port, state) for port in ports)
         assert pools.down(state, ports[0]) == [first]
-        assert pools.recorded(state) == [second] and pools.listening(ports[1])
+        assert list(workerpool.recorded(state)) == [second] and pools.listening(ports[1])
     finally:
         pools.down(state)
 
@@ -63,6 +66,58 @@ def test_a_recorded_pid_that_is_no_pool_is_left_alone(tmp_path):
         assert other.poll() is None
     finally:
         other.kill()
+
+
+def test_a_recorded_pid_of_another_pool_is_neither_adopted_nor_stopped(tmp_path):
+    """A recorded pid the system gave since to another checkout's pool (its start time recorded
+    as it is), or to any worker_pool_main, after a reboot say."""
+    mine, theirs, ports = tmp_path / "mine" / ".pool", tmp_path / "theirs" / ".pool", (free_port(), free_port())
+    foreign = pools.start(ports[0], theirs)
+    bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
+                             "apache_beam.runners.worker.worker_pool_main", f"--service_port={ports[1]}"],
+                            start_new_session=True)   # looks like one, listens nowhere
+    try:
+        mine.mkdir(parents=True)
+        pids = [foreign, bare.pid]
+        (mine / "pids.json").write_text(json.dumps({"worker_pools": pids,
+                                                    "started": {str(p): workerpool.started(p) for p in pids}}))
+        assert pools.down(mine) == []
+        with pytest.raises(SystemExit, match="taken by a process"):
+            pools.up(ports[0], mine)   # the other pool's port: not adopted
+        assert bare.pid not in pools.up(ports[1], mine)   # a pool of its own started instead
+        assert pools.down(mine) != [] and pools.listening(ports[0]) and bare.poll() is None
+    finally:
+        bare.kill()
+        pools.down(mine)
+        pools.down(theirs)
+
+
+def test_a_checkout_path_with_shell_syntax_is_no_command(tmp_path, monkeypatch):
+    """A copy of the tree under a name with $(...), a backquote and a quote: its pool starts a
+    worker without running any of it, and a launcher of this checkout refuses that pool."""
+    from tests.prism.test_strangers import Runner, start_worker
+    copy = tmp_path / "co $(touch PWNED-1) `touch PWNED-2` 'q x"   # a double quote would end sh's parse first
+    for part in ("tools", "pipeline", "service", "transforms"):
+        shutil.copytree(pools.ROOT / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    port, runner = free_port(), Runner()
+    env = {k: v for k, v in os.environ.items() if k != workerpool.STATE_VAR}
+    pool = lambda command: subprocess.run([sys.executable, "-m", "tools.pool", command], cwd=copy,
+                                          env={**env, "POOL_PORT": str(port)}, capture_output=True, text=True,
+                                          timeout=120)
+    try:
+        assert pool("up").returncode == 0
+        workerpool.admit(copy / ".pool", runner.port, "job-001", None)
+        assert start_worker(f"localhost:{port}", runner.port, "job-001[job]_env").error == ""
+        booted = runner.called.wait(60)
+        assert not list(tmp_path.rglob("PWNED*")) and not list(pools.ROOT.glob("PWNED*"))
+        assert booted and runner.asked == ["job-001[job]_env"]
+        monkeypatch.setenv(workerpool.STATE_VAR, str(copy / ".pool"))
+        with pytest.raises(UsageError, match="is not this checkout's"):
+            prism.own_pool(PipelineOptions(["--runner", "PrismRunner", "--environment_type", "EXTERNAL",
+                                            "--environment_config", f"localhost:{port}"]))
+    finally:
+        runner.stop()
+        assert "stopped worker pool pids" in pool("down").stdout
 
 
 def test_a_port_taken_by_another_process_is_refused(tmp_path):
@@ -82,12 +137,12 @@ def test_make_pool_up_and_down(tmp_path):
     try:
         assert up.returncode == 0, up.stderr
         pids = json.loads((tmp_path / ".pool" / "pids.json").read_text())["worker_pools"]
-        assert f"localhost:{env['POOL_PORT']}" in up.stdout and all(pools.port_of(p) for p in pids)
+        assert f"localhost:{env['POOL_PORT']}" in up.stdout and list(workerpool.running(tmp_path / ".pool")) == pids
     finally:
         down = subprocess.run(["make", "-s", "pool-down"], cwd=repo, env=env, capture_output=True, text=True,
                               timeout=120)
     assert down.returncode == 0 and f"stopped worker pool pids {pids}" in down.stdout
-    assert not any(pools.port_of(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
 
 
 def test_the_workers_leave_nothing_in_the_temporary_directory(tmp_path, own_pool, sandbox_factory, leak_key,
@@ -99,7 +154,7 @@ def test_the_workers_leave_nothing_in_the_temporary_directory(tmp_path, own_pool
     pool = own_pool(env_for(leak_key, TMPDIR=str(temp)))
     flags = ["--profile", "prism-pool", "--prism_location", prism_binary, "--environment_config", pool.address]
     side = Side("prism-pool", tmp_path / "side", sandbox_factory(key=leak_key, balance=1000.0), flags,
-                env_for(leak_key), pool.logs, leak_key)
+                pool.launcher_env(env_for(leak_key)), pool.logs, leak_key)
     outcome = side.cli("run", "--input", write_corpus(tmp_path / "corpus.parquet", corpus_rows()), "--output",
                        "{out}", "--model", "text-embedding-3-small", "--base-url", "{base_url}")
     assert outcome.code == 0, outcome.raw_stderr[-3000:]

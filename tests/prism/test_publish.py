@@ -123,7 +123,7 @@ def test_pool_workers_take_the_password_from_their_environment(tmp_path, sandbox
             pool = own_pool(env_for(leak_key, **worker_env))   # the launcher has the password file either way
             side = Side(name, tmp_path / name, sandbox_factory(key=leak_key, balance=1000.0),
                         ["--profile", "prism-pool", "--prism_location", str(wrapper.path), "--environment_config",
-                         pool.address], env_for(leak_key, PGPASSFILE=str(passfile)),
+                         pool.address], pool.launcher_env(env_for(leak_key, PGPASSFILE=str(passfile))),
                         lambda p=pool: {**wrapper.logs(), **p.logs()}, leak_key)
             assert side.cli("run", "--input", corpus, "--output", "{out}", "--model", MODEL, "--base-url",
                             "{base_url}").code == 0

@@ -1,11 +1,9 @@
 """The API key on Prism: in no Prism log (at debug), no job option and no part of the pipeline
 Prism was given (its proto, with every pickled DoFn, coder and window fn unpacked), no worker
 pool's log, no output. Prism here is a job service of its own, whose jobs can be read back
-after they ran; the workers get the key as a cluster's do: from their environment, or from a
-file at a path they read (the pool started without the key).
-
-A pool without any key fails the run in one line that says where the workers looked, before
-anything is sent; the commands it gives start the pool with the key, and the run then completes."""
+after they ran; the workers get the key from the launcher (LOOPBACK: its threads; a pool of this
+checkout: with the job's admission, tests/prism/test_strangers.py), or from a file at a path they
+read."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +11,6 @@ import pytest
 from tests.e2e.helpers import corpus_rows, write_corpus
 from tests.e2e.test_secrets import hits, unpacked_pickles
 from tests.prism.twin import Side, env_for
-from tools import pool as pools
 
 MODEL = "text-embedding-3-small"
 
@@ -39,6 +36,7 @@ def test_the_key_is_in_no_prism_log_job_option_or_pipeline(tmp_path, sandbox_fac
     pool = None
     if workers == "EXTERNAL":
         pool = own_pool(env)
+        env = pool.launcher_env(env)
         flags += ["--environment_type", "EXTERNAL", "--environment_config", pool.address]
     scanned = lambda: {str(job_service.log): job_service.log.read_bytes(), **(pool.logs() if pool else {})}
     side = Side("prism", tmp_path / "side", sandbox_factory(key=leak_key, balance=1000.0), flags, env, scanned, leak_key)
@@ -50,26 +48,3 @@ def test_the_key_is_in_no_prism_log_job_option_or_pipeline(tmp_path, sandbox_fac
     # the scan reads inside the job: the DoFns carry where the key is, never the key
     assert any(b"KeySource" in blob for name, blob in blobs.items() if " pickle " in name)
     assert source != "file" or any(str(key_file).encode() in blob for name, blob in blobs.items() if "pickle" in name)
-
-
-def test_a_pool_without_the_key_fails_in_one_line_before_sending(tmp_path, sandbox_factory, leak_key, own_pool,
-                                                                   prism_binary):
-    """The launcher has the key; the pool's workers, processes of their own, do not."""
-    pool = own_pool({k: v for k, v in env_for(leak_key).items() if k != "EMBEDDINGS_API_KEY"})
-    flags = ["--profile", "prism-pool", "--prism_location", prism_binary, "--environment_config", pool.address]
-    sandbox = sandbox_factory(key=leak_key, balance=1000.0)
-    side = Side("prism-pool", tmp_path / "side", sandbox, flags, env_for(leak_key), pool.logs, leak_key)
-    outcome = side.cli("run", "--input", write_corpus(tmp_path / "corpus.parquet", corpus_rows()), "--output", "{out}",
-                       "--model", MODEL, "--base-url", "{base_url}")
-    assert outcome.code == 1
-    errors = [line for line in outcome.raw_stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "Traceback" not in outcome.raw_stderr, outcome.raw_stderr[-3000:]
-    assert f"the workers of the worker pool at {pool.address} found no EMBEDDINGS_API_KEY in their own " \
-           "environment" in errors[0]
-    assert side.ledger() == []
-    keyless = pool.pid
-    pool.follow(errors[0], leak_key)   # while the keyless pool still runs on its port
-    assert pool.pid != keyless and not pools.port_of(keyless)
-    again = side.cli("run", "--input", str(tmp_path / "corpus.parquet"), "--output", "{out}", "--model", MODEL,
-                     "--base-url", "{base_url}", "--resume")
-    assert again.code == 0 and side.ledger(), again.raw_stderr[-3000:]
