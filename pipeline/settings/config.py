@@ -45,6 +45,7 @@ class EmbedSettings:
     admitted_after_s: float = 0.25
     max_refused_s: float = 900.0
     progress_interval_s: float = 5.0
+    progress_redraw_s: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,11 @@
 """Progress of the whole job, whatever the runner: every worker process adds its counts to one
-`Progress` per run and writes them now and then to DIR/_progress/<run_id>/<process>.json
-(temporary name, then rename); the driver sums those files into one line with rate and ETA.
+`Progress` per run and writes them to DIR/_progress/<run_id>/<process>.json (temporary name,
+then rename) as soon as they first change, then at most every interval; the driver sums those
+files into one line with a share done and an ETA.
+
+The share done is that of the requests: the documents read, times the requests answered of
+those planned for them. Requests are planned as documents are read (a request leaves once it is
+full), so requests planned x documents / documents read estimates the whole job's.
 """
 from __future__ import annotations
 
@@ -23,9 +28,11 @@ PROGRESS_DIR = "_progress"
 @dataclasses.dataclass
 class Counts:
     documents: int = 0      # read (and split) so far
+    planned: int = 0        # requests packed for them, to be sent
+    answered: int = 0       # of those, the ones sent and settled (answered, or refused for good)
     chunks: int = 0         # embedded (rows written)
     tokens: int = 0
-    requests: int = 0
+    requests: int = 0       # rows of requests (a re-split request has several)
     cost_micro: int = 0
 
     def __add__(self, other: Counts) -> Counts:
@@ -46,7 +53,7 @@ class Progress:
         self._mutex = threading.Lock()
         self._path = FileSystems.join(progress_dir(output_dir, run_id), f"{uuid.uuid4().hex}.json")
         self._interval, self._clock = interval_s, clock
-        self._last = clock()
+        self._last = clock() - interval_s   # the first change is written at once
         self.counts = Counts()
 
     @classmethod
@@ -114,11 +121,22 @@ def read_counts(output_dir: str, run_id: str) -> Counts:
     return total
 
 
+def done(counts: Counts, total_documents: int) -> float:
+    """The share of the job done, 0 to 1: the documents read (all, when their number is not
+    known), times the requests answered of those planned."""
+    read = min(counts.documents / total_documents, 1.0) if total_documents else 1.0
+    return read * (min(counts.answered / counts.planned, 1.0) if counts.planned else 1.0)
+
+
+def eta_s(share: float, elapsed_s: float) -> float | None:
+    """Seconds left at the pace so far; None before anything is done."""
+    return elapsed_s * (1 - share) / share if share > 0 else None
+
+
 def line(counts: Counts, total_documents: int, elapsed_s: float) -> str:
-    rate = counts.documents / max(elapsed_s, 1e-9)
-    left = max(total_documents - counts.documents, 0)
-    eta = f"{left / rate:.0f}s" if rate > 0 else "?"
-    share = f" ({100 * counts.documents / total_documents:.0f}%)" if total_documents else ""
-    return (f"read {counts.documents}/{total_documents or '?'} documents{share}, embedded {counts.chunks} "
-            f"chunks, {counts.tokens} tokens, {counts.requests} requests, {counts.cost_micro / 1e6:.6f} RUB; "
-            f"{rate:.0f} documents/s, ETA {eta}")
+    share = done(counts, total_documents)
+    eta = eta_s(share, elapsed_s)
+    return (f"read {counts.documents}/{total_documents or '?'} documents, answered {counts.answered}/"
+            f"{counts.planned} requests ({100 * share:.0f}%), embedded {counts.chunks} chunks, {counts.tokens} "
+            f"tokens, {counts.requests} requests, {counts.cost_micro / 1e6:.6f} RUB; "
+            f"ETA {'?' if eta is None else f'{eta:.0f}s'}")
