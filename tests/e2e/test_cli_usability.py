@@ -28,6 +28,50 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def embedpipe(*args: str) -> subprocess.CompletedProcess:
+    """The console script pip installs, beside the interpreter."""
+    script = Path(sys.executable).with_name("embedpipe")
+    return subprocess.run([str(script), *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("run, args", [(cli, ["--help"]), (cli, ["-h"]), (embedpipe, ["--help"]),
+                                       (embedpipe, ["-h"]), (cli, ["help"])])
+def test_help_is_on_stdout_and_exits_0(run, args):
+    done = run(*args)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout.startswith("embedpipe command line: run, plan,")   # `embedpipe --help | less` shows it
+
+
+@pytest.mark.parametrize("command", ["demo", "report", "compare", "publish", "search", "psql", "beam-options"])
+def test_each_commands_help_is_on_stdout_and_exits_0(command):
+    done = cli(command, "--help")
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert f"pipeline {command}" in done.stdout or command == "beam-options"
+
+
+def test_version_names_embedpipe_beam_and_python():
+    import apache_beam
+
+    for done in (cli("--version"), embedpipe("-V")):
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        assert done.stdout.startswith("embedpipe 0.1.0 (Apache Beam ") and apache_beam.__version__ in done.stdout
+        assert f"Python {sys.version_info.major}.{sys.version_info.minor}." in done.stdout
+
+
+@pytest.mark.parametrize("typed, says", [("fnord", "the commands are run, plan, demo,"),
+                                         ("pubish", "did you mean 'publish'?"), ("serch", "did you mean 'search'?")])
+def test_an_unknown_command_is_named_with_the_nearest_one(typed, says):
+    done = cli(typed, "DIR")
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and f"ERROR embedpipe: unknown command '{typed}': {says}" in lines[0], lines
+
+
+def test_no_command_prints_the_usage_on_stderr_and_exits_2():
+    done = cli()
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.startswith("embedpipe command line:")
+
+
 @pytest.mark.parametrize("command", ["run", "plan"])
 def test_help_fits_a_screen_with_the_own_options_grouped(command):
     done = cli(command, "--help")
