@@ -119,17 +119,20 @@ def _why(reasons: dict[str, int]) -> str:
 
 
 def _reconciliation(recon: dict[str, Any]) -> str:
-    """balance delta = rows + lost + others + unexplained over DIR's history, the parts that are 0
-    left out; exact to the micro-rouble, as billed."""
+    """balance delta = rows + searches + lost + others + unexplained over DIR's history, each
+    part that is not 0 named (a negative one subtracted: a top-up); exact to the micro-rouble,
+    as billed, so the two sides are equal as printed."""
     delta = recon.get("balance_delta_rub")
     if delta is None:
         return "the balance was not read at both ends: see the notes in summary.json"
-    parts = [("rows", recon["rows_cost_rub"]), ("lost", (recon.get("lost") or {}).get("rub")),
-             ("others", recon.get("others_rub")), ("unexplained", recon.get("unexplained_rub"))]
+    parts = [("rows", recon["rows_cost_rub"]), ("searches", (recon.get("searches") or {}).get("rub")),
+             ("lost", (recon.get("lost") or {}).get("rub")), ("others", recon.get("others_rub")),
+             ("unexplained", recon.get("unexplained_rub"))]
     if not delta and not any(value for _, value in parts):
         return "the balance did not change"
-    text = f"balance {'−' if delta >= 0 else '+'}{exact(abs(delta))} = " + " + ".join(
-        f"{name} {exact(value)}" for name, value in parts if name == "rows" or value) + " RUB"
+    text = f"balance {'−' if delta >= 0 else '+'}{exact(abs(delta))} = rows {exact(recon['rows_cost_rub'])}"
+    text += "".join(f" {'+' if value > 0 else '−'} {name} {exact(abs(value))}" for name, value in parts[1:] if value)
+    text += " RUB"
     if len(recon.get("runs") or ()) > 1:
         text += f" over {len(recon['runs'])} runs"
     return text + (" (notes in summary.json)" if recon.get("notes") else "")

@@ -6,6 +6,7 @@ import copy
 
 from pipeline.terminal import summary
 from pipeline.terminal.figures import count, exact, rub
+from tests.e2e.money_helpers import balances
 
 FIRST_RUN = {
     "run_id": "20261124T090528Z-d9d3a8", "model": "text-embedding-3-small", "documents": 354,
@@ -115,6 +116,22 @@ def test_exit_4_points_at_the_pending_rows_and_the_whole_reconciliation():
     assert row(lines, "files").split(None, 1)[1] == "gs://bucket/out/summary.json (its `files` are the view)"
     assert "the rest is pending in gs://bucket/out" in row(lines, "next")
     assert f"run {AGAIN} when there is more budget" in row(lines, "next")
+
+
+def test_every_part_of_the_reconciliation_that_is_not_0_is_in_the_line_and_it_balances():
+    after_search = report(reconciliation={"runs": list("abcde"), "rows_cost_rub": 1.94412, "balance_delta_rub": 1.94414,
+                                          "searches": {"count": 1, "rub": 0.00002}})
+    money = row(rendered(after_search), "money")
+    assert money.endswith("balance −1.94414 = rows 1.94412 + searches 0.00002 RUB over 5 runs")
+    assert balances(money)
+    every = report(reconciliation={"rows_cost_rub": 1.2, "balance_delta_rub": 1.300021, "searches": {"rub": 0.000021},
+                                   "lost": {"rub": 0.05}, "others_rub": 0.07, "unexplained_rub": -0.02})
+    money = row(rendered(every), "money")
+    assert money.endswith("= rows 1.2 + searches 0.000021 + lost 0.05 + others 0.07 − unexplained 0.02 RUB")
+    assert balances(money)
+    topped_up = report(reconciliation={"rows_cost_rub": 2.0, "balance_delta_rub": -3.0, "unexplained_rub": -5.0})
+    assert row(rendered(topped_up), "money").endswith("balance +3 = rows 2 − unexplained 5 RUB")
+    assert balances(row(rendered(topped_up), "money"))
 
 
 def test_a_balance_not_read_after_the_run_is_said_not_guessed():
