@@ -103,7 +103,8 @@ def cmd_run(argv: list[str]) -> int:
         if not opts.json:
             print("\n".join(short.lines(report, opts.output, next_step)), flush=True)
         if next_step:  # logged too, for logs and schedulers; a screen showing the summary has it already
-            log.error(next_step, extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
+            log.log(short.advice_level(report), next_step,
+                    extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
         if opts.publish:   # the run's outcome stands, whatever the publish does
             from pipeline.commands.publish import after_run
             code = after_run(opts, code, report)

@@ -3,6 +3,7 @@ exit code a run can end with after the job (0, 1, 3, 4)."""
 from __future__ import annotations
 
 import copy
+import logging
 
 from pipeline.terminal import summary
 from pipeline.terminal.figures import count, exact, rub
@@ -163,12 +164,25 @@ def test_a_switch_under_way_is_one_line_and_its_money_beside_the_served_view_s()
     advice = row(lines, "next")
     assert "switch to text-embedding-3-large is not complete (1,212 of 3,000 documents)" in advice
     assert "out/current/ keeps serving text-embedding-3-small" in advice and AGAIN in advice
+    assert lines[0] == ("run 20261124T090528Z-d9d3a8 (text-embedding-3-small, switching to text-embedding-3-large): "
+                        "stopped, the budget ran out (exit 4)")
+
+
+def test_the_advice_is_logged_as_what_the_stop_is():
+    assert summary.advice_level(report(exit_code=4, switch=SWITCHING)) == logging.INFO   # how a switch goes
+    assert summary.advice_level(report(exit_code=4, switch=SWITCHING, pending=3)) == logging.WARNING
+    assert summary.advice_level(report(exit_code=4, pending=52, pending_reasons={"budget_exhausted": 52})) \
+        == logging.WARNING
+    assert summary.advice_level(report(exit_code=3, pending=52)) == logging.WARNING   # nothing sent, as designed
+    assert summary.advice_level(report(exit_code=1, pending=5, pending_reasons={"unauthorized": 5})) == logging.ERROR
 
 
 def test_the_run_that_switches_and_one_that_abandons_a_switch_say_so():
     done = {**SWITCHING, "switched": True, "documents_done": 3000}
-    assert row(rendered(report(switch=done)), "switch").endswith(
-        "switched, current/ serves text-embedding-3-large (0.81 RUB in 2 runs)")
+    lines = rendered(report(switch=done))
+    assert row(lines, "switch").endswith("switched, current/ serves text-embedding-3-large (0.81 RUB in 2 runs)")
+    assert lines[0] == ("run 20261124T090528Z-d9d3a8 (text-embedding-3-large, switched from text-embedding-3-small): "
+                        "done (exit 0)")   # the model the view serves now
     gone = {"abandoned": {"to": {"model": "text-embedding-ada-002", "dimensions": 1536}, "runs": ["r0"],
                           "spent_rub": 0.05}}
     line = row(rendered(report(switch={**done, **gone})), "switch")
