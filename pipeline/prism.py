@@ -64,9 +64,17 @@ def use_build(opts) -> None:
 
 
 class _JobServer(PrismJobServer):
+    started: str | None = None   # the address of the Prism this launcher started, for summary.json
+
     def subprocess_cmd_and_endpoint(self):
         cmd, endpoint = super().subprocess_cmd_and_endpoint()
+        _JobServer.started = endpoint
         return [sys.executable, "-S", "-c", _END_WITH_LAUNCHER, str(os.getpid()), *map(str, cmd)], endpoint
+
+
+def address(opts) -> str | None:
+    """Where the job service was: --job_endpoint's, else the Prism this launcher started."""
+    return opts.view_as(PortableOptions).job_endpoint or _JobServer.started
 
 
 class Runner(PrismRunner):

@@ -31,7 +31,7 @@ from pipeline.outdir import OutputDir, late, layout, space
 from pipeline.outdir import switch as switches
 from pipeline.outdir.commit import RunFiles, rewrites_at_most
 from pipeline.outdir.view import View
-from pipeline.runner import counters, make_runner
+from pipeline.runner import counters, described, make_runner
 from pipeline.settings.job import RESUME, Job, catalogue
 from pipeline.terminal.progress import job_progress
 from service import errors
@@ -163,7 +163,7 @@ def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget
         graph.build(pipeline, job, info, before, out.make_run_dir(job.run_id),
                     duplicate_ids=scan.duplicate_ids, claiming=claiming, budget=budget)
         with job_progress(opts.output, job.run_id, scan.rows if opts.input else 0, budget.spendable.rub,
-                          job.settings.embed) as ending:
+                          job.settings.embed, paced=claiming.streaming) as ending:
             try:
                 result = pipeline.run()
                 result.wait_until_finish()
@@ -339,6 +339,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
         caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started,
         other_runs=others)
     report["timing"]["commit_s"] = commit_s
+    report["runner"] = described(opts)
     report.update(_switch_report(decision, out, served, target, switched, stopped))
     if target is not None:
         report["switch"]["run"]["commit_s"] = target_commit_s   # its view's commit, and the switch

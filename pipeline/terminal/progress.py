@@ -3,9 +3,12 @@
 one line every `embed.progress_interval_s` where it is not (Airflow, CI, a pipe).
 
 On a terminal the workers write their counts every `embed.progress_redraw_s` and the driver
-reads them as often. The bar's share is that of the requests answered (documents read, times
-requests answered of those planned); its last state is drawn from the files the job wrote,
-the figures of summary.json (the workers' counts leave out rows copied after the job).
+reads them as often. Where requests are planned as documents are read (PACED: the local
+runner), the bar's share is that of the requests answered (documents read, times requests
+answered of those planned); elsewhere the line counts, with no share or ETA (the total is not
+known until the last request is packed: transforms/worker/progress.py). Its last state is drawn
+from the files the job wrote, the figures of summary.json (the workers' counts leave out rows
+copied after the job).
 A terminal that reports no size (a pseudo-terminal nobody sized: `script` run from a pipe,
 some CI runners) is drawn at the width of $COLUMNS, else 80: tqdm would draw nothing there.
 """
@@ -34,6 +37,7 @@ log = logging.getLogger("embedpipe.progress")
 
 # The share done and the time first, then the money, then the rest: a narrow terminal cuts from the right.
 BAR = "{percentage:3.0f}%|{bar}| {docs} docs, {requests} [{elapsed}<{remaining}, {speed}] {money} | {work}"
+COUNTS = "{docs} docs, {requests} [{elapsed}, {speed}] {money} | {work}"   # not PACED: no share to draw
 
 
 def _shape(fp: IO) -> tuple[int, int]:
@@ -65,10 +69,11 @@ class Bar(contextlib.AbstractContextManager):
     """The live bar. While it is up, log records of the job are written above it (tqdm.write),
     never through it; when it closes it stays on screen with the final counts."""
 
-    def __init__(self, total_documents: int, spendable_rub: float):
+    def __init__(self, total_documents: int, spendable_rub: float, paced: bool):
         self._total, self._spendable, self._started = total_documents, spendable_rub, time.monotonic()
-        self._bar = _Tqdm(total=1.0, file=sys.stderr, smoothing=0, bar_format=BAR,
-                          fields=self._fields(Counts(), final=False))
+        self._paced = paced
+        self._bar = _Tqdm(total=1.0 if paced else None, file=sys.stderr, smoothing=0,
+                          bar_format=BAR if paced else COUNTS, fields=self._fields(Counts(), final=False))
         self._logs = logging_redirect_tqdm(tqdm_class=_Tqdm)
 
     def __enter__(self):
@@ -79,7 +84,8 @@ class Bar(contextlib.AbstractContextManager):
         elapsed = time.monotonic() - self._started
         tokens = f"{counts.tokens:,}" if final else _short(counts.tokens)
         return {"docs": f"{counts.documents:,}/{self._total:,}" if self._total else f"{counts.documents:,}",
-                "requests": f"{counts.answered:,}/{count(counts.planned, 'request')}",
+                "requests": (f"{counts.answered:,}/{count(counts.planned, 'request')}" if self._paced
+                             else f"{count(counts.answered, 'request')} answered"),
                 "speed": f"{counts.answered / elapsed:,.0f} req/s" if counts.answered and elapsed else "? req/s",
                 "money": f"{rub(counts.cost_micro / 1e6)}/{rub(self._spendable)} RUB",
                 "work": f"{counts.chunks:,} chunks, {tokens} tokens"}
@@ -88,7 +94,8 @@ class Bar(contextlib.AbstractContextManager):
         """New counts, or None: only the clock moved."""
         if counts is not None:
             self._bar.fields = self._fields(counts, final)
-            self._bar.n = progress.done(counts, self._total)
+            if self._paced:
+                self._bar.n = progress.done(counts, self._total)
         self._bar.refresh()
 
     def close(self, final: Counts) -> None:
@@ -107,12 +114,12 @@ def _short(n: int) -> str:
 class Lines(contextlib.AbstractContextManager):
     """The log line of a pipe: logged when the counts changed since the last one."""
 
-    def __init__(self, total_documents: int):
-        self._total, self._started, self._last = total_documents, time.monotonic(), Counts()
+    def __init__(self, total_documents: int, paced: bool):
+        self._total, self._paced, self._started, self._last = total_documents, paced, time.monotonic(), Counts()
 
     def show(self, counts: Counts | None) -> None:
         if counts is not None and counts != self._last:
-            log.info(progress.line(counts, self._total, time.monotonic() - self._started))
+            log.info(progress.line(counts, self._total, time.monotonic() - self._started, self._paced))
             self._last = counts
 
     def close(self, final: Counts) -> None:
@@ -150,15 +157,17 @@ class Ending:
 
 
 @contextlib.contextmanager
-def job_progress(output_dir: str, run_id: str, total_documents: int, spendable_rub: float, embed: EmbedSettings):
+def job_progress(output_dir: str, run_id: str, total_documents: int, spendable_rub: float, embed: EmbedSettings,
+                 paced: bool):
     """While the body runs: a bar on a terminal, else a log line every `progress_interval_s`.
-    Yields an Ending: call it with the job's figures for the last state."""
+    PACED: requests are planned as documents are read. Yields an Ending: call it with the job's
+    figures for the last state."""
     ending = Ending()
     ending.read = functools.partial(progress.read_counts, output_dir, run_id)
     bar = on_terminal()
     tick = report_interval_s(embed) if bar else embed.progress_interval_s
     stop = threading.Event()
-    with Bar(total_documents, spendable_rub) if bar else Lines(total_documents) as view:
+    with Bar(total_documents, spendable_rub, paced) if bar else Lines(total_documents, paced) as view:
         def poll():
             while not stop.wait(tick):
                 view.show(ending.read())

@@ -47,3 +47,10 @@ def test_the_line_has_the_share_and_eta():
     assert "read 500/2000 documents, answered 20/40 requests (12%)" in line and "1.000000 RUB" in line
     assert "ETA 70s" in line
     assert "ETA ?" in progress.line(Counts(), total_documents=2000, elapsed_s=1)
+
+
+def test_where_texts_are_grouped_first_the_line_counts_without_a_share_or_eta():
+    line = progress.line(Counts(2000, 40, 20, 480, 50_000, 21, 1_000_000), total_documents=2000, elapsed_s=10,
+                         paced=False)
+    assert "read 2000/2000 documents, answered 20 requests, embedded 480 chunks" in line
+    assert "%" not in line and "ETA" not in line

@@ -1,11 +1,14 @@
 """Progress of the whole job, whatever the runner: every worker process adds its counts to one
 `Progress` per run and writes them to DIR/_progress/<run_id>/<process>.json (temporary name,
 then rename) as soon as they first change, then at most every interval; the driver sums those
-files into one line with a share done and an ETA.
+files into one line.
 
-The share done is that of the requests: the documents read, times the requests answered of
-those planned for them. Requests are planned as documents are read (a request leaves once it is
-full), so requests planned x documents / documents read estimates the whole job's.
+Where requests are planned as documents are read (the local runner streams: a request leaves
+once it is full, and reading waits for a place in flight), the share done is the documents
+read times the requests answered of those planned for them: requests planned x documents /
+documents read estimates the whole job's. Where texts are grouped first (other runners), every
+document is read before the first request is packed and the total is not known until the last
+one is: the line then counts, without a share or an ETA that would be a guess.
 """
 from __future__ import annotations
 
@@ -133,10 +136,14 @@ def eta_s(share: float, elapsed_s: float) -> float | None:
     return elapsed_s * (1 - share) / share if share > 0 else None
 
 
-def line(counts: Counts, total_documents: int, elapsed_s: float) -> str:
-    share = done(counts, total_documents)
-    eta = eta_s(share, elapsed_s)
-    return (f"read {counts.documents}/{total_documents or '?'} documents, answered {counts.answered}/"
-            f"{counts.planned} requests ({100 * share:.0f}%), embedded {counts.chunks} chunks, {counts.tokens} "
-            f"tokens, {counts.requests} requests, {counts.cost_micro / 1e6:.6f} RUB; "
-            f"ETA {'?' if eta is None else f'{eta:.0f}s'}")
+def line(counts: Counts, total_documents: int, elapsed_s: float, paced: bool = True) -> str:
+    """The log line; PACED: requests are planned as documents are read (the share and ETA hold)."""
+    if paced:
+        share = done(counts, total_documents)
+        eta = eta_s(share, elapsed_s)
+        answered = f"answered {counts.answered}/{counts.planned} requests ({100 * share:.0f}%)"
+        left = f"; ETA {'?' if eta is None else f'{eta:.0f}s'}"
+    else:
+        answered, left = f"answered {counts.answered} requests", ""
+    return (f"read {counts.documents}/{total_documents or '?'} documents, {answered}, embedded {counts.chunks} "
+            f"chunks, {counts.tokens} tokens, {counts.requests} requests, {counts.cost_micro / 1e6:.6f} RUB{left}")
