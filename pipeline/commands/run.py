@@ -24,7 +24,7 @@ from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.prior import Prior, pending_input, prior, removed
 from pipeline.checks.scan import Scan, scan_input, scan_pending
 from pipeline.commands import summary
-from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed
+from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed, UsageError
 from pipeline.money import account as acct
 from pipeline.money import measure
 from pipeline.outdir import OutputDir, late, layout, space
@@ -33,6 +33,7 @@ from pipeline.outdir.commit import RunFiles, rewrites_at_most
 from pipeline.outdir.view import View
 from pipeline.runner import counters, described, make_runner
 from pipeline.settings.job import RESUME, Job, catalogue
+from pipeline.terminal import hints
 from pipeline.terminal.progress import job_progress
 from service import errors
 from service.catalog import get_model
@@ -58,9 +59,9 @@ def _account_after(job: Job) -> acct.Account:
     try:
         with client_for(job) as client:
             return acct.read_account(client)
-    except errors.EmbeddingsError as exc:
+    except (errors.EmbeddingsError, UsageError) as exc:
         log.warning("could not read the account after the run (%s); summary.json has no balance_after",
-                    exc.message)
+                    getattr(exc, "message", exc))
         return acct.Account(None, None, None)
 
 
@@ -252,7 +253,7 @@ def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bo
               writes: _Writes) -> tuple[dict[str, int], dict, float]:
     """PART's job, then its slot's next view: (the job's counters, its figures, seconds the commit took)."""
     job, out, s = part.job, part.out, part.job.settings
-    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict())
+    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict(), hints.remembered(job.service.base_url))
     budget = Budget(account.balance, spendable, part.price, part.margin, 1 / job.model.safety_factor,
                     s.budget.balance_poll_s, fits)
     metrics, figures = _run_job(job, out, part.info, part.before, part.scan, budget)

@@ -138,3 +138,29 @@ def test_a_mistake_in_a_beam_option_is_one_line_and_exit_2(tmp_path, flags, word
     assert len(lines) == 1, lines
     for word in words:
         assert word in lines[0]
+
+
+def test_a_base_url_without_v1_is_named_with_the_one_that_answers(sandbox, tmp_path):
+    """The sandbox serves under /v1, as OpenAI-style services do: the line names the URL that
+    answers, and the command it gives works as written."""
+    corpus = write_corpus(tmp_path / "corpus.parquet")
+    root = sandbox.base_url.removesuffix("/v1")
+    for typed in (root, root + "/", root + "/api"):
+        done = cli("plan", "--input", str(corpus), "--model", MODEL, "--base-url", typed)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].endswith(f"answers: pass --base-url {sandbox.base_url}"), lines
+    assert cli("plan", "--input", str(corpus), "--model", MODEL, "--base-url", sandbox.base_url).returncode == 0
+    # a 404 that no /v1 explains (the account segment): what to check, no URL guessed
+    done = cli("plan", "--input", str(corpus), "--model", MODEL, "--base-url", sandbox.base_url,
+               "--account-segment", "billing")
+    assert done.returncode == 2 and "check --base-url" in done.stderr and "--account-segment (billing)" in done.stderr
+    assert "pass --base-url" not in done.stderr
+
+
+def test_a_model_name_a_letter_off_is_named_with_the_nearest(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.parquet")
+    # nothing listens on the base URL: the model is checked before anything is contacted
+    done = cli("plan", "--input", str(corpus), "--model", "text-embedding-3-smal", "--base-url", "http://127.0.0.1:9/v1")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "unknown model 'text-embedding-3-smal' (did you mean 'text-embedding-3-small'?); known: " in done.stderr

@@ -53,6 +53,31 @@ def test_search_by_document_and_by_text(days, pg_url, capsys):
     assert record["mode"] == "search"
 
 
+def test_a_text_search_takes_the_service_of_dirs_last_run(days, pg_url, capsys, caplog):
+    """DIR's runs keep the service's base URL (never the key): a text search needs no --base-url.
+    A DIR whose runs kept none asks for it."""
+    from tests.conftest import SANDBOX_KEY
+    assert days(corpus_rows(n_short=20, n_long=0)) == 0
+    assert publish(days.out, pg_url) == 0
+    records = [json.loads(p.read_text()) for p in (days.out / "_runs").glob("*.json")]
+    assert [r["base_url"] for r in records] == [days.base_url]
+    charges = len(days.sandbox_ledger())
+    found = search(capsys, str(days.out), "budget vector", "--to", pg_url, "--models-config", str(days.models))
+    assert found["request"]["cost_rub"] > 0 and len(days.sandbox_ledger()) == charges + 1
+    assert f"the query goes to {days.base_url}, the service of {days.out}'s last run" in caplog.text
+    assert not [p for p in days.out.rglob("*") if p.is_file() and SANDBOX_KEY.encode() in p.read_bytes()]
+    root = days.base_url.removesuffix("/v1")   # typed without /v1: named, nothing paid
+    assert main(["search", str(days.out), "budget", "--to", pg_url, "--base-url", root,
+                 "--models-config", str(days.models)]) == 2
+    assert f"and {days.base_url} answers: pass --base-url {days.base_url}" in caplog.text
+    assert len(days.sandbox_ledger()) == charges + 1
+    for path in (days.out / "_runs").glob("*.json"):   # runs recorded before DIR kept the base URL
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "base_url"}))
+    caplog.clear()
+    assert main(["search", str(days.out), "budget", "--to", pg_url, "--models-config", str(days.models)]) == 2
+    assert "give --base-url URL (DIR's runs recorded none)" in caplog.text
+
+
 def test_search_needs_a_published_table_and_one_query(days, pg_url, caplog):
     assert days(corpus_rows(n_short=10, n_long=0)) == 0
     assert main(["search", str(days.out), "--like", "s-1", "--to", pg_url]) == 2
