@@ -20,6 +20,7 @@ import difflib
 import importlib.metadata
 import json
 import logging
+import os
 import platform
 import sys
 import threading
@@ -176,6 +177,7 @@ COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_re
 
 
 HELP, VERSION = ("-h", "--help", "help"), ("-V", "--version")
+EXIT_BROKEN_PIPE = 141   # as a shell reports a process that SIGPIPE ended
 
 
 def version() -> str:
@@ -195,11 +197,20 @@ def unknown_command(command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:   # `embedpipe --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's flush at exit fails too
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str]) -> int:
     if not argv:
         print(USAGE, file=sys.stderr)
         return EXIT_USAGE
-    if argv[0] in HELP or argv[0] in VERSION:   # asked for: on stdout, exit 0 (`--help | less`)
+    if argv[0] in HELP and argv[1:2] and argv[1] in COMMANDS:   # `help run`: run's own
+        argv = [argv[1], "--help"]
+    elif argv[0] in HELP or argv[0] in VERSION:   # asked for: on stdout, exit 0 (`--help | less`)
         print(USAGE if argv[0] in HELP else version())
         return EXIT_OK
     verbose = "--verbose" in argv   # anywhere, before the command too

@@ -123,7 +123,10 @@ class Lines(contextlib.AbstractContextManager):
             self._last = counts
 
     def close(self, final: Counts) -> None:
-        self.show(final)
+        """The last line, summary.json's figures, when lines were logged: a log that shows
+        progress ends on the true figures; a run shorter than one interval logs none."""
+        if self._last != Counts():
+            self.show(final)
 
     def __exit__(self, *exc):
         pass

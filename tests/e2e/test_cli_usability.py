@@ -47,6 +47,17 @@ def test_each_commands_help_is_on_stdout_and_exits_0(command):
     done = cli(command, "--help")
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     assert f"pipeline {command}" in done.stdout or command == "beam-options"
+    if command == "search":   # `help COMMAND` is the same
+        assert cli("help", command).stdout == done.stdout
+
+
+def test_help_into_a_reader_that_left_ends_without_a_traceback():
+    """`embedpipe --help | head -1`: the reader is gone before the help is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "--help"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 141 and err == b"", err
 
 
 def test_version_names_embedpipe_beam_and_python():
@@ -102,8 +113,9 @@ def test_plan_and_run_print_nothing_unasked(sandbox, tmp_path):
     assert plan.stderr == ""
     run = cli("run", *common, "--output", str(tmp_path / "out"))
     assert run.returncode == 0, run.stderr
-    logged = run.stderr.splitlines()
-    assert len(logged) == 1 and " INFO embedpipe: run " in logged[0], logged  # the one line saying what runs
+    # the one line saying what runs, and the progress lines a pipe gets every embed.progress_interval_s
+    logged = [line for line in run.stderr.splitlines() if " INFO embedpipe.progress: read " not in line]
+    assert len(logged) == 1 and " INFO embedpipe: run " in logged[0], logged
 
 
 def test_local_worker_processes_keep_their_harness_chatter_to_themselves(sandbox, tmp_path):
