@@ -54,3 +54,16 @@ def test_where_texts_are_grouped_first_the_line_counts_without_a_share_or_eta():
                          paced=False)
     assert "read 2000/2000 documents, answered 20 requests, embedded 480 chunks" in line
     assert "%" not in line and "ETA" not in line
+
+
+def test_a_progress_interval_of_0_is_refused_in_the_settings(tmp_path):
+    """The driver's poll waits that long between reads: 0 would spin a core."""
+    import pytest
+
+    from pipeline.settings.steps import run_settings
+    from service.catalog import ConfigError
+    for name in ("progress_interval_s", "progress_redraw_s"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"embed:\n  {name}: 0\n")
+        with pytest.raises(ConfigError, match=f"embed.{name} must be > 0"):
+            run_settings(str(path))
