@@ -90,12 +90,10 @@ class Bar(contextlib.AbstractContextManager):
                 "money": f"{rub(counts.cost_micro / 1e6)}/{rub(self._spendable)} RUB",
                 "work": f"{counts.chunks:,} chunks, {tokens} tokens"}
 
-    def show(self, counts: Counts | None, final: bool = False) -> None:
-        """New counts, or None: only the clock moved."""
-        if counts is not None:
-            self._bar.fields = self._fields(counts, final)
-            if self._paced:
-                self._bar.n = progress.done(counts, self._total)
+    def show(self, counts: Counts, final: bool = False) -> None:
+        self._bar.fields = self._fields(counts, final)
+        if self._paced:
+            self._bar.n = progress.done(counts, self._total)
         self._bar.refresh()
 
     def close(self, final: Counts) -> None:
@@ -117,8 +115,8 @@ class Lines(contextlib.AbstractContextManager):
     def __init__(self, total_documents: int, paced: bool):
         self._total, self._paced, self._started, self._last = total_documents, paced, time.monotonic(), Counts()
 
-    def show(self, counts: Counts | None) -> None:
-        if counts is not None and counts != self._last:
+    def show(self, counts: Counts) -> None:
+        if counts != self._last:
             log.info(progress.line(counts, self._total, time.monotonic() - self._started, self._paced))
             self._last = counts
 
@@ -146,9 +144,9 @@ class Ending:
     """What the job ended with, set by the caller once it knows (summary.json's figures);
     the workers' last counts otherwise (the job failed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[[], Counts]) -> None:
         self.counts: Counts | None = None
-        self.read: Callable[[], Counts] = Counts
+        self.read = read   # the workers' counts
 
     def __call__(self, documents: int, figures: dict) -> None:
         """The last state from the job's DOCUMENTS (its counter) and the FIGURES of
@@ -165,12 +163,10 @@ def job_progress(output_dir: str, run_id: str, total_documents: int, spendable_r
     """While the body runs: a bar on a terminal, else a log line every `progress_interval_s`.
     PACED: requests are planned as documents are read. Yields an Ending: call it with the job's
     figures for the last state."""
-    ending = Ending()
-    ending.read = functools.partial(progress.read_counts, output_dir, run_id)
-    bar = on_terminal()
-    tick = report_interval_s(embed) if bar else embed.progress_interval_s
+    ending = Ending(functools.partial(progress.read_counts, output_dir, run_id))
+    tick = report_interval_s(embed)
     stop = threading.Event()
-    with Bar(total_documents, spendable_rub, paced) if bar else Lines(total_documents, paced) as view:
+    with Bar(total_documents, spendable_rub, paced) if on_terminal() else Lines(total_documents, paced) as view:
         def poll():
             while not stop.wait(tick):
                 view.show(ending.read())
