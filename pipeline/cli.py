@@ -8,15 +8,20 @@
     python -m pipeline publish DIR --to TARGET [--table NAME]   a PostgreSQL table serves DIR's view
     python -m pipeline search DIR "text" [-k N] [--like DOC_ID] [--to TARGET --table NAME]
     python -m pipeline psql DIR [-c SQL]   psql on DIR's embedded database (publish --to embedded)
-    python -m pipeline run --help            embedpipe's options, grouped
+    python -m pipeline run --help            embedpipe's options, grouped (COMMAND --help: each command's)
     python -m pipeline beam-options          every Beam pipeline option (they all pass through)
+    python -m pipeline --version             embedpipe's version, Beam's and Python's
 
 User mistakes end in one clear message and an exit code, never a traceback.
 """
 from __future__ import annotations
 
+import difflib
+import importlib.metadata
 import json
 import logging
+import os
+import platform
 import sys
 import threading
 from typing import Any
@@ -99,7 +104,8 @@ def cmd_run(argv: list[str]) -> int:
         if not opts.json:
             print("\n".join(short.lines(report, opts.output, next_step)), flush=True)
         if next_step:  # logged too, for logs and schedulers; a screen showing the summary has it already
-            log.error(next_step, extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
+            log.log(short.advice_level(report), next_step,
+                    extra={ON_SCREEN: not opts.json and sys.stdout.isatty() and sys.stderr.isatty()})
         if opts.publish:   # the run's outcome stands, whatever the publish does
             from pipeline.commands.publish import after_run
             code = after_run(opts, code, report)
@@ -170,13 +176,50 @@ COMMANDS = {"run": cmd_run, "plan": cmd_plan, "demo": cmd_demo, "report": cmd_re
             "psql": cmd_psql, "beam-options": cmd_beam_options}
 
 
+HELP, VERSION = ("-h", "--help", "help"), ("-V", "--version")
+EXIT_BROKEN_PIPE = 141   # as a shell reports a process that SIGPIPE ended
+
+
+def version() -> str:
+    """embedpipe's version (as installed), Beam's and Python's: what a bug report needs first."""
+    import apache_beam
+    try:
+        own = importlib.metadata.version("embedpipe")
+    except importlib.metadata.PackageNotFoundError:   # a checkout run without installing it
+        own = "(not installed)"
+    return f"embedpipe {own} (Apache Beam {apache_beam.__version__}, Python {platform.python_version()})"
+
+
+def unknown_command(command: str) -> str:
+    nearest = difflib.get_close_matches(command, COMMANDS, n=1)
+    hint = f"did you mean '{nearest[0]}'?" if nearest else "the commands are " + ", ".join(COMMANDS)
+    return f"unknown command '{command}': {hint} (python -m pipeline --help shows each)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:   # `embedpipe --help | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's flush at exit fails too
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str]) -> int:
+    if not argv:
         print(USAGE, file=sys.stderr)
         return EXIT_USAGE
-    _logging("--verbose" in argv)
-    command, rest = argv[0], [a for a in argv[1:] if a != "--verbose"]
+    if argv[0] in HELP and argv[1:2] and argv[1] in COMMANDS:   # `help run`: run's own
+        argv = [argv[1], "--help"]
+    elif argv[0] in HELP or argv[0] in VERSION:   # asked for: on stdout, exit 0 (`--help | less`)
+        print(USAGE if argv[0] in HELP else version())
+        return EXIT_OK
+    verbose = "--verbose" in argv   # anywhere, before the command too
+    _logging(verbose)
+    argv = [a for a in argv if a != "--verbose"] or ["--verbose"]
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        log.error("%s", unknown_command(command))
+        return EXIT_USAGE
     if command in ("run", "plan") and ({"-h", "--help"} & set(rest)):
         print(usage.render(command))
         return EXIT_OK

@@ -26,6 +26,7 @@ from pipeline.checks.prior import Prior
 from pipeline.outdir import space
 from pipeline.runner import in_process, is_local, local_workers, one_worker
 from pipeline.settings.job import Job
+from pipeline.terminal.progress import report_interval_s
 from transforms import schemas
 from transforms.dedupe.claimfile import ClaimFile, claim_dir
 from transforms.dedupe.distinct import LateRef
@@ -120,7 +121,7 @@ def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, i
         return ReadPending(prior.pending, info.columns, [f.name for f in info.kept_fields], spread)
     return ReadDocuments(info.files, info.partition_mappings, opts.id_column, opts.text_column, job.keep_columns,
                          job.split, duplicate_ids, ViewRef(prior.docindex, job.signature, scope),
-                         (opts.output, job.run_id, s.embed.progress_interval_s) if progress else None, spread,
+                         (opts.output, job.run_id, report_interval_s(s.embed)) if progress else None, spread,
                          info.stamp_map)
 
 
@@ -155,7 +156,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
     emb_schema = schemas.embeddings(job.dimensions, kept, meta)
     pending_schema = schemas.pending(kept, meta)
     read = p | "Read" >> _read(job, info, prior, duplicate_ids, claiming, True)
-    output = OutputConfig(job.run_id, opts.output, emb_schema, pending_schema, kept, s.embed.progress_interval_s)
+    output = OutputConfig(job.run_id, opts.output, emb_schema, pending_schema, kept, report_interval_s(s.embed))
     embed = EmbedConfig(job.service, budget, output, s.split.boundary_window, _known_stores(job, prior, job.run_id))
     # the library's step (embedpipe.EmbedTexts runs it too), with the CLI's Dedupe
     out = read[ENTRIES] | "EmbedChunks" >> EmbedChunks(_dedupe(job, prior, claiming), model, s.pack.fill_target,

@@ -96,12 +96,14 @@ def own_pool(opts: PipelineOptions) -> Path | None:
 # (untyped_calls_exclude) leave to Beam, where super() would not.
 class _JobServer(PrismJobServer):
     endpoint = ""
+    started: str | None = None   # the address of the Prism this launcher started, for summary.json
 
     def __init__(self, options: PipelineOptions):
         PrismJobServer.__init__(self, options)
 
     def subprocess_cmd_and_endpoint(self) -> tuple[list[str], str]:
         cmd, self.endpoint = super().subprocess_cmd_and_endpoint()
+        _JobServer.started = self.endpoint
         return [sys.executable, "-S", "-c", _END_WITH_LAUNCHER, str(os.getpid()), *map(str, cmd)], self.endpoint
 
 
@@ -125,6 +127,11 @@ class _Handle(JobServiceHandle):
     def run(self, preparation_id: str) -> Any:
         self._admit(preparation_id)   # Prism's job id is its preparation id
         return super().run(preparation_id)
+
+
+def address(opts: PipelineOptions) -> str | None:
+    """Where the job service was: --job_endpoint's, else the Prism this launcher started."""
+    return opts.view_as(PortableOptions).job_endpoint or _JobServer.started
 
 
 class Runner(PrismRunner):

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions, StandardOptions, WorkerOptions
+from apache_beam.options.pipeline_options import DirectOptions, PortableOptions, StandardOptions, WorkerOptions
 from apache_beam.portability.api import beam_provision_api_pb2
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.portability.fn_api_runner.fn_runner import ExtendedProvisionInfo
@@ -58,6 +59,30 @@ def make_runner(opts):
     return FnApiRunner(provision_info=ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(
         pipeline_options=JobServiceHandle.encode_pipeline_options(provided),
         retrieval_token="unused-retrieval-token")))
+
+
+def described(opts) -> dict[str, Any]:
+    """summary.json's `runner`: the runner the run used and how its workers ran; Prism's (or a
+    job service's) address and a worker pool's where it used them. Addresses only: a PROCESS or
+    DOCKER environment's config (a command, its environment) is not written."""
+    name = opts.view_as(StandardOptions).runner or "DirectRunner"
+    if is_local(opts):
+        mode = opts.view_as(DirectOptions).direct_running_mode
+        return {"name": name, "runs_as": "FnApiRunner", "running_mode": mode,
+                "workers": 1 if mode == "in_memory" else local_workers(opts)}
+    portable = opts.view_as(PortableOptions)
+    found: dict[str, Any] = {"name": name, "environment_type": portable.environment_type}
+    job_service = prism.address(opts) if prism.is_prism(opts) else portable.job_endpoint
+    if job_service:
+        found["prism" if prism.is_prism(opts) else "job_endpoint"] = _host_port(job_service)
+    if portable.environment_type == "EXTERNAL" and portable.environment_config:
+        found["worker_pool"] = _host_port(portable.environment_config)
+    return found
+
+
+def _host_port(address: str) -> str:
+    """ADDRESS without any user or password before a host (user:secret@host:port)."""
+    return address.rsplit("@", 1)[-1]
 
 
 def counters(result) -> dict[str, int]:

@@ -6,6 +6,7 @@ lives in service/, which imports no Beam.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from importlib import resources
 from typing import Any
@@ -111,4 +112,6 @@ def get_model(models: Mapping[str, ModelSpec], name: str) -> ModelSpec:
     try:
         return models[name]
     except KeyError:
-        raise ConfigError(f"unknown model {name!r}; known: {', '.join(sorted(models))}") from None
+        nearest = difflib.get_close_matches(name, models, n=1)
+        hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+        raise ConfigError(f"unknown model {name!r}{hint}; known: {', '.join(sorted(models))}") from None

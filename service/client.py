@@ -446,6 +446,11 @@ class EmbeddingsClient:
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
 
+    def at(self, base_url: str) -> EmbeddingsClient:
+        """A client of this key and account segment at another BASE_URL (a hint's probe)."""
+        return EmbeddingsClient(base_url, self._key, account_segment=self.account_segment, retry=self.retry,
+                                pool_size=1, encoding_format=self.encoding_format)
+
     def __repr__(self) -> str:
         return (f"EmbeddingsClient(base_url={self.base_url!r}, key={self._key!r}, "
                 f"encoding_format={self.encoding_format!r})")

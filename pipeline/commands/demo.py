@@ -45,8 +45,10 @@ def main(argv: list[str], cmd_plan: Callable[[list[str]], int], cmd_run: Callabl
     """The CLI's own plan and run commands are passed in (the CLI imports this module). One
     screen: the plan table, the run (its bar on a terminal, its short summary), the neighbours,
     the report picture."""
-    ap = argparse.ArgumentParser(prog="embedpipe demo")
-    ap.add_argument("--workdir", default="demo")
+    ap = argparse.ArgumentParser(prog="python -m pipeline demo", description="the sandbox, a corpus (the Python "
+                                 "language reference), plan, run, publish, a query and the report, offline")
+    ap.add_argument("--workdir", default="demo", help="where the corpus, the sandbox's database and DIR go "
+                                                      "(default ./demo; its out/ is made again)")
     args = ap.parse_args(argv)
     work = Path(_shown(Path(args.workdir)))
     out = work / "out"

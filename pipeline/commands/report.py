@@ -1,7 +1,9 @@
 """`python -m pipeline report DIR`: what DIR's embeddings cost, per model, and a picture of it.
 
-Reads DIR's current view (pipeline/outdir): every request DIR's runs made, through Beam's
-FileSystems so that gs:// and s3:// work like local paths.
+Reads DIR's current view (pipeline/outdir): every request DIR's runs made, and every paid
+`search`'s query (its own request, in DIR's history: a search since the last run is not in the
+view yet), through Beam's FileSystems so that gs:// and s3:// work like local paths. The
+searches are counted in their model's row, and apart in its last column.
 The table needs nothing beyond the project; DIR/report.png needs matplotlib, an optional
 extra (`pip install 'embedpipe[report]'`), imported only when drawing.
 """
@@ -11,6 +13,7 @@ import argparse
 import datetime as dt
 import io
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import pyarrow as pa
@@ -18,15 +21,15 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.exits import EXIT_OK, UsageError
-from pipeline.outdir import OutputDir
+from pipeline.outdir import OutputDir, records
 from pipeline.settings.options import command_args
 from transforms.money.apportion import from_micro, to_micro
 from transforms.read.parquet import read_tables
 
 log = logging.getLogger("embedpipe")
 
-REQUEST_COLUMNS = ["model", "total_tokens", "cost_rub", "attempts", "started_at", "latency_ms"]
-HEADER = ("model", "requests", "tokens", "RUB", "RUB per 1M tokens", "retries")
+REQUEST_COLUMNS = ["model", "total_tokens", "cost_rub", "attempts", "started_at", "latency_ms", "run_id"]
+HEADER = ("model", "requests", "tokens", "RUB", "RUB per 1M tokens", "retries", "searches")
 
 
 def current_files(output_dir: str, kind: str) -> list[str]:
@@ -36,15 +39,30 @@ def current_files(output_dir: str, kind: str) -> list[str]:
     return [out.join(path) for path in out.view.paths(kind)]
 
 
+def search_ids(output_dir: str) -> set[str]:
+    """The ids of the searches that paid for a query in DIR (their records' mode)."""
+    return {r["run_id"] for r in records.read_records(output_dir) if r.get("mode") == records.SEARCH}
+
+
+def request_files(output_dir: str, searches: set[str]) -> list[str]:
+    """The view's requests files, and those of the SEARCHES the view does not list yet."""
+    out = OutputDir(output_dir)
+    listed = current_files(output_dir, "requests")
+    relative = {out.relative(p) for p in listed}
+    return listed + [p for run_id in sorted(searches) for p in out.history_files("requests", run_id)
+                     if out.relative(p) not in relative]
+
+
 def load(paths: list[str], columns: list[str]) -> pa.Table | None:
     tables = read_tables(paths, columns)
     # files written before the columns were declared required are nullable: unify, do not refuse
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
-def cost_table(requests: pa.Table | None) -> list[dict[str, Any]]:
+def cost_table(requests: pa.Table | None, searches: Collection[str] = ()) -> list[dict[str, Any]]:
     """One row per model, sorted by name: requests, tokens, RUB (summed to the micro-rouble),
-    average RUB per 1M tokens, retries (attempts beyond the first)."""
+    average RUB per 1M tokens, retries (attempts beyond the first), and how many of the
+    requests were SEARCHES' (by run id)."""
     rows: list[dict[str, Any]] = []
     if requests is None:
         return rows
@@ -54,7 +72,8 @@ def cost_table(requests: pa.Table | None) -> list[dict[str, Any]]:
         tokens = pc.sum(t.column("total_tokens")).as_py() or 0
         retries = sum(max(0, (a or 1) - 1) for a in t.column("attempts").to_pylist())
         rows.append({"model": model, "requests": t.num_rows, "tokens": tokens, "cost_rub": from_micro(micro),
-                     "rub_per_1m_tokens": round(micro / tokens, 6) if tokens else None, "retries": retries})
+                     "rub_per_1m_tokens": round(micro / tokens, 6) if tokens else None, "retries": retries,
+                     "searches": sum(run_id in searches for run_id in t.column("run_id").to_pylist())})
     return rows
 
 
@@ -63,7 +82,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         return "no embeddings requests in this directory's current files"
     cells = [HEADER] + [(r["model"], str(r["requests"]), str(r["tokens"]), f"{r['cost_rub']:.6f}",
                          "-" if r["rub_per_1m_tokens"] is None else f"{r['rub_per_1m_tokens']:.6f}",
-                         str(r["retries"])) for r in rows]
+                         str(r["retries"]), str(r["searches"])) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
                      for row in cells)
@@ -140,8 +159,9 @@ def main(argv: list[str]) -> int:
     args = command_args(parser, argv)
     if isinstance(args, int):
         return args
-    requests = load(current_files(args.dir, "requests"), REQUEST_COLUMNS)
-    print(render(cost_table(requests)))
+    searches = search_ids(args.dir)
+    requests = load(request_files(args.dir, searches), REQUEST_COLUMNS)
+    print(render(cost_table(requests, searches)))
     if can_draw():
         print(f"wrote {write_picture(args.dir, requests)}")
     else:

@@ -24,15 +24,16 @@ from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.prior import Prior, pending_input, prior, removed
 from pipeline.checks.scan import Scan, scan_input, scan_pending
 from pipeline.commands import summary
-from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed
+from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed, UsageError
 from pipeline.money import account as acct
 from pipeline.money import measure
 from pipeline.outdir import OutputDir, late, layout, space
 from pipeline.outdir import switch as switches
 from pipeline.outdir.commit import RunFiles, rewrites_at_most
 from pipeline.outdir.view import View
-from pipeline.runner import counters, make_runner
+from pipeline.runner import counters, described, make_runner
 from pipeline.settings.job import RESUME, Job, catalogue
+from pipeline.terminal import hints
 from pipeline.terminal.progress import job_progress
 from service import errors
 from service.catalog import get_model
@@ -58,9 +59,9 @@ def _account_after(job: Job) -> acct.Account:
     try:
         with client_for(job) as client:
             return acct.read_account(client)
-    except errors.EmbeddingsError as exc:
+    except (errors.EmbeddingsError, UsageError) as exc:
         log.warning("could not read the account after the run (%s); summary.json has no balance_after",
-                    exc.message)
+                    getattr(exc, "message", exc))
         return acct.Account(None, None, None)
 
 
@@ -154,24 +155,27 @@ def _template(job: Job, before: Prior, info) -> View:
                 {})
 
 
-def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> dict[str, int]:
-    """The part's Beam job (OUT: its slot); a full disk is raised as it came, for the caller to count."""
+def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> tuple[dict[str, int], dict]:
+    """The part's Beam job (OUT: its slot): (its counters, its figures: summary.run_figures);
+    a full disk is raised as it came, for the caller to count."""
     opts = job.opts
     pipeline = beam.Pipeline(runner=make_runner(opts), options=opts)
     with graph.claims_for(job, job.run_id) as claiming:
         graph.build(pipeline, job, info, before, out.make_run_dir(job.run_id),
                     duplicate_ids=scan.duplicate_ids, claiming=claiming, budget=budget)
-        try:
-            with job_progress(opts.output, job.run_id, scan.rows, budget.spendable.rub,
-                              job.settings.embed.progress_interval_s):
+        with job_progress(opts.output, job.run_id, scan.rows if opts.input else 0, budget.spendable.rub,
+                          job.settings.embed, paced=claiming.streaming) as ending:
+            try:
                 result = pipeline.run()
                 result.wait_until_finish()
-        except Exception as exc:  # a worker's error arrives wrapped by the runner
-            if space.is_full(exc):
-                raise
-            raise _failed(job, out, info, exc) from None
-        late.write_late_copies(out, job.run_id, claiming.late(), job.keep_columns, job.codec)
-    return counters(result)
+            except Exception as exc:  # a worker's error arrives wrapped by the runner
+                if space.is_full(exc):
+                    raise
+                raise _failed(job, out, info, exc) from None
+            late.write_late_copies(out, job.run_id, claiming.late(), job.keep_columns, job.codec)
+            metrics, figures = counters(result), summary.run_figures(out, job.run_id)
+            ending(metrics.get("documents", 0), figures)
+    return metrics, figures
 
 
 # an attempt that timed out may have been billed without an answer: only what was answered is known paid
@@ -246,13 +250,13 @@ def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | 
 
 
 def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bool,
-              writes: _Writes) -> tuple[dict[str, int], float]:
-    """PART's job, then its slot's next view: (the job's counters, seconds the commit took)."""
+              writes: _Writes) -> tuple[dict[str, int], dict, float]:
+    """PART's job, then its slot's next view: (the job's counters, its figures, seconds the commit took)."""
     job, out, s = part.job, part.out, part.job.settings
-    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict())
+    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict(), hints.remembered(job.service.base_url))
     budget = Budget(account.balance, spendable, part.price, part.margin, 1 / job.model.safety_factor,
                     s.budget.balance_poll_s, fits)
-    metrics = _run_job(job, out, part.info, part.before, part.scan, budget)
+    metrics, figures = _run_job(job, out, part.info, part.before, part.scan, budget)
     writes.finished.add(job.run_id)
     if (changed := reading.changed(part.info)) is not None:   # what the job read may be mixed: never served
         raise _changed(job, out, changed)
@@ -261,7 +265,7 @@ def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bo
     out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(job.opts.input), part.gone, requests),
                part.before.view, _template(job, part.before, part.info), job.codec, _rewriter(job))
     writes.committed.add(job.run_id)
-    return metrics, round(time.monotonic() - committing, 3)
+    return metrics, figures, round(time.monotonic() - committing, 3)
 
 
 def _read_account(job: Job) -> acct.Account:
@@ -284,7 +288,7 @@ def _advance(out: OutputDir, target: _Part, record: switches.Switch, spent: floa
     account = _read_account(target.job)
     switches.add_run(out, record, target.job.run_id)
     log.info("switch to %s: building its view beside the served one with what is left", target.job.model.name)
-    _, commit_s = _run_part(target, account, _spendable(target.job, account, spent), True, writes)
+    _, _, commit_s = _run_part(target, account, _spendable(target.job, account, spent), True, writes)
     switching_at = time.monotonic()
     complete = switches.covers(out, ids)
     if complete:
@@ -308,8 +312,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
     # a switch's target fits with --allow-partial, or when the whole of it fits beside the day's changes
     parts = [p.measure for p in (served, target) if p]
     fits, decided_by = (True, "allow_partial") if opts.allow_partial else measure.fits(parts, spendable.rub)
-    metrics, commit_s = _run_part(served, account, spendable, fits, writes)
-    served_figures = summary.run_figures(out, job.run_id)
+    metrics, served_figures, commit_s = _run_part(served, account, spendable, fits, writes)
     switched, target_commit_s, stopped = False, None, False
     if target and served_figures["exit_code"] != EXIT_OK:
         target = None   # the served view's share stopped: nothing is left for the target
@@ -337,6 +340,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
         caps={**dataclasses.asdict(job.caps), "binding_limit": spendable.binding}, started=started,
         other_runs=others)
     report["timing"]["commit_s"] = commit_s
+    report["runner"] = described(opts)
     report.update(_switch_report(decision, out, served, target, switched, stopped))
     if target is not None:
         report["switch"]["run"]["commit_s"] = target_commit_s   # its view's commit, and the switch

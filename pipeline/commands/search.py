@@ -16,6 +16,7 @@ import argparse
 import datetime as dt
 import hashlib
 import json
+import logging
 
 import psycopg
 import pyarrow as pa
@@ -32,7 +33,9 @@ from pipeline.settings.config import RunSettings
 from pipeline.settings.job import new_run_id
 from pipeline.settings.options import EmbedPipeOptions, command_args
 from pipeline.settings.steps import catalogue, run_settings, service_config
+from pipeline.terminal import hints
 from pipeline.terminal.figures import exact
+from service import errors
 from service.catalog import get_model
 from service.client import check_base_url
 from service.credentials import KeySource
@@ -42,13 +45,16 @@ from transforms.errors import one_line
 from transforms.publish.columns import CONTRACT
 from transforms.records import TextItem
 
+log = logging.getLogger("embedpipe")
+
 SEARCH_AGAIN = "search again"   # the lock's advice: a search refused while a run writes DIR
 
 
-def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: float | None) -> str:
+def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: float | None, base_url: str) -> str:
     """The query's request as a run's: history/<search>/requests-*.parquet (written whole, then
     renamed: a later commit and the reconciliation read every such file) and _runs/<search>.json."""
-    records.record_start(out.path, search_id, row["model"], records.SEARCH, {"balance": balance_before})
+    records.record_start(out.path, search_id, row["model"], records.SEARCH, {"balance": balance_before},
+                         hints.remembered(base_url))
     path = out.join(f"{layout.run_dir(search_id)}/requests-{search_id}-search.parquet")
     write_whole(path, lambda sink: pq.write_table(pa.Table.from_pylist([row], schema=schemas.REQUESTS), sink))
     records.record_finish(out.path, search_id, {"balance": row["balance_after"]}, [])
@@ -71,14 +77,17 @@ def embed_query(out: OutputDir, text: str, model: str, dimensions: int, opts: Em
         with out.lock(search_id, settings.lock, again=SEARCH_AGAIN):
             started = dt.datetime.now(dt.UTC)
             with service.client(pool_size=1) as client:
-                result = client.embed(model, [text], dimensions=asked, request_id=request_id)
+                try:
+                    result = client.embed(model, [text], dimensions=asked, request_id=request_id)
+                except errors.NotFoundError as exc:   # not billed: a mistyped --base-url
+                    raise hints.not_found(client, exc) from None
             usage = result.usage
             row = {"request_id": request_id, "model": model, "n_inputs": 1, "prompt_tokens": usage.prompt_tokens,
                    "total_tokens": usage.total_tokens, "cost_rub": usage.cost_rub or 0.0,
                    "balance_after": usage.balance, "attempts": result.attempts, "latency_ms": result.latency_ms,
                    "status": result.status, "started_at": started, "run_id": search_id}
             before = None if usage.balance is None else usage.balance + (usage.cost_rub or 0.0)
-            row["recorded_in"] = out.relative(_record_request(out, search_id, row, before))
+            row["recorded_in"] = out.relative(_record_request(out, search_id, row, before, service.base_url))
     except OSError as exc:
         if not space.is_full(exc):
             raise
@@ -145,6 +154,16 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _remembered(output_dir: str) -> str:
+    """The base URL DIR's last run used, for a text query given none."""
+    OutputDir(output_dir).require_view()   # a mistyped DIR: its own message
+    if (url := records.last_base_url(output_dir)) is None:
+        raise UsageError("a text query is embedded through the service: give --base-url URL (DIR's runs "
+                         "recorded none), or --like DOC_ID, which pays nothing")
+    log.info("the query goes to %s, the service of %s's last run (--base-url to choose another)", url, output_dir)
+    return url
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline search", allow_abbrev=False,
                                      description="the published chunks nearest to a text or to a document")
@@ -155,9 +174,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--to", default=EMBEDDED, help="as publish's (default embedded)")
     parser.add_argument("--table", default=DEFAULT_TABLE, help=f"as publish's (default {DEFAULT_TABLE})")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    parser.epilog = ("A text is embedded with run's --base-url, --api-key-file (or --api-key-secret), "
-                     "--account-segment, --models-config; --run-config, --profile and Beam's filesystem options "
-                     "pass through.")
+    parser.epilog = ("A text is embedded with run's --base-url (default: the one DIR's last run used), "
+                     "--api-key-file (or --api-key-secret), --account-segment, --models-config; --run-config, "
+                     "--profile and Beam's filesystem options pass through.")
     args = command_args(parser, argv)
     if isinstance(args, int):
         return args
@@ -169,8 +188,7 @@ def main(argv: list[str]) -> int:
         if not args.text.strip():
             raise UsageError("the text to search for is empty")
         if not args.options.base_url:
-            raise UsageError("a text query is embedded through the service: give --base-url URL (or --like DOC_ID, "
-                             "which pays nothing)")
+            args.options.base_url = _remembered(args.dir)
         try:
             check_base_url(args.options.base_url)
         except ValueError as exc:

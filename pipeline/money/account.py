@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pipeline.terminal import hints
 from service import errors
 from service.client import EmbeddingsClient
 from transforms.money.caps import BALANCE, KEY_BUDGET, MAX_SPEND, Caps, Spendable
@@ -20,9 +21,13 @@ class Account:
 
 
 def read_account(client: EmbeddingsClient, need_stats: bool = False) -> Account:
-    """Balance is required (auth and reachability errors propagate); stats are best effort
-    unless NEED_STATS (spending caps). Balance first: usage read after it is never older."""
-    bal = client.balance()
+    """Balance is required (auth and reachability errors propagate; a 404, the first answer of
+    a mistyped --base-url, as a UsageError with the hint); stats are best effort unless
+    NEED_STATS (spending caps). Balance first: usage read after it is never older."""
+    try:
+        bal = client.balance()
+    except errors.NotFoundError as exc:   # the first request any command sends: a mistyped --base-url
+        raise hints.not_found(client, exc) from None
     try:
         st = client.stats()
         stats = {"daily_usage": st.daily_usage, "monthly_usage": st.monthly_usage}

@@ -148,8 +148,9 @@ class OutputDir:
     def lock(self, run_id: str, settings: LockSettings, again: str = RUN_AGAIN) -> OutputLock:
         return OutputLock(self.path, run_id, settings, again)
 
-    def record_start(self, run_id: str, model: str, mode: str, account: dict[str, Any]) -> None:
-        records.record_start(self.path, run_id, model, mode, account)
+    def record_start(self, run_id: str, model: str, mode: str, account: dict[str, Any],
+                     base_url: str | None = None) -> None:
+        records.record_start(self.path, run_id, model, mode, account, base_url)
 
     def record_finish(self, run_id: str, account_after: dict[str, Any], unanswered: list[dict[str, Any]]) -> None:
         records.record_finish(self.path, run_id, account_after, unanswered)

@@ -19,11 +19,14 @@ def _path(output_dir: str, run_id: str) -> str:
     return FileSystems.join(output_dir, RUNS_DIR, f"{run_id}.json")
 
 
-def record_start(output_dir: str, run_id: str, model: str, mode: str, account: dict[str, Any]) -> None:
-    """Durable before the run's first paid request: DIR's reconciliation starts here."""
+def record_start(output_dir: str, run_id: str, model: str, mode: str, account: dict[str, Any],
+                 base_url: str | None = None) -> None:
+    """Durable before the run's first paid request: DIR's reconciliation starts here. BASE_URL:
+    the service's, as DIR may keep it (pipeline/terminal/hints.remembered), for `search`."""
     write_json(_path(output_dir, run_id), {
         "run_id": run_id, "model": model, "mode": mode, "host": socket.gethostname(), "pid": os.getpid(),
-        "started_at": dt.datetime.now(dt.UTC).isoformat(), **account})
+        "started_at": dt.datetime.now(dt.UTC).isoformat(), **account,
+        **({"base_url": base_url} if base_url else {})})
 
 
 def record_finish(output_dir: str, run_id: str, account_after: dict[str, Any],
@@ -53,3 +56,8 @@ def read_records(output_dir: str) -> list[dict[str, Any]]:
     found = FileSystems.match([FileSystems.join(output_dir, RUNS_DIR, "*.json")])[0].metadata_list
     records = [r for r in map(read_json, (m.path for m in found)) if r is not None]   # None: gone meanwhile
     return sorted(records, key=lambda r: r["started_at"])
+
+
+def last_base_url(output_dir: str) -> str | None:
+    """The service's base URL of DIR's last run (or search) that kept one."""
+    return next((r["base_url"] for r in reversed(read_records(output_dir)) if r.get("base_url")), None)

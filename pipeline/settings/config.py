@@ -45,6 +45,7 @@ class EmbedSettings:
     admitted_after_s: float = 0.25
     max_refused_s: float = 900.0
     progress_interval_s: float = 5.0
+    progress_redraw_s: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +183,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "embed.initial_in_flight": settings.embed.initial_in_flight,
                 "embed.admitted_after_s": settings.embed.admitted_after_s,
                 "embed.max_refused_s": settings.embed.max_refused_s,
+                "embed.progress_interval_s": settings.embed.progress_interval_s,
+                "embed.progress_redraw_s": settings.embed.progress_redraw_s,
                 "client.max_attempts": settings.client.max_attempts,
                 "client.pool_size": settings.client.pool_size, "client.max_decoding": settings.client.max_decoding,
                 "pack.max_open_requests": settings.pack.max_open_requests,

@@ -2,6 +2,7 @@
 the whole of summary.json instead), and what to do next when the exit code is not 0."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_PARTIAL
@@ -27,6 +28,18 @@ STATUS = {EXIT_OK: "done", EXIT_FAILED: "stopped early", EXIT_DOES_NOT_FIT: "not
 SWITCH_PARTIAL = ("the switch to {to} is not complete ({done:,} of {total:,} documents): {output}/current/ keeps "
                   "serving {from_} and {output}/target/ holds {to} as far as it goes; run {again} when there is "
                   "more budget (under --daily-cap-rub: on the service's next day).")
+
+
+def advice_level(report: dict[str, Any]) -> int:
+    """How the advice is logged: a run that failed is an error; one the budget stopped (or the
+    preflight, sending nothing) ended as designed, with work left: a warning; a switch that is
+    not complete yet, while the served view is whole, is how a switch goes: info."""
+    code, switch = report["exit_code"], report.get("switch") or {}
+    if code == EXIT_FAILED:
+        return logging.ERROR
+    if code == EXIT_PARTIAL and switch.get("to") and not switch.get("switched") and not report["pending"]:
+        return logging.INFO
+    return logging.WARNING
 
 
 def advice(report: dict[str, Any], output: str, again: str) -> str | None:
@@ -57,7 +70,7 @@ def lines(report: dict[str, Any], output: str, next_step: str | None = None) -> 
         read += ": " + ", ".join(f"{changes[c]:,} {c}" for c in ("added", "edited", "removed", "unchanged"))
         read += f", {changes['resumed']:,} resumed" if changes.get("resumed") else ""
     staged = f", {view['staged']:,} staged" if view.get("staged") else ""
-    rows = [f"run {report['run_id']} ({report['model']}): {status} (exit {code})",
+    rows = [f"run {report['run_id']} ({_serves(report)}): {status} (exit {code})",
             _row("read", read),
             _row("this run", f"{report['embedded']:,} chunks embedded, {report['failed']:,} failed"
                              f"{_why(report['failed_reasons'])}, {report['pending']:,} pending"
@@ -71,6 +84,16 @@ def lines(report: dict[str, Any], output: str, next_step: str | None = None) -> 
     if report.get("switch"):
         rows.insert(4, _row("switch", _switch(report["switch"])))
     return rows + ([_row("next", next_step)] if next_step else [])
+
+
+def _serves(report: dict[str, Any]) -> str:
+    """The model current/ serves after the run, and the one DIR is switching to, if any."""
+    switch = report.get("switch") or {}
+    if not switch.get("to"):
+        return str(report["model"])
+    if switch.get("switched"):
+        return f"{switch['to']['model']}, switched from {switch['from']['model']}"
+    return f"{switch['from']['model']}, switching to {switch['to']['model']}"
 
 
 def _target_money(switch: dict[str, Any] | None) -> str:
@@ -119,17 +142,20 @@ def _why(reasons: dict[str, int]) -> str:
 
 
 def _reconciliation(recon: dict[str, Any]) -> str:
-    """balance delta = rows + lost + others + unexplained over DIR's history, the parts that are 0
-    left out; exact to the micro-rouble, as billed."""
+    """balance delta = rows + searches + lost + others + unexplained over DIR's history, each
+    part that is not 0 named (a negative one subtracted: a top-up); exact to the micro-rouble,
+    as billed, so the two sides are equal as printed."""
     delta = recon.get("balance_delta_rub")
     if delta is None:
         return "the balance was not read at both ends: see the notes in summary.json"
-    parts = [("rows", recon["rows_cost_rub"]), ("lost", (recon.get("lost") or {}).get("rub")),
-             ("others", recon.get("others_rub")), ("unexplained", recon.get("unexplained_rub"))]
+    parts = [("rows", recon["rows_cost_rub"]), ("searches", (recon.get("searches") or {}).get("rub")),
+             ("lost", (recon.get("lost") or {}).get("rub")), ("others", recon.get("others_rub")),
+             ("unexplained", recon.get("unexplained_rub"))]
     if not delta and not any(value for _, value in parts):
         return "the balance did not change"
-    text = f"balance {'−' if delta >= 0 else '+'}{exact(abs(delta))} = " + " + ".join(
-        f"{name} {exact(value)}" for name, value in parts if name == "rows" or value) + " RUB"
+    text = f"balance {'−' if delta >= 0 else '+'}{exact(abs(delta))} = rows {exact(recon['rows_cost_rub'])}"
+    text += "".join(f" {'+' if value > 0 else '−'} {name} {exact(abs(value))}" for name, value in parts[1:] if value)
+    text += " RUB"
     if len(recon.get("runs") or ()) > 1:
         text += f" over {len(recon['runs'])} runs"
     return text + (" (notes in summary.json)" if recon.get("notes") else "")

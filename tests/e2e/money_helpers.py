@@ -8,10 +8,12 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -161,3 +163,14 @@ def wait_for_journal(proc: subprocess.Popen, out: Path, n: int, log: Path, timeo
         assert proc.poll() is None, f"the job ended ({proc.returncode}) before the kill:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "the job journaled nothing in time"
         time.sleep(0.005)
+
+
+def balances(money: str) -> bool:
+    """The short summary's money line balances as printed: `balance −D = rows R + part P − part Q
+    ... RUB`, each figure as shown (to the micro-rouble), nothing else in the equation."""
+    found = re.fullmatch(r"balance ([−+])([\d,.]+) = (.+?) RUB.*", money.split(" · ")[1])
+    assert found, money
+    fell = Decimal(found[2].replace(",", "")) * (1 if found[1] == "−" else -1)
+    terms = re.findall(r"(?:^|([+−]) )([a-z]+) ([\d,.]+)", found[3])
+    assert " ".join(f"{sign} {name} {value}".strip() for sign, name, value in terms) == found[3], money
+    return fell == sum(Decimal(value.replace(",", "")) * (-1 if sign == "−" else 1) for sign, _, value in terms)

@@ -41,7 +41,7 @@ def test_table_sums_the_current_requests_and_draws_the_picture(resumed, capsys):
     (out / "report.png").unlink(missing_ok=True)
     assert main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
-    requests_n, tokens, rub, per_1m, retries = table_row(printed, MODEL)
+    requests_n, tokens, rub, per_1m, retries, searches = table_row(printed, MODEL)
     req = current(out, "requests")
     assert len(set(req.column("run_id").to_pylist())) == 2          # both runs are counted
     assert int(requests_n) == req.num_rows
@@ -50,6 +50,7 @@ def test_table_sums_the_current_requests_and_draws_the_picture(resumed, capsys):
         == micro(c["cost_rub"] for c in ledger(sb))
     assert float(per_1m) == pytest.approx(100.0, rel=1e-4)
     assert int(retries) == sum(a - 1 for a in req.column("attempts").to_pylist()) > 0
+    assert searches == "0"
     if importlib.util.find_spec("matplotlib") is None:
         assert "embedpipe[report]" in printed and not (out / "report.png").exists()
     else:

@@ -210,6 +210,8 @@ def assert_same_outputs(ref: Outcome, other: Outcome) -> None:
 
 def test_reference_run_is_complete(reference):
     assert_reconciles(reference)
+    assert reference.summary["runner"] == {"name": "DirectRunner", "runs_as": "FnApiRunner",
+                                           "running_mode": "in_memory", "workers": 1}
     good = {r["id"] for r in corpus_rows() if r["id"] and r["text"] and r["text"].strip() and r["id"] != "twice"}
     assert {doc for doc, _ in reference.rows} == good
 
@@ -222,8 +224,10 @@ def test_direct_one_worker_and_two_threads_agree(env, reference):
 
 
 def test_direct_two_processes_agree(env, reference):
-    assert_same_outputs(reference, run_job(env, "direct-2-processes", "--direct_num_workers", "2",
-                                           "--direct_running_mode", "multi_processing"))
+    two = run_job(env, "direct-2-processes", "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+    assert_same_outputs(reference, two)
+    assert two.summary["runner"] == {"name": "DirectRunner", "runs_as": "FnApiRunner",
+                                     "running_mode": "multi_processing", "workers": 2}
 
 
 class _ReportFileSystemOptions(beam.DoFn):
@@ -349,9 +353,11 @@ def _worker_env(with_key: bool) -> dict:
 
 def test_portable_runner_external_worker_pool_agrees(env, reference, job_endpoint, worker_pool):
     pool = worker_pool(_worker_env(with_key=True))
-    assert_same_outputs(reference, run_job(env, "portable-external", "--runner", "PortableRunner",
-                                           "--job_endpoint", job_endpoint, "--environment_type", "EXTERNAL",
-                                           "--environment_config", pool))
+    external = run_job(env, "portable-external", "--runner", "PortableRunner", "--job_endpoint", job_endpoint,
+                       "--environment_type", "EXTERNAL", "--environment_config", pool)
+    assert_same_outputs(reference, external)
+    assert external.summary["runner"] == {"name": "PortableRunner", "environment_type": "EXTERNAL",
+                                          "job_endpoint": job_endpoint, "worker_pool": pool}
 
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -77,8 +78,13 @@ def hashes_for(models: Path, rows: list[dict], model: str) -> dict[str, set]:
     return chunk_hashes(other, rows)
 
 
+def header(capsys) -> str:
+    """The first line of the short summary the last run printed."""
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("run "))
+
+
 def test_a_switch_over_several_runs_serves_one_model_exactly_and_pays_each_text_once(
-        tmp_path, sandbox_factory, env_key, capsys):
+        tmp_path, sandbox_factory, env_key, capsys, caplog):
     models = write_models(tmp_path / "models.yaml")
     sb = start_sandbox(sandbox_factory, models)
     day = corpus_rows(n_short=60, n_long=3)
@@ -98,6 +104,7 @@ def test_a_switch_over_several_runs_serves_one_model_exactly_and_pays_each_text_
         assert runs < 8
         day, _ = next_day(day, seed=runs, edit_short=2, edit_long=1, remove=1, add=2)
         write_corpus(corpus, day)
+        caplog.clear()
         code = run(corpus, out, sb, models, OTHER, "--sync", "--switch-model", "--allow-partial",
                    "--max-spend-rub", f"{per_run:.6f}")
         s = summary(out)
@@ -105,6 +112,11 @@ def test_a_switch_over_several_runs_serves_one_model_exactly_and_pays_each_text_
         if code == 0:
             break
         assert code == 4 and not s["switch"]["switched"]
+        assert f"({MODEL}, switching to {OTHER}): " in header(capsys)
+        # an expected stop: the advice is logged as what it is, nothing at ERROR
+        advice = [r for r in caplog.records if "is not complete" in r.getMessage()]
+        assert [r.levelno for r in advice] == [logging.INFO] and not [r for r in caplog.records
+                                                                     if r.levelno >= logging.ERROR]
         # the served view is exactly the day's corpus, in the served model only
         assert_current(out, models, day)
         assert view_models(out, "current") == {MODEL}
@@ -113,6 +125,7 @@ def test_a_switch_over_several_runs_serves_one_model_exactly_and_pays_each_text_
         assert s["switch"]["spent_rub"] > 0 and s["switch"]["estimated_rub_to_finish"] > 0
     assert runs >= 3
     assert s["switch"]["switched"] and s["model"] == MODEL and s["switch"]["to"]["model"] == OTHER
+    assert header(capsys).endswith(f"({OTHER}, switched from {MODEL}): done (exit 0)")   # what current/ serves
     assert view_models(out, "current") == {OTHER} and not (out / "target").exists()
     served = collections.defaultdict(set)
     for r in current(out, "embeddings").to_pylist():

@@ -4,6 +4,9 @@ Each test runs on both Prism variants: LOOPBACK workers (threads of the launcher
 ones (processes of a separate worker pool, as a Flink cluster runs Python)."""
 from __future__ import annotations
 
+import json
+import re
+
 from tests.e2e.helpers import corpus_rows, write_corpus
 from tests.e2e.money_helpers import PRICE_PER_1M, assert_every_row_once, billed_twice, write_models
 from tests.e2e.money_helpers import corpus_rows as money_rows
@@ -21,6 +24,12 @@ def test_run_and_plan(both, tmp_path):
     local, _ = pair.cli("run", "--input", corpus, "--output", "{out}", "--model", MODEL, "--base-url", "{base_url}",
                         "--keep-columns", "lang")
     assert local.code == 0 and len(local.view["embeddings"]) > 20 and local.view["failed"]
+    # summary.json names the runner, the Prism the launcher started and the pool its workers were in
+    runner = json.loads((pair.prism.out / "summary.json").read_text())["runner"]
+    flags = pair.prism.flags
+    pool = flags[flags.index("--environment_config") + 1] if "--environment_config" in flags else None
+    assert runner["name"] == "PrismRunner" and re.fullmatch(r"localhost:\d+", runner["prism"]), runner
+    assert runner.get("worker_pool") == pool and runner["environment_type"] == ("EXTERNAL" if pool else "LOOPBACK")
 
 
 def _day2(rows: list[dict]) -> list[dict]:

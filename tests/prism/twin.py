@@ -42,7 +42,7 @@ from tests.e2e.test_secrets import hits
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 RUNNER_COMMANDS = ("run", "plan", "publish")      # the commands that take Beam's options
 TIMEOUT_S = 300
-_DROPPED = {"timing", "embedded_at", "started_at", "latency_ms", "files"}
+_DROPPED = {"timing", "embedded_at", "started_at", "latency_ms", "files", "runner"}   # runner: each side's own
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (\w+) ([\w.]+): (.*)$")
 _OWN = ("embedpipe", "service", "transforms", "pipeline")
 _PACKING = ("request_id", "cost_rub", "run_id")   # and which run paid: a budget cut follows the order

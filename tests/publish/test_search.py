@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipeline.cli import main
-from tests.e2e.money_helpers import MODEL, corpus_rows, micro
+from pipeline.terminal.figures import exact
+from tests.e2e.money_helpers import MODEL, balances, corpus_rows, micro
 from tests.e2e.test_sync import next_day
 from tests.publish.helpers import publish, view_rows
 
@@ -52,6 +53,31 @@ def test_search_by_document_and_by_text(days, pg_url, capsys):
     assert record["mode"] == "search"
 
 
+def test_a_text_search_takes_the_service_of_dirs_last_run(days, pg_url, capsys, caplog):
+    """DIR's runs keep the service's base URL (never the key): a text search needs no --base-url.
+    A DIR whose runs kept none asks for it."""
+    from tests.conftest import SANDBOX_KEY
+    assert days(corpus_rows(n_short=20, n_long=0)) == 0
+    assert publish(days.out, pg_url) == 0
+    records = [json.loads(p.read_text()) for p in (days.out / "_runs").glob("*.json")]
+    assert [r["base_url"] for r in records] == [days.base_url]
+    charges = len(days.sandbox_ledger())
+    found = search(capsys, str(days.out), "budget vector", "--to", pg_url, "--models-config", str(days.models))
+    assert found["request"]["cost_rub"] > 0 and len(days.sandbox_ledger()) == charges + 1
+    assert f"the query goes to {days.base_url}, the service of {days.out}'s last run" in caplog.text
+    assert not [p for p in days.out.rglob("*") if p.is_file() and SANDBOX_KEY.encode() in p.read_bytes()]
+    root = days.base_url.removesuffix("/v1")   # typed without /v1: named, nothing paid
+    assert main(["search", str(days.out), "budget", "--to", pg_url, "--base-url", root,
+                 "--models-config", str(days.models)]) == 2
+    assert f"and {days.base_url} answers: pass --base-url {days.base_url}" in caplog.text
+    assert len(days.sandbox_ledger()) == charges + 1
+    for path in (days.out / "_runs").glob("*.json"):   # runs recorded before DIR kept the base URL
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "base_url"}))
+    caplog.clear()
+    assert main(["search", str(days.out), "budget", "--to", pg_url, "--models-config", str(days.models)]) == 2
+    assert "give --base-url URL (DIR's runs recorded none)" in caplog.text
+
+
 def test_search_needs_a_published_table_and_one_query(days, pg_url, caplog):
     assert days(corpus_rows(n_short=10, n_long=0)) == 0
     assert main(["search", str(days.out), "--like", "s-1", "--to", pg_url]) == 2
@@ -90,13 +116,17 @@ def test_over_2000_dimensions_the_index_is_on_halfvec_and_search_uses_it(tmp_pat
 
 def test_a_search_is_named_in_the_next_runs_reconciliation(days, pg_url, capsys):
     """A paid search is a request without rows that is not lost: the next run's reconciliation
-    counts it as a search, and DIR reconciles to the micro-rouble with the sandbox's ledger."""
+    counts it as a search, DIR reconciles to the micro-rouble with the sandbox's ledger, and the
+    short summary's money line names it and balances as printed. `report` counts it, before
+    the next run and after it, once."""
     rows = corpus_rows(n_short=40, n_long=1)
     assert days(rows) == 0
     assert publish(days.out, pg_url) == 0
     found = search(capsys, str(days.out), "budget vector rouble", "--to", pg_url, "--base-url", days.base_url,
                    "--models-config", str(days.models))
+    assert report_row(capsys, days.out)["searches"] == "1"   # in DIR's history, not in the view yet
     assert days(next_day(rows, edit_short=2, edit_long=0, remove=1, add=2)[0], "--sync") == 0
+    money = [line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["money"]]
     s = json.loads((days.out / "summary.json").read_text())
     recon = s["reconciliation"]
     billed = micro(c["cost_rub"] for c in days.sandbox_ledger())
@@ -105,6 +135,19 @@ def test_a_search_is_named_in_the_next_runs_reconciliation(days, pg_url, capsys)
     assert micro([recon["balance_delta_rub"]]) == billed == \
         micro([recon["rows_cost_rub"], recon["searches"]["rub"]]) > micro([recon["rows_cost_rub"]])
     assert recon["notes"] == []
+    assert len(money) == 1 and f" + searches {exact(recon['searches']['rub'])} RUB over 3 runs" in money[0], money
+    assert balances(money[0]), money
+    table = report_row(capsys, days.out)
+    assert table["searches"] == "1" and int(table["requests"]) == len(days.sandbox_ledger())
+    assert round(float(table["RUB"]) * 1e6) == billed
+
+
+def report_row(capsys, out) -> dict[str, str]:
+    """`report DIR`'s row of the model, by column."""
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    row = next(line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(MODEL + " "))
+    return dict(zip(["model", "requests", "tokens", "RUB", "per_1m", "retries", "searches"], row, strict=True))
 
 
 def test_a_search_that_pays_is_refused_while_a_run_writes_dir(days, pg_url, caplog):

@@ -3,9 +3,11 @@ exit code a run can end with after the job (0, 1, 3, 4)."""
 from __future__ import annotations
 
 import copy
+import logging
 
 from pipeline.terminal import summary
 from pipeline.terminal.figures import count, exact, rub
+from tests.e2e.money_helpers import balances
 
 FIRST_RUN = {
     "run_id": "20261124T090528Z-d9d3a8", "model": "text-embedding-3-small", "documents": 354,
@@ -117,6 +119,22 @@ def test_exit_4_points_at_the_pending_rows_and_the_whole_reconciliation():
     assert f"run {AGAIN} when there is more budget" in row(lines, "next")
 
 
+def test_every_part_of_the_reconciliation_that_is_not_0_is_in_the_line_and_it_balances():
+    after_search = report(reconciliation={"runs": list("abcde"), "rows_cost_rub": 1.94412, "balance_delta_rub": 1.94414,
+                                          "searches": {"count": 1, "rub": 0.00002}})
+    money = row(rendered(after_search), "money")
+    assert money.endswith("balance −1.94414 = rows 1.94412 + searches 0.00002 RUB over 5 runs")
+    assert balances(money)
+    every = report(reconciliation={"rows_cost_rub": 1.2, "balance_delta_rub": 1.300021, "searches": {"rub": 0.000021},
+                                   "lost": {"rub": 0.05}, "others_rub": 0.07, "unexplained_rub": -0.02})
+    money = row(rendered(every), "money")
+    assert money.endswith("= rows 1.2 + searches 0.000021 + lost 0.05 + others 0.07 − unexplained 0.02 RUB")
+    assert balances(money)
+    topped_up = report(reconciliation={"rows_cost_rub": 2.0, "balance_delta_rub": -3.0, "unexplained_rub": -5.0})
+    assert row(rendered(topped_up), "money").endswith("balance +3 = rows 2 − unexplained 5 RUB")
+    assert balances(row(rendered(topped_up), "money"))
+
+
 def test_a_balance_not_read_after_the_run_is_said_not_guessed():
     doc = report(reconciliation={"balance_delta_rub": None})
     assert row(rendered(doc), "money").endswith("the balance was not read at both ends: see the notes in summary.json")
@@ -146,12 +164,25 @@ def test_a_switch_under_way_is_one_line_and_its_money_beside_the_served_view_s()
     advice = row(lines, "next")
     assert "switch to text-embedding-3-large is not complete (1,212 of 3,000 documents)" in advice
     assert "out/current/ keeps serving text-embedding-3-small" in advice and AGAIN in advice
+    assert lines[0] == ("run 20261124T090528Z-d9d3a8 (text-embedding-3-small, switching to text-embedding-3-large): "
+                        "stopped, the budget ran out (exit 4)")
+
+
+def test_the_advice_is_logged_as_what_the_stop_is():
+    assert summary.advice_level(report(exit_code=4, switch=SWITCHING)) == logging.INFO   # how a switch goes
+    assert summary.advice_level(report(exit_code=4, switch=SWITCHING, pending=3)) == logging.WARNING
+    assert summary.advice_level(report(exit_code=4, pending=52, pending_reasons={"budget_exhausted": 52})) \
+        == logging.WARNING
+    assert summary.advice_level(report(exit_code=3, pending=52)) == logging.WARNING   # nothing sent, as designed
+    assert summary.advice_level(report(exit_code=1, pending=5, pending_reasons={"unauthorized": 5})) == logging.ERROR
 
 
 def test_the_run_that_switches_and_one_that_abandons_a_switch_say_so():
     done = {**SWITCHING, "switched": True, "documents_done": 3000}
-    assert row(rendered(report(switch=done)), "switch").endswith(
-        "switched, current/ serves text-embedding-3-large (0.81 RUB in 2 runs)")
+    lines = rendered(report(switch=done))
+    assert row(lines, "switch").endswith("switched, current/ serves text-embedding-3-large (0.81 RUB in 2 runs)")
+    assert lines[0] == ("run 20261124T090528Z-d9d3a8 (text-embedding-3-large, switched from text-embedding-3-small): "
+                        "done (exit 0)")   # the model the view serves now
     gone = {"abandoned": {"to": {"model": "text-embedding-ada-002", "dimensions": 1536}, "runs": ["r0"],
                           "spent_rub": 0.05}}
     line = row(rendered(report(switch={**done, **gone})), "switch")

@@ -72,6 +72,8 @@ class _EmbedDoFn(beam.DoFn):
             hits, vectors, request_ids, lost = stored_outcome(self._sender.store, request)
             yield from self._emit(Outcome(pending=lost), [(hits, vectors, request_ids)])
             return
+        if self._progress:
+            self._progress.add(planned=1)
         if not self._cfg.budget.fits:  # the preflight said no (and no --allow-partial): send nothing
             request, sent = self._seal(request)
             self._settle(sent)
@@ -132,7 +134,7 @@ class _EmbedDoFn(beam.DoFn):
 
     def _emit(self, outcome: Outcome, stored: Sequence = ()):
         out, now = self._cfg.output, dt.datetime.now(dt.UTC)
-        rows = tokens = 0
+        rows = tokens = reused = 0
         for d in outcome.deliveries:
             table = embeddings_table(d.items, d.vectors, [d.request_id] * len(d.items), d.shares_micro,
                                      out.embeddings_schema, self._cfg.service.model, out.run_id, out.kept, now)
@@ -141,8 +143,10 @@ class _EmbedDoFn(beam.DoFn):
             yield table
         for items, vectors, request_ids in stored:   # paid before: cost 0, the request that paid named
             if items:
-                yield embeddings_table(items, vectors, request_ids, [0] * len(items), out.embeddings_schema,
-                                       self._cfg.service.model, out.run_id, out.kept, now)
+                table = embeddings_table(items, vectors, request_ids, [0] * len(items), out.embeddings_schema,
+                                         self._cfg.service.model, out.run_id, out.kept, now)
+                reused += table.num_rows
+                yield table
         cost = sum(r["cost_rub"] for r in outcome.requests)
         for row in outcome.requests:
             yield beam.pvalue.TaggedOutput(REQUESTS, row)
@@ -161,8 +165,8 @@ class _EmbedDoFn(beam.DoFn):
         m["pending_chunks"].inc(sum(len(i.refs) for i, _ in outcome.pending))
         m["timed_out_attempts"].inc(outcome.timed_out)
         if self._progress:
-            self._progress.add(chunks=rows, tokens=tokens, requests=len(outcome.requests),
-                               cost_micro=round(cost * 1e6))
+            self._progress.add(answered=int(bool(outcome.requests)), chunks=rows + reused, tokens=tokens,
+                               requests=len(outcome.requests), cost_micro=round(cost * 1e6))
         shared = self._shared
         if shared.breaker.reason and not shared.breaker_logged:
             shared.breaker_logged = True

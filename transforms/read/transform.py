@@ -26,6 +26,9 @@ from transforms.worker import collector, runscoped
 from transforms.worker.progress import Progress
 
 ENTRIES, REJECTED, CHANGED = "entries", "rejected", "changed"
+# documents are reported read as their chunks go on to be packed and sent, this many at a time:
+# the progress line's requests planned and documents read move together (a row group is thousands)
+REPORT_DOCUMENTS = 32
 
 
 def _id_strings(column: pa.ChunkedArray) -> list:
@@ -128,13 +131,18 @@ class _SplitTable(beam.DoFn):
         if changed_ids:
             yield beam.pvalue.TaggedOutput(CHANGED, changes_table(changed_ids, changes, versions))
         chunk_lists = self._splitter.split_many([(d, t) for d, t, _ in valid])
+        read = len(ids) - len(valid)   # documents that need no request: read already
         for (doc_id, _, extra), chunks, todo in zip(valid, chunk_lists, todos, strict=True):
             if todo is not None:   # resumed: only the chunks still pending
                 chunks = [c for c in chunks if c.chunk_index in todo]
             self._chunks.inc(len(chunks))
             yield from chunk_entries(doc_id, chunks, tuple(extra))
+            read += 1
+            if read >= REPORT_DOCUMENTS and self._progress:
+                self._progress.add(documents=read)
+                read = 0
         if self._progress:
-            self._progress.add(documents=len(ids))
+            self._progress.add(documents=read)
 
 
 class ReadDocuments(beam.PTransform):

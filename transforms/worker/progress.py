@@ -1,6 +1,14 @@
 """Progress of the whole job, whatever the runner: every worker process adds its counts to one
-`Progress` per run and writes them now and then to DIR/_progress/<run_id>/<process>.json
-(temporary name, then rename); the driver sums those files into one line with rate and ETA.
+`Progress` per run and writes them to DIR/_progress/<run_id>/<process>.json (temporary name,
+then rename) as soon as they first change, then at most every interval; the driver sums those
+files into one line.
+
+Where requests are planned as documents are read (the local runner streams: a request leaves
+once it is full, and reading waits for a place in flight), the share done is the documents
+read times the requests answered of those planned for them: requests planned x documents /
+documents read estimates the whole job's. Where texts are grouped first (other runners), every
+document is read before the first request is packed and the total is not known until the last
+one is: the line then counts, without a share or an ETA that would be a guess.
 """
 from __future__ import annotations
 
@@ -23,9 +31,11 @@ PROGRESS_DIR = "_progress"
 @dataclasses.dataclass
 class Counts:
     documents: int = 0      # read (and split) so far
+    planned: int = 0        # requests packed for them, to be sent
+    answered: int = 0       # of those, the ones sent and settled (answered, or refused for good)
     chunks: int = 0         # embedded (rows written)
     tokens: int = 0
-    requests: int = 0
+    requests: int = 0       # rows of requests (a re-split request has several)
     cost_micro: int = 0
 
     def __add__(self, other: Counts) -> Counts:
@@ -46,7 +56,7 @@ class Progress:
         self._mutex = threading.Lock()
         self._path = FileSystems.join(progress_dir(output_dir, run_id), f"{uuid.uuid4().hex}.json")
         self._interval, self._clock = interval_s, clock
-        self._last = clock()
+        self._last = clock() - interval_s   # the first change is written at once
         self.counts = Counts()
 
     @classmethod
@@ -114,11 +124,26 @@ def read_counts(output_dir: str, run_id: str) -> Counts:
     return total
 
 
-def line(counts: Counts, total_documents: int, elapsed_s: float) -> str:
-    rate = counts.documents / max(elapsed_s, 1e-9)
-    left = max(total_documents - counts.documents, 0)
-    eta = f"{left / rate:.0f}s" if rate > 0 else "?"
-    share = f" ({100 * counts.documents / total_documents:.0f}%)" if total_documents else ""
-    return (f"read {counts.documents}/{total_documents or '?'} documents{share}, embedded {counts.chunks} "
-            f"chunks, {counts.tokens} tokens, {counts.requests} requests, {counts.cost_micro / 1e6:.6f} RUB; "
-            f"{rate:.0f} documents/s, ETA {eta}")
+def done(counts: Counts, total_documents: int) -> float:
+    """The share of the job done, 0 to 1: the documents read (all, when their number is not
+    known), times the requests answered of those planned."""
+    read = min(counts.documents / total_documents, 1.0) if total_documents else 1.0
+    return read * (min(counts.answered / counts.planned, 1.0) if counts.planned else 1.0)
+
+
+def eta_s(share: float, elapsed_s: float) -> float | None:
+    """Seconds left at the pace so far; None before anything is done."""
+    return elapsed_s * (1 - share) / share if share > 0 else None
+
+
+def line(counts: Counts, total_documents: int, elapsed_s: float, paced: bool = True) -> str:
+    """The log line; PACED: requests are planned as documents are read (the share and ETA hold)."""
+    if paced:
+        share = done(counts, total_documents)
+        eta = eta_s(share, elapsed_s)
+        answered = f"answered {counts.answered}/{counts.planned} requests ({100 * share:.0f}%)"
+        left = f"; ETA {'?' if eta is None else f'{eta:.0f}s'}"
+    else:
+        answered, left = f"answered {counts.answered} requests", ""
+    return (f"read {counts.documents}/{total_documents or '?'} documents, {answered}, embedded {counts.chunks} "
+            f"chunks, {counts.tokens} tokens, {counts.requests} requests, {counts.cost_micro / 1e6:.6f} RUB{left}")
