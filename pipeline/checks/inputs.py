@@ -13,6 +13,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.exits import UsageError
+from pipeline.outdir.kept import Mismatch, unify
 from transforms.read.parquet import normalised_type, open_parquet, parquet_file
 from transforms.read.stamps import Stamp, stamp
 
@@ -146,9 +147,10 @@ def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence
         if not (_is_text(id_type) or pa.types.is_integer(normalised_type(id_type))):
             raise UsageError(f"{path}: id column {id_column!r} is {id_type}, expected string or integer")
         fields = tuple(schema.field(c).with_type(normalised_type(schema.field(c).type)) for c in keep)
-        if kept_fields is not None and [f.type for f in fields] != [f.type for f in kept_fields]:
-            raise UsageError(f"{path}: kept columns have other types than in {files[0]}")
-        # required in the outputs only if required in every input file
-        kept_fields = fields if kept_fields is None else tuple(
-            f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields, strict=True))
+        try:   # the join of the files' types (pipeline/outdir/kept.py); required only if required in every file
+            kept_fields = fields if kept_fields is None else unify(kept_fields, fields)
+        except Mismatch as exc:
+            raise UsageError(f"{path}: kept column {exc.name} is {exc.now} here and {exc.was} in {files[0]} or "
+                             "another file listed before it: no type holds both exactly; write it with one type "
+                             "in every file") from None
     return InputInfo(tuple(files), rows, kept_fields or (), tuple(partitions) if keys else (), stamps=stamps)
