@@ -5,6 +5,7 @@ path: they differ only in what the view holds and whether missing documents leav
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from pipeline.outdir.view import View
 from pipeline.settings.job import FRESH, SYNC, Job
 from transforms.dedupe.known import KNOWN_COLUMNS
 from transforms.read.parquet import open_parquet, parquet_file, read_tables
+
+log = logging.getLogger("embedpipe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +54,16 @@ def _check_view(view: View, job: Job, out: OutputDir) -> None:
                          f"this run is {job.model.name} with length {job.dimensions}: pass --sync --switch-model "
                          "to move it to that model (its view is built beside the served one, over as many runs "
                          "as the budget needs), or use another --output directory for it")
-    if job.opts.input and tuple(view.kept) != job.keep_columns and job.mode != SYNC:
+    if job.opts.input and tuple(view.kept) != job.keep_columns:
         same = f"--keep-columns {','.join(view.kept)}" if view.kept else "no --keep-columns"
-        raise UsageError(f"{flag}--output {out.path} keeps the columns {list(view.kept) or 'none'} in its rows, "
-                         f"this run {list(job.keep_columns) or 'none'}: other kept columns are adopted by a run "
-                         "with --sync and the whole corpus as --input (every row made again, every vector "
-                         f"reused, nothing paid), or pass {same} as the view has")
+        if job.mode != SYNC:
+            raise UsageError(f"{flag}--output {out.path} keeps the columns {list(view.kept) or 'none'} in its rows, "
+                             f"this run {list(job.keep_columns) or 'none'}: other kept columns are adopted by a run "
+                             "with --sync and the whole corpus as --input (every row made again, every vector "
+                             f"reused, nothing paid), or pass {same} as the view has")
+        log.warning("--output %s keeps the columns %s in its rows; this run makes every row again with %s (every "
+                    "vector reused, nothing paid for them): if that is not meant, pass %s as the view has", out.path,
+                    list(view.kept) or "none", list(job.keep_columns) or "none", same)
 
 
 def check_model(job: Job, out: OutputDir) -> None:

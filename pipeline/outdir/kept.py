@@ -74,29 +74,30 @@ def _list_like(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _field(a: pa.Field, b: pa.Field, name: str) -> pa.Field:
-    """A's name, the join of both types, nullable when either is."""
-    joined = join(a.type, b.type, name)
-    return pa.field(a.name, joined, a.nullable or b.nullable, a.metadata)
+def _field(a: pa.Field, b: pa.Field) -> pa.Field | None:
+    """A's name, the join of both types, nullable when either is; None when they have no join."""
+    joined = _join(a.type, b.type)
+    return None if joined is None else pa.field(a.name, joined, a.nullable or b.nullable, a.metadata)
 
 
-def _nested(a: pa.DataType, b: pa.DataType, name: str) -> pa.DataType | None:
+def _nested(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     if _list_like(a) and _list_like(b):
-        item = _field(a.value_field, b.value_field, name)
+        if (item := _field(a.value_field, b.value_field)) is None:
+            return None
         if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b) and a.list_size == b.list_size:
             return pa.list_(item, a.list_size)
         return pa.large_list(item) if pa.types.is_large_list(a) or pa.types.is_large_list(b) else pa.list_(item)
     if pa.types.is_struct(a) and pa.types.is_struct(b):
-        if [f.name for f in a] != [f.name for f in b]:
-            return None
-        return pa.struct([_field(x, y, name) for x, y in zip(a, b, strict=True)])
+        fields = [_field(x, y) for x, y in zip(a, b, strict=True)] if [f.name for f in a] == [f.name for f in b] \
+            else [None]
+        return None if any(f is None for f in fields) else pa.struct(fields)
     if pa.types.is_map(a) and pa.types.is_map(b):
-        return pa.map_(_field(a.key_field, b.key_field, name), _field(a.item_field, b.item_field, name),
-                       a.keys_sorted and b.keys_sorted)
+        key, item = _field(a.key_field, b.key_field), _field(a.item_field, b.item_field)
+        return None if key is None or item is None else pa.map_(key, item, a.keys_sorted and b.keys_sorted)
     return None
 
 
-def _join(a: pa.DataType, b: pa.DataType, name: str) -> pa.DataType | None:
+def _join(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     if a == b:
         return a
     if pa.types.is_null(a) or pa.types.is_null(b):
@@ -121,12 +122,12 @@ def _join(a: pa.DataType, b: pa.DataType, name: str) -> pa.DataType | None:
         return pa.time64(unit) if unit in ("us", "ns") else pa.time32(unit)
     if pa.types.is_date(a) and pa.types.is_date(b):
         return pa.date64()
-    return _nested(a, b, name)
+    return _nested(a, b)
 
 
 def join(a: pa.DataType, b: pa.DataType, name: str) -> pa.DataType:
     """The type that holds every value of A and of B exactly; Mismatch (naming NAME) when none does."""
-    joined = _join(a, b, name)
+    joined = _join(a, b)
     if joined is None:
         raise Mismatch(name, a, b)
     return joined
@@ -134,7 +135,8 @@ def join(a: pa.DataType, b: pa.DataType, name: str) -> pa.DataType:
 
 def unify(view: Sequence[pa.Field], run: Sequence[pa.Field]) -> tuple[pa.Field, ...]:
     """The view's kept fields after a run whose input has RUN (the same names, in order)."""
-    return tuple(_field(v, r, v.name) for v, r in zip(view, run, strict=True))
+    return tuple(pa.field(v.name, join(v.type, r.type, v.name), v.nullable or r.nullable, v.metadata)
+                 for v, r in zip(view, run, strict=True))
 
 
 def encode(fields: Sequence[pa.Field]) -> str:

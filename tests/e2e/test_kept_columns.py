@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.cli import main
-from tests.e2e.money_helpers import (MODEL, assert_every_row_once, corpus_rows, ledger, run, start_sandbox, summary,
-                                     write_models)
+from tests.e2e.money_helpers import (MODEL, assert_every_row_once, corpus_rows, current, ledger, run, start_sandbox,
+                                     summary, write_models)
 
 
 @pytest.fixture
@@ -30,6 +30,8 @@ def day(tmp_path, sandbox_factory, env_key):
                      sandbox.base_url, "--models-config", str(models), *flags])
     go.out, go.ledger = out, lambda: ledger(sandbox)
     go.run_input = lambda path, *flags: run(path, out, sandbox, models, *flags)
+    go.resume = lambda *flags: main(["run", "--output", str(out), "--model", MODEL, "--base-url", sandbox.base_url,
+                                     "--models-config", str(models), "--resume", *flags])
     return go
 
 
@@ -114,3 +116,38 @@ def test_an_input_of_files_of_two_widths_is_one_type(day, tmp_path):
     values = {r["doc_id"][:2]: r["n"] for f in (day.out / "current").glob("embeddings-*.parquet")
               for r in pq.read_table(f, columns=["doc_id", "n"]).to_pylist()}
     assert values == {"a-": 3, "b-": 2 ** 32 - 1}
+
+
+def test_a_widened_view_resumes_its_pending_rows_as_its_type(day):
+    """Pending rows of the narrower type are cast with the rest; --resume alone sends them."""
+    rows = [{**r, "n": i} for i, r in enumerate(corpus_rows(n_short=12, n_long=0)[:12])]
+    assert day(rows, {"n": pa.int32()}, "--keep-columns", "n", "--allow-partial", "--max-spend-rub", "0.01") == 4
+    assert summary(day.out)["current"]["pending"] > 0 and summary(day.out)["current"]["embedded"] > 0
+    rows.append({"id": "big", "text": "a value past int32", "n": 2 ** 40})
+    assert day(rows, {"n": pa.int64()}, "--resume", "--keep-columns", "n", "--allow-partial", "--max-spend-rub",
+               "0.000001") == 4
+    assert view_schemas(day.out) == {(("n", "int64"),)}
+    assert day.resume() == 0
+    assert summary(day.out)["current"]["pending"] == 0
+    assert view_schemas(day.out) == {(("n", "int64"),)}
+    values = {r["doc_id"]: r["n"] for f in (day.out / "current").glob("embeddings-*.parquet")
+              for r in pq.read_table(f, columns=["doc_id", "n"]).to_pylist()}
+    assert values == {r["id"]: r["n"] for r in rows}
+
+
+def test_a_switch_adopts_the_kept_columns_in_both_views(day, caplog):
+    """--sync --switch-model with other --keep-columns: the served view adopts them at no cost,
+    the other model's view is built with them."""
+    rows = corpus_rows(n_short=6, n_long=0)[:6]
+    assert day(rows, {}) == 0
+    paid = len(day.ledger())
+    tagged = [{**r, "lang": "en"} for r in rows]
+    caplog.clear()
+    assert day(tagged, {"lang": pa.string()}, "--sync", "--keep-columns", "lang", "--switch-model", "--model",
+               "text-embedding-ada-002") == 0
+    assert "this run makes every row again with ['lang']" in caplog.text
+    assert summary(day.out)["switch"]["switched"] is True
+    assert {r["model"] for r in current(day.out, "embeddings").to_pylist()} == {"text-embedding-ada-002"}
+    assert {c["model"] for c in day.ledger()[paid:]} == {"text-embedding-ada-002"}
+    assert view_schemas(day.out) == {(("lang", "string"),)}
+    assert_every_row_once(day.out, rows)

@@ -4,6 +4,7 @@ narrower than the view is cast up to the view's type; any other change is refuse
 plan before anything is sent, in one line naming the column and both types."""
 from __future__ import annotations
 
+import json
 import struct
 
 import psycopg
@@ -45,10 +46,10 @@ def bits(value: float) -> bytes:
     return struct.pack(">d", value)
 
 
-def published(url: str) -> dict:
+def published(url: str, columns: str = "num, x") -> dict:
     """doc_id -> (num, x), read in binary: a real arrives as its float32 value, not as text."""
     with psycopg.connect(url) as conn, conn.cursor(binary=True) as cur:
-        cur.execute("SELECT doc_id, num, x FROM embeddings WHERE chunk_index = 0")
+        cur.execute(f"SELECT doc_id, {columns} FROM embeddings WHERE chunk_index = 0")
         return {d: (n, x) for d, n, x in cur}
 
 
@@ -72,3 +73,36 @@ def test_a_widened_kept_column_widens_the_view_and_the_table(days, pg_url, tmp_p
         types = dict(conn.execute("SELECT column_name, data_type FROM information_schema.columns "
                                   "WHERE table_name = 'embeddings' AND column_name IN ('num', 'x')").fetchall())
     assert types == {"num": "bigint", "x": "double precision"}
+
+
+def as_made_before(out, day1_run: str) -> None:
+    """DIR as a run made it before views kept their types: the manifests without them, and the
+    first run's files of the view holding `num` as int32 (written in place: the view's links
+    are hard links to them)."""
+    for manifest in [out / "_current.json", *out.glob("_views/*.json")]:
+        doc = json.loads(manifest.read_text())
+        doc.pop("kept_types", None)
+        manifest.write_text(json.dumps(doc))
+    for path in (out / "history" / day1_run).glob("embeddings-*.parquet"):
+        table = pq.read_table(path)
+        at = table.schema.get_field_index("num")
+        pq.write_table(table.set_column(at, table.schema.field(at).with_type(pa.int32()),
+                                        table.column(at).cast(pa.int32())), path)
+
+
+def test_a_view_of_two_types_made_before_publishes_their_join_and_the_next_run_makes_it_one(days, pg_url, tmp_path,
+                                                                                            capsys):
+    day1 = docs(5, num=lambda i: i)
+    write(tmp_path / "d1.parquet", day1, {"num": pa.int64()})
+    assert days.run_file(tmp_path / "d1.parquet", "--keep-columns", "num") == 0
+    first = json.loads((days.out / "summary.json").read_text())["run_id"]
+    day2 = day1 + [{"id": "big", "text": "a new document, with a value past int32", "num": 2 ** 40}]
+    write(tmp_path / "d2.parquet", day2, {"num": pa.int64()})
+    assert days.run_file(tmp_path / "d2.parquet", "--keep-columns", "num", "--sync") == 0
+    as_made_before(days.out, first)
+    assert len(view_types(days.out)) == 2   # int32 and int64 files in one view
+    assert publish(days.out, pg_url) == 0
+    assert {d: n for d, (n, _) in published(pg_url, "num, 0.0").items()} == {r["id"]: r["num"] for r in day2}
+    assert days.run_file(tmp_path / "d2.parquet", "--keep-columns", "num", "--sync") == 0   # nothing changed
+    assert view_types(days.out) == {(("num", "int64"),)}
+    assert json.loads((days.out / "_current.json").read_text())["kept_types"]
