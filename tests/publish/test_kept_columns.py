@@ -30,6 +30,7 @@ EXACT = {
     "f64": (pa.float64(), [0.1, 1e308, -0.0, math.nan, -math.inf, 5e-324]),
     "flag": (pa.bool_(), [True, False, None]),
     "s": (pa.string(), ["", "ünï cødé ✓", None]), "ls": (pa.large_string(), ["large", None]),
+    'a "quoted" Name; ✓': (pa.string(), ["any name SQL quotes", None]),
     "ds": (pa.dictionary(pa.int32(), pa.string()), ["a", "b", None]),
     "b": (pa.binary(), [b"\x00\xff", b"", None]), "lb": (pa.large_binary(), [b"\x01" * 5, None]),
     "fb": (pa.binary(3), [b"abc", b"\x00\x00\x01", None]),
