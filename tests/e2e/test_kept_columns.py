@@ -151,3 +151,23 @@ def test_a_switch_adopts_the_kept_columns_in_both_views(day, caplog):
     assert {c["model"] for c in day.ledger()[paid:]} == {"text-embedding-ada-002"}
     assert view_schemas(day.out) == {(("lang", "string"),)}
     assert_every_row_once(day.out, rows)
+
+
+@pytest.mark.parametrize("type_, value, words", [
+    (pa.timestamp("ns"), 1_000_000_001, "holds a value finer than a microsecond"),
+    (pa.duration("ns"), 7, "holds a value finer than a microsecond"),
+    (pa.date32(), 3_000_000, "holds a date outside the years 1 to 9999"),
+    (pa.timestamp("ms", tz="UTC"), -10 ** 15, "holds a date outside the years 1 to 9999"),
+])
+def test_a_kept_time_a_run_cannot_carry_is_refused_before_anything_is_sent(day, tmp_path, caplog, type_, value,
+                                                                             words):
+    """Kept values travel as Python's dates and times: one they do not hold is found by the
+    driver, not by a worker half way through the job."""
+    rows = corpus_rows(n_short=4, n_long=0)[:4]
+    path = tmp_path / "times.parquet"
+    pq.write_table(pa.table({"id": [r["id"] for r in rows], "text": [r["text"] for r in rows],
+                             "t": pa.array([value] + [None] * 3, type_)}), path)
+    assert day.run_input(path, "--keep-columns", "t") == 2
+    refusals = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(refusals) == 1 and f"kept column t ({type_}) {words}" in refusals[0], refusals
+    assert day.ledger() == [] and not list(day.out.rglob("*.parquet"))
