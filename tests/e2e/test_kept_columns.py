@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.cli import main
+from transforms.schemas import OUTPUT_COLUMNS
 from tests.e2e.money_helpers import (MODEL, assert_every_row_once, corpus_rows, current, ledger, run, start_sandbox,
                                      summary, write_models)
 
@@ -41,8 +42,7 @@ def view_schemas(out, kinds=("embeddings", "pending")) -> set[tuple]:
     for kind in kinds:
         for f in (out / "current").glob(f"{kind}-*.parquet"):
             schema = pq.read_schema(f)
-            at = schema.get_field_index("embedded_at" if kind == "embeddings" else "run_id") + 1
-            found.add(tuple((schema.field(i).name, str(schema.field(i).type)) for i in range(at, len(schema))))
+            found.add(tuple((n, str(schema.field(n).type)) for n in schema.names if n not in OUTPUT_COLUMNS))
     return found
 
 

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 
 from pipeline.cli import main
 from tests.e2e.money_helpers import MODEL, corpus_rows
+from transforms.schemas import OUTPUT_COLUMNS
 from tests.publish.helpers import assert_same, published
 
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("title", pa.string()), ("module", pa.int32())])
@@ -29,7 +30,7 @@ def plan(days, corpus, capsys, *flags) -> dict:
 
 def kept_of_view(out) -> set[tuple[str, ...]]:
     """The kept columns of every file of the view (one set: one schema)."""
-    return {tuple(pq.read_schema(f).names[pq.read_schema(f).names.index("embedded_at") + 1:])
+    return {tuple(n for n in pq.read_schema(f).names if n not in OUTPUT_COLUMNS)
             for f in (out / "current").glob("embeddings-*.parquet")}
 
 

@@ -8,6 +8,7 @@ import json
 import struct
 
 import psycopg
+from psycopg import sql
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -46,11 +47,13 @@ def bits(value: float) -> bytes:
     return struct.pack(">d", value)
 
 
-def published(url: str, columns: str = "num, x") -> dict:
-    """doc_id -> (num, x), read in binary: a real arrives as its float32 value, not as text."""
+def published(url: str, columns=("num", "x")) -> dict:
+    """doc_id -> (COLUMNS' values), read in binary: a real arrives as its float32 value, not as text."""
+    query = sql.SQL("SELECT doc_id, {} FROM embeddings WHERE chunk_index = 0").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)))
     with psycopg.connect(url) as conn, conn.cursor(binary=True) as cur:
-        cur.execute(f"SELECT doc_id, {columns} FROM embeddings WHERE chunk_index = 0")
-        return {d: (n, x) for d, n, x in cur}
+        cur.execute(query)
+        return {d: tuple(values) for d, *values in cur}
 
 
 def test_a_widened_kept_column_widens_the_view_and_the_table(days, pg_url, tmp_path):
@@ -102,7 +105,7 @@ def test_a_view_of_two_types_made_before_publishes_their_join_and_the_next_run_m
     as_made_before(days.out, first)
     assert len(view_types(days.out)) == 2   # int32 and int64 files in one view
     assert publish(days.out, pg_url) == 0
-    assert {d: n for d, (n, _) in published(pg_url, "num, 0.0").items()} == {r["id"]: r["num"] for r in day2}
+    assert {d: n for d, (n,) in published(pg_url, ("num",)).items()} == {r["id"]: r["num"] for r in day2}
     assert days.run_file(tmp_path / "d2.parquet", "--keep-columns", "num", "--sync") == 0   # nothing changed
     assert view_types(days.out) == {(("num", "int64"),)}
     assert json.loads((days.out / "_current.json").read_text())["kept_types"]
