@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.exits import UsageError
-from transforms.read.parquet import normalised_type, open_parquet, parquet_file
+from pipeline.outdir.kept import Mismatch, unify
+from transforms.read.parquet import normalised_type, open_parquet, parquet_file, read_tables
 from transforms.read.stamps import Stamp, stamp
 
 
@@ -124,6 +126,48 @@ def _is_text(t: pa.DataType) -> bool:
     return bool(pa.types.is_string(normalised_type(t)))
 
 
+# A run carries kept values as Python objects: dates and times of the years 1 to 9999, to the
+# microsecond. A kept column of dates, times or durations is read here, before anything is sent,
+# for a value they do not hold (a worker would fail on it half way through the job).
+_US = pa.timestamp("us")
+_YEARS = (pa.scalar(-62135596800 * 10 ** 6, _US), pa.scalar(253402300800 * 10 ** 6 - 1, _US))   # 1-01-01, 9999-12-31
+
+
+def _temporal(t: pa.DataType) -> bool:
+    return bool(pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t))
+
+
+def _python_holds(column: pa.ChunkedArray) -> str | None:
+    """What of COLUMN's values Python's dates and times do not hold, or None."""
+    t = column.type
+    fine = {pa.types.is_timestamp: _US, pa.types.is_duration: pa.duration("us"), pa.types.is_time: pa.time64("us")}
+    for check, target in fine.items():
+        if check(t) and t.unit == "ns":
+            try:
+                column = column.cast(pa.timestamp("us", t.tz) if check is pa.types.is_timestamp else target)
+            except pa.ArrowInvalid:
+                return "a value finer than a microsecond"
+    if pa.types.is_date(t) or pa.types.is_timestamp(t):
+        try:
+            found = pc.min_max(column.cast(_US))
+        except pa.ArrowInvalid:   # beyond what microseconds count
+            return "a date outside the years 1 to 9999"
+        low, high = found["min"].value, found["max"].value
+        if low is not None and (low < _YEARS[0].value or high > _YEARS[1].value):
+            return "a date outside the years 1 to 9999"
+    return None
+
+
+def _check_times(path: str, fields: Sequence[pa.Field]) -> None:
+    names = [f.name for f in fields if _temporal(f.type)]
+    for name, column in zip(names, read_tables([path], names)[0].columns if names else (), strict=True):
+        if (what := _python_holds(column)) is not None:
+            raise UsageError(f"{path}: kept column {name} ({column.type}) holds {what}, which a run does not carry "
+                             "(it carries dates and times of the years 1 to 9999, to the microsecond): give the "
+                             "column a type that holds it in the input (a string, an integer), or leave it out of "
+                             "--keep-columns")
+
+
 def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence[str]) -> InputInfo:
     files, partitions = resolve_files(pattern)
     stamps = tuple(_stamp(p) for p in files)
@@ -146,9 +190,11 @@ def inspect_input(pattern: str, id_column: str, text_column: str, keep: Sequence
         if not (_is_text(id_type) or pa.types.is_integer(normalised_type(id_type))):
             raise UsageError(f"{path}: id column {id_column!r} is {id_type}, expected string or integer")
         fields = tuple(schema.field(c).with_type(normalised_type(schema.field(c).type)) for c in keep)
-        if kept_fields is not None and [f.type for f in fields] != [f.type for f in kept_fields]:
-            raise UsageError(f"{path}: kept columns have other types than in {files[0]}")
-        # required in the outputs only if required in every input file
-        kept_fields = fields if kept_fields is None else tuple(
-            f.with_nullable(f.nullable or k.nullable) for f, k in zip(fields, kept_fields, strict=True))
+        _check_times(path, [f for f in fields if f.name not in keys])
+        try:   # the join of the files' types (pipeline/outdir/kept.py); required only if required in every file
+            kept_fields = fields if kept_fields is None else unify(kept_fields, fields)
+        except Mismatch as exc:
+            raise UsageError(f"{path}: kept column {exc.name} is {exc.now} here and {exc.was} in {files[0]} or "
+                             "another file listed before it: no type holds both exactly; write it with one type "
+                             "in every file") from None
     return InputInfo(tuple(files), rows, kept_fields or (), tuple(partitions) if keys else (), stamps=stamps)

@@ -5,6 +5,7 @@ path: they differ only in what the view holds and whether missing documents leav
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,10 +17,13 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.checks.inputs import InputInfo
 from pipeline.exits import UsageError
 from pipeline.outdir import OutputDir
+from pipeline.outdir.kept import Mismatch, unify, view_fields
 from pipeline.outdir.view import View
-from pipeline.settings.job import FRESH, Job
+from pipeline.settings.job import FRESH, SYNC, Job
 from transforms.dedupe.known import KNOWN_COLUMNS
 from transforms.read.parquet import open_parquet, parquet_file, read_tables
+
+log = logging.getLogger("embedpipe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +46,8 @@ def _fits(view: View, job: Job) -> bool:
 
 
 def _check_view(view: View, job: Job, out: OutputDir) -> None:
-    """A view holds one model's vectors of one length, in rows of one schema."""
+    """A view holds one model's vectors of one length, in rows of one schema: other kept
+    columns are adopted by a --sync only, which makes every row again (every vector reused)."""
     flag = "" if job.mode == FRESH else f"--{job.mode}: "
     if (view.model, view.dimensions) != (job.model.name, job.dimensions):
         raise UsageError(f"{flag}--output {out.path} holds {view.model} vectors of length {view.dimensions}; "
@@ -50,16 +55,41 @@ def _check_view(view: View, job: Job, out: OutputDir) -> None:
                          "to move it to that model (its view is built beside the served one, over as many runs "
                          "as the budget needs), or use another --output directory for it")
     if job.opts.input and tuple(view.kept) != job.keep_columns:
-        raise UsageError(f"{flag}--output {out.path} keeps the columns {list(view.kept) or 'none'} in its rows, "
-                         f"this run {list(job.keep_columns) or 'none'}: pass the same --keep-columns, or write to "
-                         f"another --output with --known '{out.join('history/*/embeddings-*.parquet')}' (every "
-                         "vector reused, nothing paid again)")
+        same = f"--keep-columns {','.join(view.kept)}" if view.kept else "no --keep-columns"
+        if job.mode != SYNC:
+            raise UsageError(f"{flag}--output {out.path} keeps the columns {list(view.kept) or 'none'} in its rows, "
+                             f"this run {list(job.keep_columns) or 'none'}: other kept columns are adopted by a run "
+                             "with --sync and the whole corpus as --input (every row made again, every vector "
+                             f"reused, nothing paid), or pass {same} as the view has")
+        log.warning("--output %s keeps the columns %s in its rows; this run makes every row again with %s (every "
+                    "vector reused, nothing paid for them): if that is not meant, pass %s as the view has", out.path,
+                    list(view.kept) or "none", list(job.keep_columns) or "none", same)
 
 
 def check_model(job: Job, out: OutputDir) -> None:
     """`plan` refuses what `run` would: another model than the view's, without --switch-model."""
     if out.view is not None and out.holds_results():
         _check_view(out.view, job, out)
+
+
+def check_kept(job: Job, out: OutputDir | None, info: InputInfo) -> InputInfo:
+    """INFO with the kept fields the run writes: the join of the view's and the input's types
+    (pipeline/outdir/kept.py), or a usage error naming the column and both types. A view
+    whose kept columns the run changes (--sync) is made again from the input's alone."""
+    if out is None or (view := out.view) is None or not job.opts.input or tuple(view.kept) != job.keep_columns \
+            or not info.kept_fields:
+        return info
+    if not out.holds_results() and not _fits(view, job):   # taken over by this run (prior)
+        return info
+    try:
+        return dataclasses.replace(info, kept_fields=unify(view_fields(out.path, view), info.kept_fields))
+    except Mismatch as exc:
+        raise UsageError(
+            f"kept column {exc.name} is {exc.was} in the view of --output {out.path} and {exc.now} in --input "
+            f"{job.opts.input}: no type holds both exactly (a view widens a column only where no value changes: "
+            f"int32 to int64, float32 to float64...); write it as {exc.was} again, or drop it and add it again: a "
+            f"--sync with --keep-columns without {exc.name}, then one with it, make every row again at no cost"
+        ) from None
 
 
 def _known_files(globs: Sequence[str]) -> list[str]:
@@ -110,12 +140,12 @@ def removed(prior: Prior, input_ids: pa.Array) -> pa.Array:
     return ids.filter(pc.invert(pc.is_in(ids, value_set=input_ids))).combine_chunks()
 
 
-def pending_input(prior: Prior) -> InputInfo:
-    """--resume without --input: the view's pending rows are the input."""
+def pending_input(prior: Prior, out: OutputDir) -> InputInfo:
+    """--resume without --input: the view's pending rows are the input, with its kept fields."""
     rows, schema = 0, None
     for path in prior.pending:
         with open_parquet(path) as fh:
             meta = parquet_file(fh).metadata
         rows, schema = rows + meta.num_rows, meta.schema.to_arrow_schema()
-    kept = tuple(schema.field(i) for i in range(schema.get_field_index("run_id") + 1, len(schema))) if schema else ()
+    kept = view_fields(out.path, prior.view) if prior.view is not None else ()
     return InputInfo(prior.pending, rows, kept, columns=tuple(schema.names) if schema else ())

@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 
 from pipeline.checks import switching
 from pipeline.checks.inputs import InputInfo, inspect_input
-from pipeline.checks.prior import check_model, prior, removed
+from pipeline.checks.prior import check_kept, check_model, prior, removed
 from pipeline.checks.scan import Scan, scan_input
 from pipeline.commands.run import client_for
 from pipeline.money import account as acct
@@ -39,9 +39,10 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
     if decision.switching is None or out is None:
         if out is not None and not compare:
             check_model(job, out)
+            info = check_kept(job, out, info)
         return _plan(job, out, info, account, scan)
-    served = _plan(decision.switching.served, out, info, account, scan)
-    target = _plan(job, out.target(), info, account, scan)
+    served = _plan(decision.switching.served, out, check_kept(job, out, info), account, scan)
+    target = _plan(job, out.target(), check_kept(job, out.target(), check_kept(job, out, info)), account, scan)
     both = {**target, **{k: round(served[k] + target[k], 6) for k in SUMMED}, "changes": served["changes"]}
     both["fits"] = preflight.fits(to_micro(both["worst_case_rub"]), both["spendable_rub"])
     status = switches.status(out, decision.switching.record, pc.drop_null(scan.ids), target["price_rub_per_1m_tokens"]

@@ -21,13 +21,13 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline import graph
 from pipeline.checks import reading, switching, workers
 from pipeline.checks.inputs import InputInfo, inspect_input
-from pipeline.checks.prior import Prior, pending_input, prior, removed
+from pipeline.checks.prior import Prior, check_kept, pending_input, prior, removed
 from pipeline.checks.scan import Scan, scan_input, scan_pending
 from pipeline.commands import summary
 from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed, UsageError
 from pipeline.money import account as acct
 from pipeline.money import measure
-from pipeline.outdir import OutputDir, late, layout, space
+from pipeline.outdir import OutputDir, kept, late, layout, space
 from pipeline.outdir import switch as switches
 from pipeline.outdir.commit import RunFiles, rewrites_at_most
 from pipeline.outdir.view import View
@@ -150,9 +150,9 @@ def _kept(out: OutputDir, job: Job) -> str:
 def _template(job: Job, before: Prior, info) -> View:
     """The view's identity: --resume alone keeps the view's signature and kept columns."""
     if not job.opts.input and before.view is not None:
-        return before.view
+        return dataclasses.replace(before.view, kept_types=kept.encode(info.kept_fields))
     return View("", job.model.name, job.dimensions, job.signature.hex(), tuple(f.name for f in info.kept_fields),
-                {})
+                {}, kept_types=kept.encode(info.kept_fields))
 
 
 def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> tuple[dict[str, int], dict]:
@@ -239,9 +239,11 @@ def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | 
     opts = job.opts
     before = prior(job, out)
     if info is None or scan is None:   # given together
-        info = (inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns) if opts.input
-                else pending_input(before))
+        info = check_kept(job, out, inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
+                          if opts.input else pending_input(before, out))
         scan = scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files)
+    else:   # a switch's target: the day's input, against the target's view
+        info = check_kept(job, out, info)
     missing = removed(before, scan.ids) if opts.input else pa.array([], pa.string())
     gone = pa.array([], pa.string()) if job.mode == RESUME else missing
     learned = out.learned_price(job.model.name)

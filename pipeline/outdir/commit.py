@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.outdir import layout, space
+from pipeline.outdir import kept, layout, space
 from pipeline.outdir.view import View
 from transforms.read.changes import CHANGES_SCHEMA, DOCINDEX, FINGERPRINT, RESUMED
 from transforms.read.parquet import read_tables, row_count
@@ -95,10 +95,12 @@ def _exploded_keys(doc_ids: pa.Array, lists: pa.Array) -> pa.Array:
 
 
 def decide(changes: pa.Table, previous: pa.Table, pending: pa.Table, removed: pa.Array,
-           read_input: bool) -> Decision:
+           read_input: bool, renew: bool = False) -> Decision:
     """The table of the module's docstring, on columns. CHANGES: the run's (CHANGES_SCHEMA);
     PREVIOUS: the last view's document index rows of those documents (DOCINDEX); PENDING: the
-    run's pending rows (doc_id, chunk_index); REMOVED: ids that leave the view."""
+    run's pending rows (doc_id, chunk_index); REMOVED: ids that leave the view. RENEW: the
+    run changes the view's kept columns, which no old row has: every document's rows are the
+    run's, an incomplete new version served as far as it goes."""
     changes = _distinct_changes(changes)
     doc, fp = _array(changes.column("doc_id")), _array(changes.column("fingerprint"))
     served, target, old_todo = (_lookup(doc, previous, c) for c in ("served", "target", "todo"))
@@ -113,6 +115,8 @@ def decide(changes: pa.Table, previous: pa.Table, pending: pa.Table, removed: pa
     # the version readers see is complete (a target is built only beside a complete one):
     # an edit waits behind it; an edit of a version served as far as it went replaces it
     served_complete = pc.or_(pc.is_valid(target), pc.is_null(old_todo))
+    if renew:
+        served_complete = pa.array([False] * len(doc), pa.bool_())
     replace = pc.and_(edited, pc.or_(complete, pc.invert(served_complete)))
     promote = pc.and_(building_target, complete)
     stage = pc.and_(pc.or_(building_target, pc.and_(edited, served_complete)), pc.invert(complete))
@@ -156,22 +160,26 @@ Rewrite = Callable[[list[Task], str], None]   # the tasks, the path of their rul
 
 
 class _Files:
-    """The next view's files, gathered kind by kind; rewrites become tasks."""
+    """The next view's files, gathered kind by kind; rewrites become tasks. STALE: files whose
+    kept columns are cast to CAST_TO (pipeline/outdir/kept.py), whether or not rows leave them."""
 
-    def __init__(self, output_dir: str, view_id: str, rules: dict):
+    def __init__(self, output_dir: str, view_id: str, rules: dict, stale: frozenset[str] = frozenset(),
+                 cast_to: bytes | None = None):
         self._out, self._view, self._rules = output_dir, view_id, rules
+        self._stale, self._cast_to = stale, cast_to
         self.files: dict[str, list] = {kind: [] for kind in layout.KINDS}
         self.tasks: list[Task] = []
 
     def add(self, kind: str, path: str, rules_name: str | None, rows: int | None = None) -> None:
         rules = self._rules.get(rules_name)
-        if rules_name is None or rules is None or rules.empty:
+        cast = path in self._stale
+        if rules_name is None or rules is None or (rules.empty and not cast):
             rows = row_count(layout.join(self._out, path)) if rows is None else rows
             if rows:
                 self.files[kind].append((path, rows))
             return
         rows, dropped, moved = count(layout.join(self._out, path), rules)
-        if not dropped and not moved:
+        if not dropped and not moved and not cast:
             if rows:
                 self.files[kind].append((path, rows))
             return
@@ -185,7 +193,7 @@ class _Files:
         if stays_to or moves_to:
             self.tasks.append(Task(layout.join(self._out, path), rules_name,
                                    stays_to and layout.join(self._out, stays_to),
-                                   moves_to and layout.join(self._out, moves_to)))
+                                   moves_to and layout.join(self._out, moves_to), self._cast_to if cast else None))
 
 
 def sizes(paths: list[str]) -> int:
@@ -223,8 +231,14 @@ def next_view(output_dir: str, previous: View | None, run: RunFiles, template: V
     index = (_read([layout.join(output_dir, previous.docindex)], DOCINDEX.names, DOCINDEX)
              if previous and previous.docindex else DOCINDEX.empty_table())
     touched = pc.is_in(index.column("doc_id"), value_set=_array(changes.column("doc_id")))
-    decision = decide(changes, index.filter(touched), pending, run.removed, run.read_input)
-    gathered = _Files(output_dir, run.run_id, decision.rules)
+    renew = previous is not None and previous.kept != template.kept
+    decision = decide(changes, index.filter(touched), pending, run.removed, run.read_input, renew)
+    fields = kept.decode(template.kept_types) if template.kept_types else None
+    if previous is None or renew or fields is None:
+        gathered = _Files(output_dir, run.run_id, decision.rules)
+    else:   # a widened kept column: the files of other types are cast
+        stale = kept.stale_files(output_dir, previous, fields)
+        gathered = _Files(output_dir, run.run_id, decision.rules, stale, kept.serialized(fields) if stale else None)
     for kind, rules_name in RULES_OF_PREVIOUS.items():
         for path, rows in (previous.files.get(kind, ()) if previous else ()):
             gathered.add(kind, path, rules_name, rows)
@@ -237,8 +251,8 @@ def next_view(output_dir: str, previous: View | None, run: RunFiles, template: V
             rules = layout.join(output_dir, layout.segment("rules", run.run_id, 0))
             save_rules(rules, decision.rules)
             rewrite(gathered.tasks, rules)
-        kept = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
-        new_index = pa.concat_tables([kept, decision.entries])
+        stays = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
+        new_index = pa.concat_tables([stays, decision.entries])
         _write_index(output_dir, docindex, new_index, codec)
     except Exception as exc:
         if not space.is_full(exc):

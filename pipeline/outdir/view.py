@@ -37,6 +37,7 @@ class View:
     docindex: str | None = None
     documents: int = 0                             # in the document index
     committed_at: str = ""
+    kept_types: str = ""                           # the kept columns' fields (outdir/kept.py); "": read the files
 
     def paths(self, kind: str) -> list[str]:
         return [path for path, _ in self.files.get(kind, ())]

@@ -29,7 +29,8 @@ from pipeline.exits import JobFailed, UsageError
 from pipeline.publish.target import Database
 from pipeline.settings.config import PublishSettings
 from transforms.errors import one_line
-from transforms.publish.columns import BUCKET, BUCKETS, HASH, KEY, Column, bucket_sql, hash_sql, index_expression
+from transforms.publish.columns import (BUCKET, BUCKETS, HASH, KEY, KEY_BYTES, Column, bucket_sql, hash_sql,
+                                        index_expression, key_index)
 from transforms.publish.sql import LOADS, create_loads, ident, one
 from transforms.publish.load import connect as open_connection
 
@@ -291,15 +292,19 @@ def work_mem_mb(rows: int, dimensions: int, settings: PublishSettings) -> int:
 
 
 def build_indexes(conn: psycopg.Connection, names: Names, table: str, dimensions: int, rows: int,
-                  settings: PublishSettings) -> None:
-    """The key's unique index, the HNSW index, the planner's statistics."""
+                  settings: PublishSettings, longest_id: int = 0) -> None:
+    """The key's unique index (on the id's md5 above KEY_BYTES, with a hash index on the id:
+    transforms/publish/columns.py), the HNSW index, the planner's statistics."""
     expression, opclass = index_expression(dimensions)
     conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(
         sql.Literal(f"{work_mem_mb(rows, dimensions, settings)}MB")))
     conn.execute(sql.SQL("SET max_parallel_maintenance_workers = {}").format(
         sql.Literal(settings.parallel_index_workers)))
-    conn.execute(sql.SQL("CREATE UNIQUE INDEX {} ON {} (doc_id, chunk_index, token_start)").format(
-        sql.Identifier(f"{table}_key"), names(table)))
+    conn.execute(sql.SQL("CREATE UNIQUE INDEX {} ON {} ({})").format(
+        sql.Identifier(f"{table}_key"), names(table), sql.SQL(key_index(longest_id))))
+    if longest_id > KEY_BYTES:
+        conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hash (doc_id)").format(
+            sql.Identifier(f"{table}_doc"), names(table)))
     conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw ({} {}) WITH (m = {}, ef_construction = {})").format(
         sql.Identifier(f"{table}_hnsw"), names(table), sql.SQL(expression), sql.SQL(opclass),
         sql.Literal(settings.hnsw_m), sql.Literal(settings.hnsw_ef_construction)))

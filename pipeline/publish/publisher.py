@@ -22,12 +22,14 @@ import logging
 import time
 
 import apache_beam as beam
+import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import errors
 
 from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import OutputDir
+from pipeline.outdir.kept import Mismatch, view_fields
 from pipeline.outdir.view import View
 from pipeline.publish import database as dbs
 from pipeline.publish import delta as deltas
@@ -37,21 +39,22 @@ from pipeline.publish.target import Database, TableName, check_target, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
 from transforms.errors import one_line
-from transforms.publish.columns import BUCKETS, Column, Unpublishable, columns
+from transforms.publish.columns import BUCKETS, KEY_BYTES, Column, Unpublishable, columns
+from transforms.publish import values
 from transforms.publish.load import Load, Task, database_error, load_task, loader
+from transforms.publish.rows import select
 from transforms.publish.transform import LoadRows
 from transforms.read.parquet import open_parquet, parquet_file
 
 log = logging.getLogger("embedpipe")
 
 def kept_fields(out: OutputDir, view: View) -> list[pa.Field]:
-    """The kept columns' fields, from the footer of a file of the view that has them."""
-    for kind in ("embeddings", "pending", "staged-embeddings"):
-        for path in view.paths(kind)[:1]:
-            with open_parquet(out.join(path)) as fh:
-                schema = parquet_file(fh).schema_arrow
-            return [schema.field(name) for name in view.kept]
-    return [pa.field(name, pa.string()) for name in view.kept]
+    """The kept columns' fields: the view's, one type each for all its files (pipeline/outdir/kept.py)."""
+    try:
+        return list(view_fields(out.path, view))
+    except Mismatch as exc:   # a view committed before its types were one
+        raise Unpublishable(f"kept column {exc.name} is {exc.was} in some files of the view and {exc.now} in "
+                            "others, which no one type holds exactly") from None
 
 
 def all_tasks(out: OutputDir, view: View) -> list[Task]:
@@ -63,6 +66,23 @@ def all_tasks(out: OutputDir, view: View) -> list[Task]:
             groups = parquet_file(fh).metadata.num_row_groups
         tasks += [Task(full, g, None, len(tasks) + g) for g in range(groups)]
     return tasks
+
+
+def check_values(tasks: list[Task], cols: list[Column]) -> int:
+    """Every value TASKS would write fits its column (transforms/publish/values.py): the columns
+    that may hold one that does not, read before anything is written; Unpublishable if not.
+    The bytes of their longest document id."""
+    names, longest = values.scanned(cols), 0
+    for path, group in itertools.groupby(tasks, key=lambda t: t.path):
+        with open_parquet(path) as fh:
+            parquet = parquet_file(fh)
+            for task in group:
+                table = select(parquet.read_row_group(task.group, columns=list(dict.fromkeys(["doc_id", *names]))),
+                               None if task.rows is None else np.frombuffer(task.rows, dtype=np.int32))
+                if (refusal := values.refusal(table, cols)) is not None:
+                    raise Unpublishable(refusal)
+                longest = max(longest, values.longest_id(table))
+    return longest
 
 
 def load_here(tasks: list[Task], load: Load) -> None:
@@ -102,6 +122,7 @@ class Context:
     cols: list[Column]
     settings: PublishSettings
     opts: object
+    long_ids: bool = False   # the data table keys on the ids' md5 (transforms/publish/columns.py: KEY_BYTES)
 
     def load(self, table: str) -> Load:
         return Load(self.db.url, self.names.schema, table, tuple(self.cols), self.view.dimensions,
@@ -111,7 +132,8 @@ class Context:
         v = self.view
         details = {"dir": self.out.path, "published_at": dt.datetime.now(dt.UTC).isoformat(),
                    "pending": v.rows("pending"), "failed": v.rows("failed"),
-                   "staged": v.rows("staged-embeddings"), "view_committed_at": v.committed_at}
+                   "staged": v.rows("staged-embeddings"), "view_committed_at": v.committed_at,
+                   **({"key": "md5(doc_id)"} if self.long_ids else {})}
         return Record(data_table, v.view, v.model, v.dimensions, tuple((c.name, c.type) for c in self.cols), rows,
                       tuple(counts), tuple(hashes), details)
 
@@ -133,16 +155,18 @@ def build(ctx: Context, record: Record | None) -> dict:
     names, view = ctx.names, ctx.view
     replace, change = _keeps_columns(ctx, record)
     check_dependents(ctx.conn, names, record, replace, change)
+    tasks, rows = all_tasks(ctx.out, view), view.rows("embeddings")
+    longest = check_values(tasks, ctx.cols)
+    ctx.long_ids = longest > KEY_BYTES
     table = names.new(DATA)
     dbs.create_data_table(ctx.conn, names, table, ctx.cols,
                           f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})",
                           ctx.settings.fillfactor)
-    tasks, rows = all_tasks(ctx.out, view), view.rows("embeddings")
     started = time.monotonic()
     run_load(tasks, ctx.load(table), ctx.opts)
     ctx.loaded_all(table, tasks, rows)
     loaded_at = time.monotonic()
-    dbs.build_indexes(ctx.conn, names, table, view.dimensions, rows, ctx.settings)
+    dbs.build_indexes(ctx.conn, names, table, view.dimensions, rows, ctx.settings, longest)
     indexed_at = time.monotonic()
     counts, hashes = dbs.aggregates(ctx.conn, names, table)
     attempts = dbs.swap(ctx.conn, names, table, ctx.cols, replace, ctx.record(table, rows, counts, hashes),
@@ -208,6 +232,11 @@ def update(ctx: Context, record: Record) -> dict:
         log.info("%s: %d of %d rows change, more than publish.rebuild_share: built beside and swapped in",
                  names.qualified, delta.rows, view.rows("embeddings"))
         return build(ctx, record)
+    ctx.long_ids = record.details.get("key") == "md5(doc_id)"
+    if (longest := check_values(delta.tasks, ctx.cols)) > KEY_BYTES and not ctx.long_ids:
+        log.info("%s: a document id of %d bytes is longer than the index on ids holds: built beside and swapped in, "
+                 "keyed on the ids' md5", names.qualified, longest)
+        return build(ctx, record)
     staging, loaded_by = None, None
     if delta.tasks:
         staging = names.new(STAGING)
@@ -251,8 +280,8 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
     try:
         cols = columns(kept_fields(out, view), view.dimensions)
     except Unpublishable as exc:
-        raise UsageError(f"{exc}: a run without it in --keep-columns makes a view that publishes (nothing was "
-                         "written)") from None
+        raise UsageError(f"{exc}: a run with --sync and --keep-columns without it makes every row again at no cost, "
+                         "and a view that publishes (nothing was written)") from None
     with reach(target, out.path, create=True, settings=settings) as db:
         conn = dbs.connect(db, settings)
         names = None
@@ -262,6 +291,10 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
             dbs.search_default(conn, settings.ef_search)
+        except Unpublishable as exc:   # a value, found before anything was written
+            name = names.qualified if names else table.name
+            raise UsageError(f"publishing to {name} refused: {exc}; change it in the input and run again with "
+                             f"--sync (no row was written: {name} serves what it did)") from None
         except errors.ForeignKeyViolation as exc:   # a delta's deletes, rolled back: the user's constraint is in the way
             raise UsageError(f"publishing to {names.qualified if names else table.name} failed: {one_line(exc)}: a "
                              "foreign key of yours refers to rows the view no longer has; drop it, or delete the "

@@ -17,6 +17,7 @@ from service.tokenizer import ENCODING_NAME
 from transforms import schemas
 from transforms.embed.config import ServiceConfig
 from transforms.money.caps import Caps
+from transforms.publish.columns import count_refusal, name_refusal
 from transforms.read import changes
 from transforms.read.split import SplitConfig
 from transforms.write.transform import Codec
@@ -163,4 +164,20 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
         raise UsageError(f"--keep-columns {sorted(clash)} would clash with output columns of the same name")
     if len(set(keep)) != len(keep):
         raise UsageError("--keep-columns names a column twice")
+    _check_kept_names(keep)
     return Job(opts, model, settings, new_run_id(), keep, opts.dimensions)
+
+
+def _check_kept_names(keep: tuple[str, ...]) -> None:
+    """Kept columns every reader of the view tells apart (DuckDB, Spark and unquoted SQL fold
+    case), and that the published table can hold (transforms/publish/columns.py)."""
+    seen = {name.casefold(): name for name in schemas.OUTPUT_COLUMNS}
+    for name in keep:
+        if (other := seen.setdefault(name.casefold(), name)) != name:
+            raise UsageError(f"--keep-columns: kept column {name} differs from the column {other} only by case, which "
+                             "readers that fold case (DuckDB, Spark, SQL without quotes) cannot tell apart: rename "
+                             "one of them in the input")
+    if (refusal := count_refusal(len(keep))) is not None:
+        raise UsageError(f"--keep-columns: {refusal}: keep fewer")
+    for refusal in filter(None, map(name_refusal, keep)):
+        raise UsageError(f"--keep-columns: {refusal}: rename it in the input, or leave it out")

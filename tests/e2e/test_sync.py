@@ -330,8 +330,8 @@ def test_a_directory_of_the_earlier_layout_is_taken_over_without_paying_again(tm
 
 def test_a_view_holds_one_model_and_one_schema(tmp_path, sandbox_factory, env_key, caplog):
     """A run that paid nothing (exit 3) leaves pending rows another model may replace; once a
-    view holds vectors, another model or other kept columns are refused before spending, with
-    the way to reuse every vector."""
+    view holds vectors, another model is refused before spending, and other kept columns
+    outside --sync, with the way to adopt them."""
     from tests.e2e.helpers import write_corpus as write_with_lang
     models = write_models(tmp_path / "models.yaml")
     sb = start_sandbox(sandbox_factory, models)
@@ -341,8 +341,8 @@ def test_a_view_holds_one_model_and_one_schema(tmp_path, sandbox_factory, env_ke
     assert summary(out)["current"]["pending"] == 0 and ledger(sb)
     paid = ledger(sb)
     caplog.clear()
-    assert run(corpus, out, sb, models, "--model", "text-embedding-3-large", "--sync", "--keep-columns", "lang") == 2
-    assert "--keep-columns" in caplog.text and "--known" in caplog.text
+    assert run(corpus, out, sb, models, "--model", "text-embedding-3-large", "--resume", "--keep-columns", "lang") == 2
+    assert "--keep-columns" in caplog.text and "--sync" in caplog.text
     caplog.clear()
     assert run(corpus, out, sb, models, "--sync") == 2
     assert "text-embedding-3-large vectors of length 3072" in caplog.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import re
 import struct
 
 import psycopg
@@ -29,6 +30,7 @@ EXACT = {
     "f64": (pa.float64(), [0.1, 1e308, -0.0, math.nan, -math.inf, 5e-324]),
     "flag": (pa.bool_(), [True, False, None]),
     "s": (pa.string(), ["", "ünï cødé ✓", None]), "ls": (pa.large_string(), ["large", None]),
+    'a "quoted" Name; ✓': (pa.string(), ["any name SQL quotes", None]),
     "ds": (pa.dictionary(pa.int32(), pa.string()), ["a", "b", None]),
     "b": (pa.binary(), [b"\x00\xff", b"", None]), "lb": (pa.large_binary(), [b"\x01" * 5, None]),
     "fb": (pa.binary(3), [b"abc", b"\x00\x00\x01", None]),
@@ -44,6 +46,9 @@ EXACT = {
     "t64": (pa.time64("us"), [dt.time(23, 59, 59, 999999), dt.time(0, 0), None]),
     "dur": (pa.duration("us"), [dt.timedelta(days=3, microseconds=7), dt.timedelta(0), None]),
     "ints": (pa.list_(pa.int64()), [[1, 2 ** 62], [], None]),
+    "f64s": (pa.list_(pa.float64()), [[0.1, math.nan, -math.inf, -0.0, None], [], None, [5e-324]]),
+    "f32s": (pa.large_list(pa.float32()), [[struct.unpack("f", struct.pack("f", 0.1))[0], math.inf, math.nan], None]),
+    "f16s": (pa.list_(pa.float16(), 2), [[0.0999755859375, -math.inf], [None, 0.5]]),
     "words": (pa.list_(pa.string()), [["a", "b"], None]),
     "point": (pa.struct([("x", pa.float64()), ("label", pa.string())]), [{"x": 0.1, "label": "p"}, None]),
 }
@@ -71,6 +76,9 @@ def same(want, have, width: str = "d") -> bool:
     as the shortest text that is the same float32), decimals digit for digit."""
     if isinstance(want, float):
         return isinstance(have, float) and struct.pack(f">{width}", want) == struct.pack(f">{width}", have)
+    if isinstance(want, list) and want and isinstance(want[0], float):   # a float array
+        return isinstance(have, list) and len(have) == len(want) and all(
+            (w is None and h is None) or same(w, h, width) for w, h in zip(want, have, strict=True))
     if isinstance(want, D):
         return isinstance(have, D) and str(want) == str(have)
     if isinstance(want, int) and not isinstance(want, bool):
@@ -93,7 +101,7 @@ def test_kept_columns_of_every_type_publish_exactly(days, pg_url, tmp_path):
             if isinstance(want, dt.datetime) and want.tzinfo is not None:   # an instant, whatever zone names it
                 want = want.astimezone(UTC)
                 have = have.astimezone(UTC)
-            assert same(want, have, "f" if name in ("f16", "f32") else "d"), (key, name, want, have)
+            assert same(want, have, "f" if name in ("f16", "f32", "f16s", "f32s") else "d"), (key, name, want, have)
 
 
 @pytest.mark.parametrize("column", sorted(REFUSED))
@@ -111,13 +119,49 @@ def test_a_kept_column_that_cannot_publish_exactly_is_refused_before_anything_is
 
 
 
-def test_a_value_postgresql_does_not_take_is_one_line_without_publish_again(days, pg_url, tmp_path, caplog):
-    """A NUL in a text (PostgreSQL's text holds none), met by a worker: publishing again would
-    meet it again."""
-    names = write_kept(tmp_path / "kept.parquet", {"note": (pa.string(), ["fine", "a NUL \x00 inside"])})
+# name -> (a kept column's type, its values, the words its refusal says)
+VALUES_REFUSED = {
+    "note": (pa.string(), ["fine", "a NUL \x00 inside"], "a NUL character"),
+    "tags": (pa.list_(pa.string()), [["fine"], ["a NUL \x00 inside"]], "a NUL character inside a nested value"),
+    "point": (pa.struct([("x", pa.float64())]), [{"x": 1.0}, {"x": math.nan}], "NaN or an infinity inside"),
+}
+
+
+@pytest.mark.parametrize("column", sorted(VALUES_REFUSED))
+def test_a_value_postgresql_does_not_hold_is_refused_before_any_row_is_written(days, pg_url, tmp_path, caplog,
+                                                                               column):
+    """Its column and its document named, in one line (publishing again would meet it again)."""
+    type_, values, words = VALUES_REFUSED[column]
+    names = write_kept(tmp_path / "kept.parquet", {column: (type_, values)})
     assert days.run_file(tmp_path / "kept.parquet", "--keep-columns", ",".join(names)) == 0
-    assert publish(days.out, pg_url) == 1
+    assert publish(days.out, pg_url) == 2
     refusal = [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and r.name == "embedpipe"]
-    assert len(refusal) == 1 and "does not take" in refusal[0] and "publish again" not in refusal[0], refusal
-    with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT to_regclass('embeddings')").fetchone() == (None,)
+    assert len(refusal) == 1 and "\n" not in refusal[0], refusal
+    assert f"kept column {column} holds {words}" in refusal[0], refusal
+    assert re.search(r"\(document 's-[1357]'\)", refusal[0]), refusal   # one of those holding it
+    assert "publish again" not in refusal[0]
+    assert no_rows(pg_url)
+
+
+def no_rows(url: str) -> bool:
+    """NAME and any table of its rows are absent (the shared tables may be there)."""
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT to_regclass('embeddings')").fetchone() == (None,) and not conn.execute(
+            "SELECT relname FROM pg_class WHERE relname LIKE 'embedpipe_data_%' OR relname LIKE 'embedpipe_staging_%'"
+        ).fetchall()
+
+
+def test_a_delta_meeting_a_value_postgresql_does_not_hold_writes_nothing(days, pg_url, tmp_path, caplog):
+    names = write_kept(tmp_path / "kept.parquet", {"note": (pa.string(), ["fine"])})
+    assert days.run_file(tmp_path / "kept.parquet", "--keep-columns", ",".join(names)) == 0
+    assert publish(days.out, pg_url) == 0
+    before = table_rows(pg_url)
+    table = pq.read_table(tmp_path / "kept.parquet")
+    notes = table.column("note").to_pylist()
+    notes[3] = "now with a NUL \x00"
+    pq.write_table(table.set_column(2, "note", pa.array(notes)), tmp_path / "kept.parquet")
+    assert days.run_file(tmp_path / "kept.parquet", "--keep-columns", "note", "--sync") == 0
+    caplog.clear()
+    assert publish(days.out, pg_url) == 2
+    assert "kept column note holds a NUL character (document 's-3')" in caplog.text
+    assert table_rows(pg_url) == before

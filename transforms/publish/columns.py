@@ -20,6 +20,13 @@ import pyarrow as pa
 
 KEY = ("doc_id", "chunk_index", "token_start")
 BUCKET, HASH = "_ep_bucket", "_ep_hash"
+# The key's unique index is a btree on (doc_id, chunk_index, token_start), which a user's foreign
+# key may refer to; a btree entry holds at most ~2.7 kB, so a table with a longer id keys on the
+# id's md5 instead (two ids with one md5 would have to be made for it), with a hash index on the
+# id for lookups by it.
+KEY_BYTES = 2000      # the longest id, in bytes, of a table keyed on the id itself
+NAME_BYTES = 63       # PostgreSQL's names (NAMEDATALEN - 1): it cuts a longer one, silently
+MAX_COLUMNS = 1600    # PostgreSQL's columns per table
 BUCKET_BITS = 12
 BUCKETS = 1 << BUCKET_BITS
 HALFVEC_ABOVE = 2000   # pgvector indexes vectors up to 2,000 dimensions, halfvec up to 4,000
@@ -30,6 +37,10 @@ CONTRACT = (("doc_id", "text"), ("chunk_index", "integer"), ("chunk_count", "int
             ("text_sha256", "text"), ("model", "text"), ("embedding", None), ("request_id", "text"),
             ("cost_rub", "numeric"), ("run_id", "text"), ("embedded_at", "timestamptz"))
 
+# An array's send function is only stable (a generated column needs immutable ones): arrays are
+# hashed by the hash of their elements' (64 bits; it takes -0.0 for 0.0, which no edit by hand
+# that matters tells apart).
+ARRAY_HASH = "hash_array_extended"
 # PostgreSQL type -> (its binary COPY name for psycopg, its send function for the row hash)
 _TYPES = {"text": ("text", None), "integer": ("int4", "int4send"), "bigint": ("int8", "int8send"),
           "smallint": ("int2", "int2send"), "real": ("float4", "float4send"),
@@ -37,7 +48,8 @@ _TYPES = {"text": ("text", None), "integer": ("int4", "int4send"), "bigint": ("i
           "date": ("date", "date_send"), "timestamptz": ("timestamptz", "timestamptz_send"),
           "timestamp": ("timestamp", "timestamp_send"), "bytea": ("bytea", "byteasend"),
           "numeric": ("numeric", "numeric_send"), "jsonb": ("jsonb", "jsonb_send"), "time": ("time", "time_send"),
-          "interval": ("interval", "interval_send")}
+          "interval": ("interval", "interval_send"), "real[]": ("float4[]", ARRAY_HASH),
+          "double precision[]": ("float8[]", ARRAY_HASH)}
 
 # Arrow type -> the PostgreSQL type that holds each of its values exactly (real holds every
 # half float; numeric every uint64; timestamps and times hold microseconds, as a view's values
@@ -57,7 +69,27 @@ _JSON_LEAVES = (pa.types.is_null, pa.types.is_boolean, pa.types.is_integer, pa.t
 
 
 class Unpublishable(ValueError):
-    """A kept column whose values no PostgreSQL type holds exactly; the message names it."""
+    """A kept column whose values no PostgreSQL type holds exactly, or whose name no column of
+    the table can have; the message names it."""
+
+
+def name_refusal(name: str) -> str | None:
+    """Why the table could not have a column for the kept column NAME, or None: a name of one of
+    the table's own columns, one PostgreSQL would cut or cannot hold."""
+    if name in (BUCKET, HASH):
+        return (f"kept column {name} has the name of a column the published table computes itself (its row's "
+                "bucket and hash)")
+    if len(name.encode()) > NAME_BYTES:
+        return f"kept column {name} has a name of {len(name.encode())} bytes, which PostgreSQL would cut to {NAME_BYTES}"
+    if "\x00" in name:
+        return f"kept column {name!r} has a NUL character in its name, which PostgreSQL's names do not hold"
+    return None
+
+
+def count_refusal(kept: int) -> str | None:
+    if kept > (room := MAX_COLUMNS - len(CONTRACT) - 2):
+        return f"{kept} kept columns are more than the {room} a PostgreSQL table has room for beside its own"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +109,8 @@ def pg_type(field: pa.Field) -> str:
     for check, name in _SCALARS:
         if check(t):
             return name
+    if _list(t) and pa.types.is_floating(t.value_type):   # NaN and infinities: JSON holds none
+        return "double precision[]" if pa.types.is_float64(t.value_type) else "real[]"
     if _nested(t):
         if (leaf := _not_json(t)) is None:
             return "jsonb"
@@ -85,9 +119,12 @@ def pg_type(field: pa.Field) -> str:
     raise Unpublishable(f"kept column {field.name} ({t}) has no PostgreSQL type that holds its values exactly")
 
 
+def _list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
 def _nested(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or \
-        pa.types.is_struct(t) or pa.types.is_map(t)
+    return _list(t) or pa.types.is_struct(t) or pa.types.is_map(t)
 
 
 def _not_json(t: pa.DataType) -> pa.DataType | None:
@@ -108,6 +145,9 @@ def vector_type(dimensions: int) -> str:
 
 def columns(kept: list[pa.Field], dimensions: int) -> list[Column]:
     """The table's columns: the contract's, then the kept ones (types from the view's schema)."""
+    for refusal in (count_refusal(len(kept)), *(name_refusal(f.name) for f in kept)):
+        if refusal is not None:
+            raise Unpublishable(refusal)
     found = []
     for name, type_ in CONTRACT:
         if type_ is None:
@@ -118,6 +158,11 @@ def columns(kept: list[pa.Field], dimensions: int) -> list[Column]:
         type_ = pg_type(field)
         found.append(Column(field.name, type_, *_TYPES[type_]))
     return found
+
+
+def key_index(longest_id: int) -> str:
+    """The columns of the key's unique index of a table whose longest id is LONGEST_ID bytes."""
+    return "(md5(doc_id)::uuid), chunk_index, token_start" if longest_id > KEY_BYTES else ", ".join(KEY)
 
 
 def index_expression(dimensions: int) -> tuple[str, str]:
@@ -145,6 +190,11 @@ def hash_sql(cols: list[Column], quote) -> str:
     parts = []
     for c in cols:
         name = quote(c.name)
-        value = f"md5({name})" if c.send is None else f"md5({c.send}({name}))"
+        if c.send is None:
+            value = f"md5({name})"
+        elif c.send == ARRAY_HASH:
+            value = f"md5({ARRAY_HASH}({name}, 0)::text)"
+        else:
+            value = f"md5({c.send}({name}))"
         parts.append(f"coalesce({value}, '-')")
     return f"(('x' || left(md5({' || '.join(parts)}), 16))::bit(64)::bigint)"

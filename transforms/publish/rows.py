@@ -43,6 +43,8 @@ def _values(column: pa.ChunkedArray, col: Column) -> list:
         column = column.cast(t)
     if pa.types.is_float16(t):   # as real, which holds each exactly
         column = column.cast(pa.float32())
+    if col.type == "real[]" and pa.types.is_float16(t.value_type):
+        column = column.cast(pa.list_(pa.float32()))
     values = column.to_pylist()
     if col.type == "numeric" and pa.types.is_floating(t):   # cost_rub: the shortest decimal of the float
         return [None if v is None else decimal.Decimal(repr(v)) for v in values]

@@ -4,7 +4,8 @@ A commit (pipeline/outdir/commit.py) decides, per document, which rows leave DIR
 view (an edited or removed document's old version, the pending rows a run re-decided) and
 which move (a new version staged until complete, or promoted once it is). A file none of
 whose rows leave or move stays as it is; the others are read a row group at a time and
-written again: the rows that stay to one file, the rows that move to another.
+written again: the rows that stay to one file, the rows that move to another. A file whose
+kept columns the view has widened since it was written is written again the same way, cast.
 """
 from __future__ import annotations
 
@@ -77,6 +78,15 @@ class Task(NamedTuple):
     rules: str               # the name of its rules among the commit's
     stays_to: str | None     # None: no row stays
     moves_to: str | None     # None: no row moves
+    cast_to: bytes | None = None   # the kept columns' fields the rows take (a serialized schema), if others
+
+
+def cast_columns(table: pa.Table, fields: pa.Schema) -> pa.Table:
+    """TABLE with the columns FIELDS names cast to their fields (a view's widened kept columns:
+    pipeline/outdir/kept.py), its own metadata kept."""
+    schema = pa.schema([fields.field(f.name) if f.name in fields.names else f for f in table.schema],
+                       metadata=table.schema.metadata)
+    return table.cast(schema)
 
 
 def _row_groups(parquet: pq.ParquetFile):
@@ -93,13 +103,16 @@ def _row_groups(parquet: pq.ParquetFile):
 
 
 def split_file(task: Task, rules: Rules, codec: Codec) -> None:
-    """Write the rows of TASK.source that stay and those that move, a row group at a time."""
+    """Write the rows of TASK.source that stay and those that move, a row group at a time (cast
+    to TASK.cast_to's fields, if any)."""
     writers = {}
+    cast_to = pa.ipc.read_schema(pa.py_buffer(task.cast_to)) if task.cast_to else None
     with open_parquet(task.source) as fh:
         parquet = parquet_file(fh)
         columns = rules.key_columns(parquet.schema_arrow.names)
         try:
             for group in _row_groups(parquet):
+                group = cast_columns(group, cast_to) if cast_to is not None else group
                 drop, move = masks(group.select(columns), rules)
                 stay = pc.invert(pc.or_(drop, move))
                 for path, mask in ((task.stays_to, stay), (task.moves_to, move)):

@@ -1,0 +1,85 @@
+"""Values their column's PostgreSQL type does not hold, found before anything is written (no Beam,
+no database here).
+
+A column's type holds every value of its Arrow type (transforms/publish/columns.py), but for:
+- a NUL character in a text (PostgreSQL's `text` holds none, nor a JSON string in `jsonb`): a
+  document id or a kept column of strings, or a string inside a nested value;
+- NaN or an infinity inside a nested value (`jsonb` numbers are decimals; a list of floats is a
+  float array, which holds them).
+The publish reads the columns that may hold one (never the vectors) of the rows it is about to
+write, and refuses in one line naming the column and the first document that has one.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms.publish.columns import Column
+
+OURS = frozenset(("text_sha256", "model", "request_id", "run_id"))   # written by the run: hex, ids, a model's name
+_SHOWN = 60   # characters of a document id a message shows
+
+
+def scanned(cols: Sequence[Column]) -> list[str]:
+    """The columns of COLS whose values may not fit their type."""
+    return [c.name for c in cols if c.type in ("text", "jsonb") and c.name not in OURS]
+
+
+def _leaves(values: pa.Array) -> Iterator[pa.Array]:
+    """The scalar arrays under VALUES, nested values unnested (the values under a null left out)."""
+    t = values.type
+    if pa.types.is_dictionary(t):
+        values = values.dictionary_decode()
+        t = values.type
+    if pa.types.is_map(t):
+        yield from _leaves(values.keys)
+        yield from _leaves(values.items)
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        yield from _leaves(values.flatten())
+    elif pa.types.is_struct(t):
+        for child in values.flatten():
+            yield from _leaves(child)
+    else:
+        yield values
+
+
+def _fault(leaf: pa.Array) -> str | None:
+    t = leaf.type
+    if (pa.types.is_string(t) or pa.types.is_large_string(t)) and pc.any(pc.match_substring(leaf, "\x00")).as_py():
+        return "a NUL character"
+    if pa.types.is_floating(t) and pc.any(pc.invert(pc.is_finite(leaf))).as_py():
+        return "NaN or an infinity"
+    return None
+
+
+def _row_with(column: pa.Array, fault: str) -> int:
+    """The first row of COLUMN whose value holds FAULT (found one row at a time: a refusal's
+    path only)."""
+    for i in range(len(column)):
+        if any(_fault(leaf) == fault for leaf in _leaves(column.slice(i, 1))):
+            return i
+    raise ValueError(f"no row holds {fault}")
+
+
+def refusal(table: pa.Table, cols: Sequence[Column]) -> str | None:
+    """Why a value of TABLE (the rows about to be written, with `doc_id` and the scanned columns
+    of COLS) does not fit its column, or None."""
+    types = {c.name: c.type for c in cols}
+    for name in scanned(cols):
+        column = table.column(name).combine_chunks()
+        for fault in filter(None, map(_fault, _leaves(column))):
+            doc = table.column("doc_id")[_row_with(column, fault)].as_py()
+            shown = doc if len(doc) <= _SHOWN else f"{doc[:_SHOWN]}..."
+            what = "the document id" if name == "doc_id" else f"kept column {name}"
+            holder = ("PostgreSQL's text" if types[name] == "text" else
+                      "JSON (jsonb, the table's type for nested values)")
+            inside = " inside a nested value" if types[name] == "jsonb" else ""
+            return f"{what} holds {fault}{inside} (document {shown!r}), which {holder} does not hold"
+    return None
+
+
+def longest_id(table: pa.Table) -> int:
+    """The bytes of TABLE's longest `doc_id` (the key's index depends on it: columns.key_index)."""
+    return pc.max(pc.binary_length(table.column("doc_id"))).as_py() or 0
