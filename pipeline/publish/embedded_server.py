@@ -254,17 +254,22 @@ class Cluster:
         found = read_postmaster(self.data)
         if found is None or not _alive(found.pid) or not accepts(found):
             return
-        self._interrupt(found.pid)
+        if not self._interrupt(found.pid):   # not the server's user's: no server of DATA
+            return
         while (self.data / "postmaster.pid").exists() and _alive(found.pid):
             time.sleep(_POLL_S)
         if child := _CHILDREN.pop(found.pid, None):
             child.wait()
         self._remove_socket_dir(found.socket_dir)
 
-    def _interrupt(self, pid: int) -> None:
-        """SIGINT (a fast shutdown) to PID, sent as the server's user: a pid that the data
-        directory names is never signalled with root's rights."""
-        if as_root():
-            subprocess.run(["kill", "-INT", str(pid)], capture_output=True, cwd="/", **self.account.spawn())
-        else:
-            os.kill(pid, signal.SIGINT)
+    def _interrupt(self, pid: int) -> bool:
+        """SIGINT (a fast shutdown) sent to PID as the server's user (pg_ctl's kill): a pid that
+        the data directory names is never signalled with root's rights. Whether it was sent."""
+        if not as_root():
+            try:
+                os.kill(pid, signal.SIGINT)
+            except OSError:
+                return False
+            return True
+        return subprocess.run([str(self.binaries / "pg_ctl"), "kill", "INT", str(pid)], capture_output=True, cwd="/",
+                              env=_environment(), **self.account.spawn()).returncode == 0

@@ -9,10 +9,12 @@ import os
 import pwd
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -307,3 +309,28 @@ def test_root_writes_nothing_through_a_link_in_the_data_directory(day1, base, na
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "not a plain file of its own" in done.stderr and done.stderr.strip().endswith(str(out / "_postgres" / name))
     assert victim.read_text() == "root's\n"
+
+
+def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, base):
+    """The server's user (here DIR's owner) writes a postmaster.pid naming a process of root's and
+    a socket that answers: root's command ends, that process untouched."""
+    user = second_user()
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    out = moved(day1, home / "out")
+    give(home, user)
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    roots = subprocess.Popen(["sleep", "600"])
+    with socket.socket(socket.AF_UNIX) as answering:
+        answering.bind(str(base / ".s.PGSQL.5432"))
+        answering.listen(8)
+        threading.Thread(target=lambda: [answering.accept()[0].close() for _ in range(8)], daemon=True).start()
+        (out / "_postgres" / "postmaster.pid").write_text(f"{roots.pid}\n{out / '_postgres'}\n0\n5432\n{base}\n\n"
+                                                          "0 0\nready   \n")
+        try:
+            done = cli("psql", str(out), "-c", "SELECT 1")
+            assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+            assert roots.poll() is None
+        finally:
+            roots.kill()
+            roots.wait()
