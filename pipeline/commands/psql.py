@@ -7,7 +7,7 @@ import subprocess
 
 from pipeline.exits import UsageError
 from pipeline.outdir import OutputDir
-from pipeline.publish.target import embedded, psql_binary
+from pipeline.publish.embedded import embedded, psql_binary
 
 
 USAGE = "usage: python -m pipeline psql DIR [psql's arguments, e.g. -c \"SELECT ...\"]"

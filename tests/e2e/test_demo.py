@@ -24,8 +24,8 @@ def test_the_corpus_is_a_few_hundred_passages_of_every_topic():
     assert len({r["id"] for r in rows}) == len(rows)
 
 
-def test_the_demo_runs_and_its_neighbours_are_about_control_flow(public_tmp, capsys, monkeypatch):
-    tmp_path = public_tmp   # the demo starts the embedded PostgreSQL, which runs as another user
+def test_the_demo_runs_and_its_neighbours_are_about_control_flow(reachable_tmp, capsys, monkeypatch):
+    tmp_path = reachable_tmp   # the demo starts the embedded PostgreSQL, which runs as another user
     monkeypatch.setenv("EMBEDDINGS_API_KEY", "")  # the demo sets its own key: restored afterwards
     assert cli.main(["demo", "--workdir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out

