@@ -2,19 +2,36 @@
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
+UV     := $(BIN)/uv
 STAMP  := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup run test lint soak bench conformance sandbox airflow-test interop prism pool-up pool-down prism-test clean
+.PHONY: setup run test lint lock soak bench conformance sandbox airflow-test interop prism pool-up pool-down prism-test clean
 
-$(STAMP): setup.py
+# .venv holds exactly a lock file (tools/lock.py says which is which): uv's `pip sync` installs
+# each package at its locked version, checks each file's sha256 against the lock, builds nothing
+# from source, removes what the lock does not name, and writes the bytecode as pip would (uv does
+# not by default); embedpipe goes on top, editable, built by the locked setuptools. tools.lock
+# check then compares `pip list` with the lock, and the lock with setup.py. A changed lock or
+# setup.py installs again.
+SYNC   := $(UV) pip sync -q --python $(BIN)/python --require-hashes --no-build --compile-bytecode
+EDITABLE := $(UV) pip install -q --python $(BIN)/python --no-deps --no-build-isolation -e .
+
+# uv itself, pinned with its hashes, installed by the venv's own pip.
+UV_STAMP := $(VENV)/.uv-stamp
+$(UV_STAMP): requirements-uv.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,postgres]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r requirements-uv.lock
+	touch $(UV_STAMP)
+
+$(STAMP): $(UV_STAMP) requirements.lock setup.py
+	$(SYNC) requirements.lock
+	$(EDITABLE)
+	$(BIN)/python -m tools.lock check requirements.lock
 	touch $(STAMP)
 
-# The project's own bytecode, written here: pip compiles what it installs but not an editable
-# install's sources, and where PYTHONDONTWRITEBYTECODE is set (as on our CI machines) every process
+# The project's own bytecode, written here: the install compiles what it installs but not an
+# editable install's sources, and where PYTHONDONTWRITEBYTECODE is set (as on our CI machines) every process
 # compiled them again, ~0.1 s of each start. Python ignores a file that is stale.
 setup: $(STAMP)
 	$(BIN)/python -m compileall -q -j 0 pipeline transforms service embedpipe
@@ -30,22 +47,31 @@ test: setup
 	$(PYTEST) -q -n 2 -m "not soak and not bench and not airflow and not interop and not prism"
 
 # Static checks: ruff (the rules in ruff.toml) and mypy (mypy.ini: strict where every function
-# is annotated), with the versions the lint extra pins (installed again when setup.py changes).
-LINT_STAMP := $(VENV)/.lint-stamp
-$(LINT_STAMP): $(STAMP) setup.py
-	$(BIN)/python -m pip install -q -e '.[lint]'
-	touch $(LINT_STAMP)
+# is annotated), at the versions of requirements-dev.lock (.venv is then exactly that lock: the
+# setup's packages and the lint, bench and report extras, installed again when either lock changes).
+DEV_STAMP := $(VENV)/.dev-stamp
+$(DEV_STAMP): $(STAMP) requirements-dev.lock
+	$(SYNC) requirements-dev.lock
+	$(EDITABLE)
+	$(BIN)/python -m tools.lock check requirements-dev.lock
+	touch $(DEV_STAMP)
 
-lint: setup $(LINT_STAMP)
+lint: setup $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The newest versions within setup.py's ranges (and tests/airflow's and tests/interop's), every
+# lock file rewritten; then `make test` (README, Development). LOCK_PLATFORM=aarch64-apple-darwin
+# (uv's --python-platform) resolves for another machine, for that machine only.
+lock: $(UV_STAMP)
+	$(BIN)/python -m tools.lock $(if $(LOCK_PLATFORM),--platform $(LOCK_PLATFORM))
 
 soak: setup
 	$(PYTEST) -q -m soak -s
 
-# The library section compares with Beam's OpenAITextEmbeddings, which needs the bench extra (openai).
-bench: setup
-	$(BIN)/python -m pip install -q -e '.[bench]'
+# The library section compares with Beam's OpenAITextEmbeddings, which needs the bench extra (openai):
+# .venv becomes requirements-dev.lock, as for make lint.
+bench: setup $(DEV_STAMP)
 	$(BIN)/python -m tests.bench.run_bench
 
 # Against the sandbox by default; BASE_URL=https://.../v1 (with EMBEDDINGS_API_KEY set)
@@ -58,11 +84,13 @@ sandbox: setup
 	$(BIN)/python -m service.sandbox --port $(SANDBOX_PORT) --db sandbox.db \
 		--key $${EMBEDDINGS_API_KEY:-sk-sandbox-demo} --balance 1000
 
+# Airflow in its own venv (.venv-airflow: exactly requirements-airflow.lock, built on first use).
 airflow-test: setup
 	$(PYTEST) -q -m airflow -s
 
 # A real run's outputs queried in DuckDB, Polars, ClickHouse (chdb) and pyarrow/numpy, with the
-# recipes of docs/outputs.md ("Reading the vectors"); the engines live in .venv-interop (~1 GB, built on first use).
+# recipes of docs/outputs.md ("Reading the vectors"); the engines live in .venv-interop (exactly
+# requirements-interop.lock; ~1 GB, built on first use).
 interop: setup
 	$(PYTEST) -q -m interop -s
 

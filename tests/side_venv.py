@@ -1,6 +1,7 @@
 """Separate virtualenvs for tests whose dependencies cannot or should not live in .venv
-(Airflow's pins fight Beam's; chdb alone is ~530 MB). Each is reused while the hash of its
-requirements file is unchanged; pip's output goes to <venv>/install.log."""
+(Airflow's pins fight Beam's; chdb alone is ~530 MB). Each holds exactly a lock file at the
+repository's root (tools/lock.py), installed by .venv's uv as make setup installs .venv, and is
+reused while the hash of that lock is unchanged; uv's output goes to <venv>/install.log."""
 from __future__ import annotations
 
 import hashlib
@@ -11,28 +12,29 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PIP_TIMEOUT_S = 1800
+INSTALL_TIMEOUT_S = 1800
 
 
 class SideVenv:
-    def __init__(self, venv: Path, requirements: Path):
-        self.venv, self.requirements = Path(venv), Path(requirements)
+    def __init__(self, venv: Path, lock: Path):
+        self.venv, self.lock = Path(venv), Path(lock)
 
     @property
     def python(self) -> Path:
         return self.venv / "bin" / "python"
 
-    def requirements_hash(self) -> str:
-        return hashlib.sha256(self.requirements.read_bytes()).hexdigest()[:16]
+    def lock_hash(self) -> str:
+        return hashlib.sha256(self.lock.read_bytes()).hexdigest()[:16]
 
     def _stamp(self) -> Path:
-        return self.venv / ".requirements-sha256"
+        return self.venv / ".lock-sha256"
 
     def is_ready(self) -> bool:
-        return self._stamp().is_file() and self._stamp().read_text().strip() == self.requirements_hash()
+        return self._stamp().is_file() and self._stamp().read_text().strip() == self.lock_hash()
 
     def ensure(self, log=sys.stderr) -> Path:
         """Return the venv's python, building the venv first unless its stamp matches."""
+        from tools.lock import differences, installed, read_lock, uv
         if self.is_ready():
             return self.python
         if self.venv.exists():
@@ -42,16 +44,22 @@ class SideVenv:
         # The base interpreter, not the project venv's, so nothing of .venv leaks in.
         base = getattr(sys, "_base_executable", sys.executable)
         started = time.monotonic()
-        subprocess.run([base, "-m", "venv", str(self.venv)], check=True, timeout=120)
-        pip = [str(self.python), "-m", "pip", "install", "-q"]
+        made = subprocess.run([uv(), "--no-config", "venv", "--quiet", "--python", base, str(self.venv)],
+                              capture_output=True, text=True, timeout=120)
+        if made.returncode:
+            raise RuntimeError(f"uv venv {self.venv} failed: {made.stderr.strip()}")
         with open(self.venv / "install.log", "w") as out:
-            for args in (["--upgrade", "pip"], ["-r", str(self.requirements)]):
-                done = subprocess.run([*pip, *args], stdout=out, stderr=subprocess.STDOUT,
-                                      timeout=PIP_TIMEOUT_S)
-                if done.returncode:
-                    raise RuntimeError(f"pip install {' '.join(args)} failed: see {out.name}")
-        self._stamp().write_text(self.requirements_hash() + "\n")
-        print(f"built {self.venv} in {time.monotonic() - started:.0f} s ({size_mb(self.venv)} MB)", file=log)
+            done = subprocess.run([uv(), "--no-config", "pip", "sync", "--python", str(self.python), "--require-hashes",
+                                   "--no-build", "--compile-bytecode", str(self.lock)], stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=INSTALL_TIMEOUT_S)
+        if done.returncode:
+            raise RuntimeError(f"uv pip sync {self.lock.name} failed: see {self.venv / 'install.log'}")
+        wrong = differences(read_lock(self.lock), installed(self.python))
+        if wrong:
+            raise RuntimeError(f"{self.venv} is not {self.lock.name}: " + "; ".join(wrong))
+        self._stamp().write_text(self.lock_hash() + "\n")
+        print(f"built {self.venv} from {self.lock.name} in {time.monotonic() - started:.0f} s "
+              f"({size_mb(self.venv)} MB)", file=log)
         return self.python
 
 

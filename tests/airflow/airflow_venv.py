@@ -1,6 +1,7 @@
 """The separate Airflow virtualenv the DAG test runs in (.venv-airflow/; see tests/side_venv.py).
 
-Airflow cannot share the project venv (its pins fight Beam's).
+Airflow cannot share the project venv (its pins fight Beam's). It holds exactly
+requirements-airflow.lock, which `make lock` resolves from requirements.in here.
 
     python -m tests.airflow.airflow_venv      # builds if needed, prints the venv's python
 """
@@ -12,8 +13,7 @@ from pathlib import Path
 
 from tests.side_venv import REPO, SideVenv
 
-HERE = Path(__file__).resolve().parent
-AIRFLOW = SideVenv(Path(os.environ.get("AIRFLOW_TEST_VENV", REPO / ".venv-airflow")), HERE / "requirements.txt")
+AIRFLOW = SideVenv(Path(os.environ.get("AIRFLOW_TEST_VENV", REPO / ".venv-airflow")), REPO / "requirements-airflow.lock")
 
 
 def venv_python() -> Path:

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import os
 import pstats
+import re
 import shutil
 import signal
 import subprocess
@@ -97,10 +98,16 @@ def test_flink_profile_uses_a_prestaged_job_server_jar(tmp_path):
     flink = opts.view_as(FlinkRunnerOptions)
     assert flink.flink_version == "1.19" and flink.parallelism == 6
     assert opts.view_as(PortableOptions).environment_type == "EXTERNAL"
-    # without a jar Beam would download this URL; the profile's comment names the same one
+    # without a jar Beam would download this URL, of the installed apache-beam's version; the
+    # profile's comment and docs/RUNNERS.md name the same one with the version left to the reader,
+    # so that neither goes stale when the lock moves to another Beam
     url = FlinkJarJobServer(opts).path_to_jar()
-    assert url.startswith("https://repo.maven.apache.org/") and url.endswith(".jar")
-    assert url in (REPO / "configs" / "profiles" / "flink.yaml").read_text()
+    assert url.startswith("https://repo.maven.apache.org/") and url.endswith(f"-{beam.__version__}.jar")
+    profile = (REPO / "configs" / "profiles" / "flink.yaml").read_text()
+    assert url in profile.replace("<beam version>", beam.__version__)
+    runners = (REPO / "docs" / "RUNNERS.md").read_text()
+    assert url in runners.replace("$JAR", "beam-runners-flink-1.19-job-server-$BEAM.jar").replace("$BEAM", beam.__version__)
+    assert not re.search(r"\b2\.\d+\.\d+\b", profile)   # no Beam version written in the profile
     jar = tmp_path / Path(url).name
     jar.write_bytes(b"PK")  # only its existence matters: Beam then neither downloads nor caches
     staged = _options("--profile", "flink", "--flink_job_server_jar", str(jar))

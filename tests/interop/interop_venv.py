@@ -1,4 +1,5 @@
-"""The interop test venv (.venv-interop/): DuckDB, Polars, chdb (ClickHouse), pyarrow, numpy.
+"""The interop test venv (.venv-interop/): DuckDB, Polars, chdb (ClickHouse), pyarrow, numpy, exactly
+requirements-interop.lock (which `make lock` resolves from requirements.in here).
 
     python -m tests.interop.interop_venv      # builds if needed, prints the venv's python
 """
@@ -9,8 +10,7 @@ from pathlib import Path
 
 from tests.side_venv import REPO, SideVenv
 
-INTEROP = SideVenv(Path(os.environ.get("INTEROP_TEST_VENV", REPO / ".venv-interop")),
-                   Path(__file__).resolve().parent / "requirements.txt")
+INTEROP = SideVenv(Path(os.environ.get("INTEROP_TEST_VENV", REPO / ".venv-interop")), REPO / "requirements-interop.lock")
 
 if __name__ == "__main__":
     print(INTEROP.ensure())

@@ -193,7 +193,9 @@ class WriteOutputs(beam.PTransform):
         self._temp_dir = FileSystems.join(output_dir, f".temp-{uuid.uuid4().hex}")
         self._codec = codec
 
-    def expand(self, pcolls: Mapping[str, beam.PCollection]):
+    # pcolls unannotated, as in Beam's CoGroupByKey: Beam reads expand's annotations as the
+    # transform's type hints and logs a root WARNING for any but a PCollection (or PBegin)
+    def expand(self, pcolls):
         if set(pcolls) != set(self._outputs):
             raise ValueError(f"outputs {sorted(self._outputs)} and collections {sorted(pcolls)} differ")
         # declared types: Beam would otherwise infer them from the bytecode, ~10 ms a step
