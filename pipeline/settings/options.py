@@ -203,8 +203,12 @@ class EmbedPipeOptions(PipelineOptions):
             help="model catalogue (default: the packaged configs/models.yaml)")
         add("--run_config", "--run-config", dest="run_config", default=None,
             help="run settings (default: the packaged configs/pipeline.yaml)")
+        add("--chunk_tokens", "--chunk-tokens", dest="chunk_tokens", type=int, default=None,
+            help="the longest chunk, in tokens (default: the model's limit; configs/pipeline.yaml)")
         add("--overlap_tokens", "--overlap-tokens", dest="overlap_tokens", type=int, default=None,
             help="tokens neighbouring chunks share (default from configs/pipeline.yaml)")
+        add("--no_chunk_text", "--no-chunk-text", dest="no_chunk_text", action="store_true",
+            help="leave each chunk's text out of the embeddings rows (output.chunk_text: false)")
         add("--doc_vectors", "--doc-vectors", dest="doc_vectors", action="store_true",
             help="also write one token-weighted mean vector per document")
         add("--publish", default=None,
