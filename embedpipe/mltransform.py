@@ -91,7 +91,9 @@ class _Service:
         self.sender = Sender(job.embed)
         self.store = self.sender.store
         self.paid = runscoped.shared(self.run_id, "paid", lambda: PaidTexts(job.cfg.service.expected_dims))
-        self.splitter = Splitter(get_encoding(), job.cfg.split)
+        # one vector per value: cut only where the model needs it, whatever split.chunk_tokens says
+        self.splitter = Splitter(get_encoding(), dataclasses.replace(job.cfg.split,
+                                                                     max_tokens=job.cfg.model.chunk_tokens))
         self.pool = cf.ThreadPoolExecutor(job.cfg.service.max_in_flight, thread_name_prefix="embedpipe")
         self.m = {name: Metrics.counter("embedpipe", name) for name in COUNTERS}
 
