@@ -189,7 +189,8 @@ def test_a_third_model_abandons_the_switch_under_way_and_names_its_cost(tmp_path
     assert run(corpus, out, sb, models, THIRD, "--sync", "--switch-model") == 0
     s = summary(out)
     gone = s["switch"]["abandoned"]
-    assert gone == {"to": {"model": OTHER, "dimensions": 48}, "runs": gone["runs"], "spent_rub": spent}
+    assert gone == {"to": {"model": OTHER, "dimensions": 48, "chunk_tokens": 384, "overlap_tokens": 0},
+                    "runs": gone["runs"], "spent_rub": spent}
     assert len(gone["runs"]) == 1
     assert f"{spent:.6f} RUB" in caplog.text and "abandoned" in caplog.text
     assert s["switch"]["switched"] and view_models(out, "current") == {THIRD}
@@ -237,8 +238,10 @@ def test_other_chunk_tokens_are_a_switch_built_beside_the_served_view(tmp_path, 
                                                      "overlap_tokens": 0}
     assert planned["switch"]["from"]["chunk_tokens"] == 512
     before = len(ledger(sb))
+    capsys.readouterr()
     assert run(corpus, out, sb, models, MODEL, "--sync", "--switch-model", "--chunk-tokens", "64",
                "--allow-partial", "--max-spend-rub", f"{planned['target']['estimated_cost_rub'] / 2:.6f}") == 4
+    assert f"{MODEL} (512-token chunks) -> {MODEL} (64-token chunks): " in capsys.readouterr().out
     assert served_hashes(out) == hashes_at(day, 512)                  # readers still see the 512-token view
     target = served_hashes(out, "target")
     assert target and all(shas <= hashes_at(day, 64)[doc] for doc, shas in target.items())
