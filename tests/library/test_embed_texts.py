@@ -179,6 +179,17 @@ def test_a_repeated_ids_first_row_is_its_own_and_later_rows_fail_whatever_their_
         [_sha("the first row of x"), _sha("shared")])
 
 
+def test_passages_sized_by_the_run_config_and_their_text_left_out_on_request(sandbox, key_env, tmp_path):
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("split:\n  chunk_tokens: 16\n")
+    rows = [{"id": "a", "text": "Each passage comes back with the text that was sent for it. " * 6}]
+    emb = _run(tmp_path, rows, sandbox, run_config=str(config))["embeddings"]
+    assert len(emb) > 3 and all(r["n_tokens"] <= 16 for r in emb)
+    assert "".join(r["text"] for r in sorted(emb, key=lambda r: r["chunk_index"])) == rows[0]["text"]
+    config.write_text("split:\n  chunk_tokens: 16\noutput:\n  chunk_text: false\n")
+    assert all("text" not in r for r in _run(tmp_path, rows, sandbox, run_config=str(config))["embeddings"])
+
+
 def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_path):
     """The client believes the model takes 20000 tokens, the sandbox 8191: the 9000-token chunk
     draws an over-length 400 and is re-split; its pieces keep its chunk_index, in token order."""
