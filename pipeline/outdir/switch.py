@@ -1,10 +1,10 @@
 """A switch of DIR to another model (or chunking): its record, where it stands, and the step
 that ends it.
 
-While DIR switches from model A to B (or from A's chunks to others: everything below holds), `current` keeps serving A and the target slot (`target`,
-`_target.json`: layout.py) holds B's view, built by the same commit as any view. The record
-`_switch.json` says from what to what, and which runs built the target (what B cost so far is
-their requests). The switch ends when the target holds the whole corpus of the day, complete:
+While DIR switches from model A to B (or from A's chunks to other chunks: all below holds
+alike), `current` keeps serving A and the target slot (`target`, `_target.json`: layout.py)
+holds B's view, built by the same commit as any view. The record `_switch.json` says from
+what to what, and which runs built the target (what B cost so far is their requests). The switch ends when the target holds the whole corpus of the day, complete:
 its view becomes the current one (one manifest written, one link renamed), then the target
 slot and the record go. A kill between those steps leaves a record whose target is already
 current: `settle` finishes it.
@@ -38,10 +38,6 @@ class Switch:
     runs: tuple[str, ...] = ()   # the runs that built the target
     from_chunking: Chunking | None = None   # None: a record of before records said it
     to_chunking: Chunking | None = None
-
-    @property
-    def to(self) -> tuple[str, int, Chunking | None]:
-        return self.to_model, self.to_dimensions, self.to_chunking
 
     def ends_in(self, view: View) -> bool:
         """Whether VIEW is what the switch builds (a record that does not say the chunking: any)."""
