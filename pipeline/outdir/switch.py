@@ -54,7 +54,7 @@ def load(out: OutputDir) -> Switch | None:
     doc = read_json(out.join(layout.SWITCH))
     if not doc:
         return None
-    chunkings = {k: Chunking(**doc[k]) if doc.get(k) else None for k in ("from_chunking", "to_chunking")}
+    chunkings = {k: Chunking.from_dict(doc.get(k)) for k in ("from_chunking", "to_chunking")}
     return Switch(**{**doc, "runs": tuple(doc.get("runs", ())), **chunkings})
 
 

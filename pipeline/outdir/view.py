@@ -72,7 +72,7 @@ class View:
         values = {k: v for k, v in doc.items() if k in fields}
         values["files"] = {k: tuple((p, int(n)) for p, n in v) for k, v in doc["files"].items()}
         values["kept"] = tuple(doc.get("kept", ()))
-        values["chunking"] = Chunking(**doc["chunking"]) if doc.get("chunking") else None
+        values["chunking"] = Chunking.from_dict(doc.get("chunking"))
         values["textless"] = None if doc.get("textless") is None else tuple(doc["textless"])
         return cls(**values)
 

@@ -56,6 +56,11 @@ class Chunking(NamedTuple):
     overlap_tokens: int
     boundary_window: float
 
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> Chunking | None:
+        """From a manifest or switch record (None when it does not say; other keys ignored)."""
+        return cls(*(doc[k] for k in cls._fields)) if doc else None
+
 
 def signature(tokenizer: str, chunking: Chunking, kept: Sequence[str], text: bool) -> bytes:
     """What makes the same text give other chunks or rows: a document read under another
