@@ -48,7 +48,8 @@ class LibraryConfig:
         """The Embed step's (or a Sender's) config for RUN_ID, its answers kept in STORE."""
         dims, s = self.service.expected_dims, self.settings
         meta = schemas.metadata(self.model.name, dims, run_id)
-        output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta), schemas.pending([], meta), (),
+        output = OutputConfig(run_id, None, schemas.embeddings(dims, [], meta, s.output.chunk_text),
+                              schemas.pending([], meta), (),
                               s.embed.progress_interval_s)
         return EmbedConfig(self.service, budget, output, s.split.boundary_window, store=store, claims=claims)
 

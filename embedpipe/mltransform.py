@@ -91,7 +91,9 @@ class _Service:
         self.sender = Sender(job.embed)
         self.store = self.sender.store
         self.paid = runscoped.shared(self.run_id, "paid", lambda: PaidTexts(job.cfg.service.expected_dims))
-        self.splitter = Splitter(get_encoding(), job.cfg.split)
+        # one vector per value: cut only where the model needs it, whatever split.chunk_tokens says
+        self.splitter = Splitter(get_encoding(), dataclasses.replace(job.cfg.split,
+                                                                     max_tokens=job.cfg.model.chunk_tokens))
         self.pool = cf.ThreadPoolExecutor(job.cfg.service.max_in_flight, thread_name_prefix="embedpipe")
         self.m = {name: Metrics.counter("embedpipe", name) for name in COUNTERS}
 
@@ -126,13 +128,14 @@ class _Service:
         uses = collections.Counter(c.text_sha256 for chunks in pieces for c in chunks)
         costs = {sha: collections.deque(apportion_micro(shares.get(sha, 0), [1] * n)) for sha, n in uses.items()}
         results = []
-        for chunks in pieces:
+        for text, chunks in zip(texts, pieces, strict=True):
             if not chunks:
                 results.append(Embedded(None, 0, 0.0, None, "empty_text", EMPTY))
                 continue
             a = _combined([answers[c.text_sha256] for c in chunks])
             cost = from_micro(sum(costs[c.text_sha256].popleft() for c in chunks))
-            results.append(Embedded(a.vector, a.n_tokens, cost, a.request_id, a.error, a.detail))
+            results.append(Embedded(a.vector, a.n_tokens, cost, a.request_id, a.error, a.detail,
+                                    text if self.cfg.settings.output.chunk_text else None))
         self.m["failed_texts"].inc(sum(r.vector is None and r.error not in REASONS for r in results))
         self.m["pending_texts"].inc(sum(r.error in REASONS for r in results))
         return results

@@ -2,8 +2,9 @@
 
 An element's result (`Embedded`) carries its vector, tokens, cost share and request, or why it
 was not embedded. Beam's ml.rag items (EmbeddableItem / Chunk) get the vector as their dense
-embedding and the rest in their metadata; dicts get the vector in each column, and on failure
-None there and the reason in `<column>_error`. Module-level functions: MLTransform's artifacts
+embedding and the rest in their metadata (their text stays in their content); dicts get the
+vector in each column, the text it was paid for in `<column>_text` (output.chunk_text), and on
+failure None there and the reason in `<column>_error`. Module-level functions: MLTransform's artifacts
 (jsonpickle) name them, never copy them.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Embedded(NamedTuple):
     request_id: str | None
     error: str | None = None    # reason code when not embedded
     detail: str | None = None
+    text: str | None = None     # the text sent for the vector (None: output.chunk_text false)
 
 
 def _text(value: Any) -> str:
@@ -68,6 +70,8 @@ def dicts_embedded(columns: Sequence[str], rows: Sequence[Any], results: Sequenc
             row[col] = r.vector
             if r.vector is None:
                 row[f"{col}_error"] = r.error
+            elif r.text is not None:
+                row[f"{col}_text"] = r.text
         out.append(beam.Row(**row) if hasattr(element, "_asdict") and not isinstance(element, dict) else row)
     return out
 

@@ -120,7 +120,7 @@ def _read(job: Job, info: InputInfo, prior: Prior, duplicate_ids: Mapping[str, i
     if not opts.input:
         return ReadPending(prior.pending, info.columns, [f.name for f in info.kept_fields], spread)
     return ReadDocuments(info.files, info.partition_mappings, opts.id_column, opts.text_column, job.keep_columns,
-                         job.split, duplicate_ids, ViewRef(prior.docindex, job.signature, scope),
+                         job.split, duplicate_ids, ViewRef(prior.docindex, job.signature, scope, job.other_signature),
                          (opts.output, job.run_id, report_interval_s(s.embed)) if progress else None, spread,
                          info.stamp_map)
 
@@ -153,7 +153,7 @@ def build(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, run_dir: st
     opts, model, s, codec = job.opts, job.model, job.settings, job.codec
     meta = schemas.metadata(model.name, job.dimensions, job.run_id)
     kept = info.kept_fields
-    emb_schema = schemas.embeddings(job.dimensions, kept, meta)
+    emb_schema = schemas.embeddings(job.dimensions, kept, meta, job.chunk_text)
     pending_schema = schemas.pending(kept, meta)
     read = p | "Read" >> _read(job, info, prior, duplicate_ids, claiming, True)
     output = OutputConfig(job.run_id, opts.output, emb_schema, pending_schema, kept, report_interval_s(s.embed))

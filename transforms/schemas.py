@@ -4,7 +4,12 @@ Every column the contract guarantees is declared required, and so are the vector
 readers can rely on them, and engines such as ClickHouse refuse vector functions on
 Array(Nullable(Float32)). Nullable are only what can be missing: failed.doc_id (a null id),
 failed.chunk_index (a whole document), requests.balance_after (a server that does not report
-it), and kept input columns, which keep the input's nullability."""
+it), and kept input columns, which keep the input's nullability.
+
+`text` in the embeddings files is the chunk's exact text, what was sent for its vector (its
+sha256 is `text_sha256`): a search shows the passage without going back to the corpus. Left
+out with `output.chunk_text: false`; a view written before it held no text has files without
+the column, until a run that reads their documents gives their rows their text."""
 from __future__ import annotations
 
 import copyreg
@@ -76,9 +81,16 @@ def metadata(model: str, dimensions: int | None, run_id: str) -> dict[bytes, byt
             b"embedpipe": json.dumps({"model": model, "dimensions": dimensions}).encode()}
 
 
-def embeddings(dimensions: int, kept: Sequence[pa.Field], meta: dict[bytes, bytes]) -> pa.Schema:
+TEXT = "text"
+
+
+def embeddings(dimensions: int, kept: Sequence[pa.Field], meta: dict[bytes, bytes], text: bool = True) -> pa.Schema:
+    """TEXT: with the chunk's text, beside its digest."""
+    at = [f.name for f in CHUNK_FIELDS].index("text_sha256") + 1
     return pa.schema([
-        *CHUNK_FIELDS,
+        *CHUNK_FIELDS[:at],
+        *([required(TEXT, pa.string())] if text else []),
+        *CHUNK_FIELDS[at:],
         required("embedding", vector_type(dimensions)),
         required("request_id", pa.string()),
         required("cost_rub", pa.float64()),
@@ -89,11 +101,11 @@ def embeddings(dimensions: int, kept: Sequence[pa.Field], meta: dict[bytes, byte
 
 
 def pending(kept: Sequence[pa.Field], meta: dict[bytes, bytes]) -> pa.Schema:
-    return pa.schema([*CHUNK_FIELDS, required("text", pa.string()), required("reason", pa.string()),
+    return pa.schema([*CHUNK_FIELDS, required(TEXT, pa.string()), required("reason", pa.string()),
                       required("run_id", pa.string()), *kept], metadata=meta)
 
 
 # Every column name the outputs use: a kept input column may not take one of them.
 OUTPUT_COLUMNS = frozenset(
     [f.name for f in CHUNK_FIELDS] + REQUESTS.names + FAILED.names
-    + ["embedding", "request_id", "cost_rub", "run_id", "embedded_at", "text", "reason"])
+    + ["embedding", "request_id", "cost_rub", "run_id", "embedded_at", TEXT, "reason"])

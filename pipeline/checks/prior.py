@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.checks.chunking import describe, view_chunking
 from pipeline.checks.inputs import InputInfo
 from pipeline.exits import UsageError
 from pipeline.outdir import OutputDir
@@ -42,18 +43,28 @@ class Prior:
 
 def _fits(view: View, job: Job) -> bool:
     return (view.model, view.dimensions) == (job.model.name, job.dimensions) and \
-        (not job.opts.input or tuple(view.kept) == job.keep_columns)
+        (not job.opts.input or (tuple(view.kept) == job.keep_columns and _same_chunks(view, job)))
+
+
+def _same_chunks(view: View, job: Job) -> bool:
+    return view_chunking(view, job.model, job.chunking) == job.chunking
 
 
 def _check_view(view: View, job: Job, out: OutputDir) -> None:
-    """A view holds one model's vectors of one length, in rows of one schema: other kept
-    columns are adopted by a --sync only, which makes every row again (every vector reused)."""
+    """A view holds one model's vectors of one length, of one chunking, in rows of one schema:
+    other kept columns are adopted by a --sync only, which makes every row again (every vector
+    reused)."""
     flag = "" if job.mode == FRESH else f"--{job.mode}: "
     if (view.model, view.dimensions) != (job.model.name, job.dimensions):
         raise UsageError(f"{flag}--output {out.path} holds {view.model} vectors of length {view.dimensions}; "
                          f"this run is {job.model.name} with length {job.dimensions}: pass --sync --switch-model "
                          "to move it to that model (its view is built beside the served one, over as many runs "
                          "as the budget needs), or use another --output directory for it")
+    if job.opts.input and not _same_chunks(view, job):
+        raise UsageError(f"{flag}--output {out.path} holds {describe(view_chunking(view, job.model, job.chunking))}; "
+                         f"this run cuts {describe(job.chunking)}: pass the view's, or --sync --switch-model to move "
+                         "it to these chunks (their view is built beside the served one, over as many runs as the "
+                         "budget needs), or use another --output directory for them")
     if job.opts.input and tuple(view.kept) != job.keep_columns:
         same = f"--keep-columns {','.join(view.kept)}" if view.kept else "no --keep-columns"
         if job.mode != SYNC:

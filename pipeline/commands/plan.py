@@ -15,6 +15,7 @@ from pipeline.money.measure import TOTALS, exact_totals
 from pipeline.outdir import OutputDir
 from pipeline.outdir import switch as switches
 from pipeline.settings.job import RESUME, Job
+from pipeline.terminal.summary import switch_names
 from transforms.money import preflight
 from transforms.money.apportion import from_micro, to_micro
 from transforms.read.changes import CHANGES, counts
@@ -103,7 +104,8 @@ def render(p: dict[str, Any]) -> str:
             ("fits", "yes" if p["fits"] else "NO: the worst case exceeds the spendable amount")]
     if "switch" in p:
         sw, served, target = p["switch"], p["served"], p["target"]
-        rows[:1] = [("switch", f"{sw['from']['model']} -> {sw['to']['model']}: {sw['documents_done']} of "
+        from_, to = switch_names(sw)
+        rows[:1] = [("switch", f"{from_} -> {to}: {sw['documents_done']} of "
                                f"{sw['documents_total']} documents done, {sw['spent_rub']:.6f} RUB spent so far"),
                     ("the day's changes RUB",
                      f"{served['estimated_cost_rub']:.6f} ({served['model']}, the served view)"),

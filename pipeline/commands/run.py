@@ -42,6 +42,8 @@ from transforms.errors import one_line
 from transforms.money import journal
 from transforms.money.budget import Budget
 from transforms.money.caps import Spendable
+from transforms.read.changes import REWRITTEN
+from transforms.read.parquet import read_tables
 from transforms.read.stamps import InputChanged
 from transforms.worker import progress
 from transforms.write.rewrite import RewriteFiles
@@ -101,7 +103,7 @@ class _Writes:
 def _rows_at_most(part: _Part) -> int:
     """At most a chunk per document and per window of its tokens, each vector written twice
     (the journal, then the history) with room for its other columns."""
-    chunks = part.scan.rows + part.scan.tokens_bound // part.job.model.chunk_tokens
+    chunks = part.scan.rows + part.scan.tokens_bound // part.job.chunking.chunk_tokens
     return 2 * chunks * (4 * part.job.dimensions + 256)
 
 
@@ -152,7 +154,7 @@ def _template(job: Job, before: Prior, info) -> View:
     if not job.opts.input and before.view is not None:
         return dataclasses.replace(before.view, kept_types=kept.encode(info.kept_fields))
     return View("", job.model.name, job.dimensions, job.signature.hex(), tuple(f.name for f in info.kept_fields),
-                {}, kept_types=kept.encode(info.kept_fields))
+                {}, kept_types=kept.encode(info.kept_fields), chunking=job.chunking)
 
 
 def _run_job(job: Job, out: OutputDir, info, before: Prior, scan, budget: Budget) -> tuple[dict[str, int], dict]:
@@ -264,7 +266,8 @@ def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bo
         raise _changed(job, out, changed)
     committing = time.monotonic()
     requests = tuple(out.relative(p) for p in out.history_files("requests"))   # a killed run's too
-    out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(job.opts.input), part.gone, requests),
+    out.commit(RunFiles(job.run_id, _run_files(out, job.run_id), bool(job.opts.input), part.gone, requests,
+                        job.chunk_text),
                part.before.view, _template(job, part.before, part.info), job.codec, _rewriter(job))
     writes.committed.add(job.run_id)
     return metrics, figures, round(time.monotonic() - committing, 3)
@@ -347,6 +350,8 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
     if target is not None:
         report["switch"]["run"]["commit_s"] = target_commit_s   # its view's commit, and the switch
     out.write_summary(report)
+    if report["changes"].get(REWRITTEN):
+        log.info(_rewritten(out, served.job, report["changes"][REWRITTEN]))
     for run_id in (job.run_id, *others):
         out.record_finish(run_id, after.as_dict(),
                           [u for u in report["reconciliation"]["unanswered"] if u["run_id"] == run_id])
@@ -358,6 +363,19 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
         log.info("%d documents of %s are not in this input and stay current (--resume); pass --sync when the "
                  "input is the whole corpus", len(served.missing), opts.output)
     return report["exit_code"], report
+
+
+def _rewritten(out: OutputDir, job: Job, documents: int) -> str:
+    """One line on the documents whose rows this run wrote again only to add their text (or
+    leave it out): a view written before rows carried it."""
+    changes = pa.concat_tables(read_tables(out.history_files("changes", job.run_id), ["doc_id", "change"]))
+    ids = changes.filter(pc.equal(changes.column("change"), REWRITTEN)).column("doc_id").combine_chunks()
+    rows = sum(pc.sum(pc.is_in(t.column("doc_id"), value_set=ids)).as_py() or 0
+               for t in read_tables(out.history_files("embeddings", job.run_id), ["doc_id"]))
+    what = f"{rows:,} rows of {documents:,} unchanged documents"
+    if job.chunk_text:
+        return f"gave {what} their text, their vectors reused (rows written before rows carried it)"
+    return f"left the text out of {what}, their vectors reused (output.chunk_text: false)"
 
 
 def _price_of(out: OutputDir, job: Job, model: str) -> float:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from pipeline.money.reconcile import reconcile
 from pipeline.outdir import OutputDir
-from pipeline.outdir.view import View
+from pipeline.outdir.view import View, rows_without_text
 from transforms.money import journal
 from transforms.money.apportion import from_micro, to_micro
 from transforms.pending import exit_code
@@ -72,13 +72,15 @@ def _changes(out: OutputDir, run_id: str, documents: int | None, removed: int) -
 
 
 def _current(out: OutputDir, view: View) -> dict:
-    """What the view holds: documents (with an id, plus rows without one), and rows."""
+    """What the view holds: documents (with an id, plus rows without one), and rows; of its
+    embeddings rows, those without their chunk's text (without_text)."""
     no_id = sum(pc.sum(pc.is_null(t.column("doc_id"))).as_py() or 0
                 for t in read_tables([out.join(p) for p in view.paths("failed")], ["doc_id"]))
     embedded, failed, pending = (view.rows(k) for k in ("embeddings", "failed", "pending"))
     return {"view": view.view, "documents": view.documents + no_id, "chunks": embedded + failed + pending,
             "embedded": embedded, "failed": failed, "pending": pending,
-            "staged": view.rows("staged-embeddings") + view.rows("staged-failed")}
+            "staged": view.rows("staged-embeddings") + view.rows("staged-failed"),
+            "without_text": rows_without_text(out.path, view)}
 
 
 def process_started_at() -> dt.datetime | None:

@@ -67,9 +67,10 @@ def _count(p: beam.Pipeline, job: Job, info: InputInfo, prior: Prior, scan: Scan
 
 
 def bound_micro(job: Job, scan: Scan, price: float, margin: float) -> int:
-    s = job.settings.split
-    return preflight.bound_worst_case_micro(scan.tokens_bound, scan.rows, job.model.chunk_tokens,
-                                            s.overlap_tokens, price, margin)
+    chunking = job.chunking   # a cut placed at a boundary may come boundary_window before the limit
+    shortest = max(1, int(chunking.chunk_tokens * (1 - chunking.boundary_window)))
+    return preflight.bound_worst_case_micro(scan.tokens_bound, scan.rows, shortest, chunking.overlap_tokens,
+                                            price, margin)
 
 
 class Part(NamedTuple):

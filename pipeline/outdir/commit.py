@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.outdir import kept, layout, space
-from pipeline.outdir.view import View
+from pipeline.outdir.view import TEXT_KINDS, View, has_text, textless_files
 from transforms.read.changes import CHANGES_SCHEMA, DOCINDEX, FINGERPRINT, RESUMED
 from transforms.read.parquet import read_tables, row_count
 from transforms.write.rewrite import Rules, Task, chunk_keys, count, save_rules
@@ -38,7 +38,7 @@ from transforms.write.transform import Codec, open_writer
 # Where the rows that move from a file of one kind go.
 MOVES = {"staged-embeddings": "embeddings", "staged-failed": "failed",
          "embeddings": "staged-embeddings", "failed": "staged-failed"}
-SERVED, FAILED, PENDING, STAGED, THIS_RUN = "served", "failed", "pending", "staged", "this_run"
+SERVED, FAILED, PENDING, STAGED, THIS_RUN, KEEP = "served", "failed", "pending", "staged", "this_run", "keep"
 RULES_OF_PREVIOUS = {"embeddings": SERVED, "failed": FAILED, "documents": SERVED, "pending": PENDING,
                      "staged-embeddings": STAGED, "staged-failed": STAGED}
 
@@ -154,6 +154,7 @@ class RunFiles:
     read_input: bool            # False: --resume without --input (DIR's pending rows were the input)
     removed: pa.Array           # --sync: ids of the view that are not in the input
     requests: tuple = ()        # every requests file of DIR's history: a view holds them all
+    text: bool = True           # its embeddings files have the text column
 
 
 Rewrite = Callable[[list[Task], str], None]   # the tasks, the path of their rules (save_rules)
@@ -161,7 +162,9 @@ Rewrite = Callable[[list[Task], str], None]   # the tasks, the path of their rul
 
 class _Files:
     """The next view's files, gathered kind by kind; rewrites become tasks. STALE: files whose
-    kept columns are cast to CAST_TO (pipeline/outdir/kept.py), whether or not rows leave them."""
+    kept columns are cast to CAST_TO (pipeline/outdir/kept.py), whether or not rows leave them.
+    TEXTLESS: those of TEXT_KINDS without the text column (a rewritten file has its source's
+    columns)."""
 
     def __init__(self, output_dir: str, view_id: str, rules: dict, stale: frozenset[str] = frozenset(),
                  cast_to: bytes | None = None):
@@ -169,31 +172,66 @@ class _Files:
         self._stale, self._cast_to = stale, cast_to
         self.files: dict[str, list] = {kind: [] for kind in layout.KINDS}
         self.tasks: list[Task] = []
+        self.textless: list[str] = []
 
-    def add(self, kind: str, path: str, rules_name: str | None, rows: int | None = None) -> None:
+    def _keep(self, kind: str, path: str, rows: int, textless: bool) -> None:
+        self.files[kind].append((path, rows))
+        if textless and kind in TEXT_KINDS:
+            self.textless.append(path)
+
+    def add(self, kind: str, path: str, rules_name: str | None, rows: int | None = None,
+            textless: bool = False) -> None:
         rules = self._rules.get(rules_name)
         cast = path in self._stale
         if rules_name is None or rules is None or (rules.empty and not cast):
             rows = row_count(layout.join(self._out, path)) if rows is None else rows
             if rows:
-                self.files[kind].append((path, rows))
+                self._keep(kind, path, rows, textless)
             return
         rows, dropped, moved = count(layout.join(self._out, path), rules)
         if not dropped and not moved and not cast:
             if rows:
-                self.files[kind].append((path, rows))
+                self._keep(kind, path, rows, textless)
             return
         stays, n = rows - dropped - moved, len(self.tasks)
         stays_to = layout.segment(kind, self._view, 2 * n) if stays else None
         moves_to = layout.segment(MOVES[kind], self._view, 2 * n + 1) if moved else None
         if stays_to:
-            self.files[kind].append((stays_to, stays))
+            self._keep(kind, stays_to, stays, textless)
         if moves_to:
-            self.files[MOVES[kind]].append((moves_to, moved))
+            self._keep(MOVES[kind], moves_to, moved, textless)
         if stays_to or moves_to:
             self.tasks.append(Task(layout.join(self._out, path), rules_name,
                                    stays_to and layout.join(self._out, stays_to),
                                    moves_to and layout.join(self._out, moves_to), self._cast_to if cast else None))
+
+    def pad_text(self) -> None:
+        """Files of TEXT_KINDS without the text column get a null one when others have it (a
+        view written before rows carried their text, read again in part; a run without text on
+        a view with it): the view stays one schema. Those written again get it as they are
+        written; the others are copied with it."""
+        written = {p: i for i, t in enumerate(self.tasks) for p in (t.stays_to, t.moves_to) if p}   # full paths
+
+        def source(path: str) -> str:
+            full = layout.join(self._out, path)
+            return self.tasks[written[full]].source if full in written else full
+
+        paths = {path for kind in TEXT_KINDS for path, _ in self.files[kind]}
+        lacking = {path for path in set(self.textless) & paths if not has_text(source(path))}
+        if not lacking or lacking == paths:
+            return
+        for kind in TEXT_KINDS:
+            for i, (path, rows) in enumerate(self.files[kind]):
+                full = layout.join(self._out, path)
+                if path not in lacking:
+                    continue
+                if full in written:
+                    self.tasks[written[full]] = self.tasks[written[full]]._replace(pad_text=True)
+                else:
+                    copy = layout.segment(kind, self._view, 2 * len(self.tasks))
+                    self.tasks.append(Task(full, KEEP, layout.join(self._out, copy), None, pad_text=True))
+                    self.files[kind][i] = (copy, rows)
+                    self.textless[self.textless.index(path)] = copy
 
 
 def sizes(paths: list[str]) -> int:
@@ -239,17 +277,19 @@ def next_view(output_dir: str, previous: View | None, run: RunFiles, template: V
     else:   # a widened kept column: the files of other types are cast
         stale = kept.stale_files(output_dir, previous, fields)
         gathered = _Files(output_dir, run.run_id, decision.rules, stale, kept.serialized(fields) if stale else None)
+    textless = textless_files(output_dir, previous) if previous else set()
     for kind, rules_name in RULES_OF_PREVIOUS.items():
         for path, rows in (previous.files.get(kind, ()) if previous else ()):
-            gathered.add(kind, path, rules_name, rows)
+            gathered.add(kind, path, rules_name, rows, path in textless)
     for kind in layout.READER_KINDS:
         for path in run.requests if kind == "requests" else run.files.get(kind, []):
-            gathered.add(kind, path, THIS_RUN if kind in MOVES else None)
+            gathered.add(kind, path, THIS_RUN if kind in MOVES else None, textless=not run.text)
+    gathered.pad_text()
     docindex = layout.docindex(run.run_id)
     try:
         if gathered.tasks:
             rules = layout.join(output_dir, layout.segment("rules", run.run_id, 0))
-            save_rules(rules, decision.rules)
+            save_rules(rules, {**decision.rules, KEEP: Rules()})
             rewrite(gathered.tasks, rules)
         stays = index.filter(pc.invert(pc.is_in(index.column("doc_id"), value_set=decision.gone)))
         new_index = pa.concat_tables([stays, decision.entries])
@@ -260,4 +300,5 @@ def next_view(output_dir: str, previous: View | None, run: RunFiles, template: V
         # a file written again is at most its source; the next index, at most the columns of both in memory
         raise space.Full(sizes([t.source for t in gathered.tasks]) + index.nbytes + decision.entries.nbytes) from exc
     return dataclasses.replace(template, view=run.run_id, docindex=docindex, documents=new_index.num_rows,
-                               files={k: tuple(v) for k, v in gathered.files.items() if v})
+                               files={k: tuple(v) for k, v in gathered.files.items() if v},
+                               textless=tuple(gathered.textless))

@@ -1,9 +1,10 @@
-"""A switch of DIR to another model: its record, where it stands, and the step that ends it.
+"""A switch of DIR to another model (or chunking): its record, where it stands, and the step
+that ends it.
 
-While DIR switches from model A to B, `current` keeps serving A and the target slot (`target`,
-`_target.json`: layout.py) holds B's view, built by the same commit as any view. The record
-`_switch.json` says from what to what, and which runs built the target (what B cost so far is
-their requests). The switch ends when the target holds the whole corpus of the day, complete:
+While DIR switches from model A to B (or from A's chunks to other chunks: all below holds
+alike), `current` keeps serving A and the target slot (`target`, `_target.json`: layout.py)
+holds B's view, built by the same commit as any view. The record `_switch.json` says from
+what to what, and which runs built the target (what B cost so far is their requests). The switch ends when the target holds the whole corpus of the day, complete:
 its view becomes the current one (one manifest written, one link renamed), then the target
 slot and the record go. A kill between those steps leaves a record whose target is already
 current: `settle` finishes it.
@@ -23,6 +24,7 @@ from pipeline.outdir.jsonfiles import read_json, write_json
 from pipeline.outdir.view import View
 from transforms.money import journal
 from transforms.money.apportion import from_micro, to_micro
+from transforms.read.changes import Chunking
 from transforms.read.parquet import read_tables
 
 
@@ -34,23 +36,33 @@ class Switch:
     to_dimensions: int
     started_at: str
     runs: tuple[str, ...] = ()   # the runs that built the target
+    from_chunking: Chunking | None = None   # None: a record of before records said it
+    to_chunking: Chunking | None = None
 
-    @property
-    def to(self) -> tuple[str, int]:
-        return self.to_model, self.to_dimensions
+    def ends_in(self, view: View) -> bool:
+        """Whether VIEW is what the switch builds (a record that does not say the chunking: any)."""
+        return (view.model, view.dimensions) == (self.to_model, self.to_dimensions) and \
+            self.to_chunking in (None, view.chunking)
 
     @classmethod
-    def start(cls, view: View, model: str, dimensions: int) -> Switch:
-        return cls(view.model, view.dimensions, model, dimensions, dt.datetime.now(dt.UTC).isoformat())
+    def start(cls, view: View, chunking: Chunking, model: str, dimensions: int, to_chunking: Chunking) -> Switch:
+        return cls(view.model, view.dimensions, model, dimensions, dt.datetime.now(dt.UTC).isoformat(),
+                   from_chunking=chunking, to_chunking=to_chunking)
 
 
 def load(out: OutputDir) -> Switch | None:
     doc = read_json(out.join(layout.SWITCH))
-    return Switch(**{**doc, "runs": tuple(doc.get("runs", ()))}) if doc else None
+    if not doc:
+        return None
+    chunkings = {k: Chunking.from_dict(doc.get(k)) for k in ("from_chunking", "to_chunking")}
+    return Switch(**{**doc, "runs": tuple(doc.get("runs", ())), **chunkings})
 
 
 def save(out: OutputDir, switch: Switch) -> None:
-    write_json(out.join(layout.SWITCH), dataclasses.asdict(switch))
+    doc = dataclasses.asdict(switch)
+    doc.update({k: c._asdict() if c else None for k, c in (("from_chunking", switch.from_chunking),
+                                                             ("to_chunking", switch.to_chunking))})
+    write_json(out.join(layout.SWITCH), doc)
 
 
 def add_run(out: OutputDir, switch: Switch, run_id: str) -> Switch:
@@ -72,7 +84,7 @@ def end(out: OutputDir) -> None:
 def settle(out: OutputDir) -> None:
     """A switch whose last step a kill interrupted: its target is current already."""
     switch, view = load(out), out.view
-    if switch is not None and view is not None and (view.model, view.dimensions) == switch.to \
+    if switch is not None and view is not None and switch.ends_in(view) \
             and ((target := out.target().view) is None or target.view == view.view):
         end(out)
 
@@ -147,8 +159,8 @@ def status(out: OutputDir, switch: Switch, ids: pa.Array | None, price: float, s
         served_tokens = sum(pc.sum(t.column("n_tokens")).as_py() or 0
                             for t in read_tables([out.join(p) for p in out.view.paths("embeddings")], ["n_tokens"]))
         tokens += round(unread * served_tokens / out.view.documents)
-    return {"from": {"model": switch.from_model, "dimensions": switch.from_dimensions},
-            "to": {"model": switch.to_model, "dimensions": switch.to_dimensions},
+    return {"from": side(switch.from_model, switch.from_dimensions, switch.from_chunking),
+            "to": side(switch.to_model, switch.to_dimensions, switch.to_chunking),
             "started_at": switch.started_at, "runs": list(switch.runs),
             "documents_done": done, "documents_total": total,
             "spent_rub": spent_rub(out, switch),
@@ -157,3 +169,11 @@ def status(out: OutputDir, switch: Switch, ids: pa.Array | None, price: float, s
             "view": None if switched else f"{layout.TARGET.link}/",
             "manifest": None if switched else layout.TARGET.pointer,
             "files": [] if switched or target is None else target.reader_files}
+
+
+def side(model: str, dimensions: int, chunking: Chunking | None) -> dict[str, Any]:
+    """summary.json's `from` or `to`: the model, its length and its chunks (when recorded)."""
+    side: dict[str, Any] = {"model": model, "dimensions": dimensions}
+    if chunking is not None:
+        side.update(chunk_tokens=chunking.chunk_tokens, overlap_tokens=chunking.overlap_tokens)
+    return side

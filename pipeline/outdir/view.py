@@ -22,8 +22,12 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.outdir import layout
 from pipeline.outdir.jsonfiles import read_json, write_json
+from transforms.read.changes import Chunking
+from transforms.read.parquet import open_parquet, parquet_file
+from transforms.schemas import TEXT
 
 FORMAT = 1
+TEXT_KINDS = ("embeddings", "staged-embeddings")   # the kinds whose rows carry their chunk's text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +42,9 @@ class View:
     documents: int = 0                             # in the document index
     committed_at: str = ""
     kept_types: str = ""                           # the kept columns' fields (outdir/kept.py); "": read the files
+    chunking: Chunking | None = None               # None: a view of before views recorded it
+    textless: tuple[str, ...] | None = None        # files of TEXT_KINDS without the text column;
+                                                   # None: not recorded (textless_files reads them)
 
     def paths(self, kind: str) -> list[str]:
         return [path for path, _ in self.files.get(kind, ())]
@@ -56,7 +63,9 @@ class View:
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **dataclasses.asdict(self),
-                "files": {k: [list(f) for f in v] for k, v in self.files.items()}}
+                "files": {k: [list(f) for f in v] for k, v in self.files.items()},
+                "chunking": self.chunking._asdict() if self.chunking else None,
+                "textless": None if self.textless is None else list(self.textless)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> View:
@@ -64,7 +73,31 @@ class View:
         values = {k: v for k, v in doc.items() if k in fields}
         values["files"] = {k: tuple((p, int(n)) for p, n in v) for k, v in doc["files"].items()}
         values["kept"] = tuple(doc.get("kept", ()))
+        values["chunking"] = Chunking.from_dict(doc.get("chunking"))
+        values["textless"] = None if doc.get("textless") is None else tuple(doc["textless"])
         return cls(**values)
+
+
+def has_text(path: str) -> bool:
+    """Whether the embeddings file at PATH has the text column (its footer says)."""
+    with open_parquet(path) as fh:
+        return TEXT in parquet_file(fh).schema_arrow.names
+
+
+def textless_files(output_dir: str, view: View) -> set[str]:
+    """VIEW's files of TEXT_KINDS without the text column: as its manifest records them, or
+    read from their footers (a view committed before manifests recorded them)."""
+    if view.textless is not None:
+        return set(view.textless)
+    return {path for kind in TEXT_KINDS for path in view.paths(kind) if not has_text(layout.join(output_dir, path))}
+
+
+def rows_without_text(output_dir: str, view: View) -> int:
+    """Rows of VIEW's embeddings whose chunk's text is not in the view (null to a reader that
+    reads the files as one table): rows written before rows carried it, or without it
+    (output.chunk_text: false)."""
+    textless = textless_files(output_dir, view)
+    return sum(rows for path, rows in view.files.get("embeddings", ()) if path in textless)
 
 
 def is_local(output_dir: str) -> bool:

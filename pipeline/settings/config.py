@@ -8,6 +8,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from service.catalog import ConfigError, parse_yaml_mapping
+from transforms.read.split import MIN_MAX_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +29,14 @@ class ClientSettings:
 
 @dataclasses.dataclass(frozen=True)
 class SplitSettings:
+    chunk_tokens: int | None = None    # None: the model's limit (ModelSpec.chunk_tokens)
     overlap_tokens: int = 0
     boundary_window: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputSettings:
+    chunk_text: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +126,7 @@ class PublishSettings:
 class RunSettings:
     client: ClientSettings = ClientSettings()
     split: SplitSettings = SplitSettings()
+    output: OutputSettings = OutputSettings()
     pack: PackSettings = PackSettings()
     embed: EmbedSettings = EmbedSettings()
     budget: BudgetSettings = BudgetSettings()
@@ -146,12 +154,12 @@ def _section(cls: type, raw: Any, where: str) -> Any:
     values = {}
     for name, value in raw.items():
         default = getattr(cls(), name)
-        if default is None:  # an optional amount: null (unset) or a finite number of RUB
+        if default is None:  # optional: null (unset), a count, or a finite amount of RUB
             if value is None:
                 continue
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"{where}.{name}: expected a finite amount >= 0 or null, got {value!r}")
-            default = 0.0
+            default = 0 if str(fields[name].type).startswith("int") else 0.0
         if isinstance(default, bool) or type(default) is str:
             ok = type(value) is type(default)
         else:  # numbers: an int is fine where a float is expected, never a bool
@@ -208,6 +216,8 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
         raise ConfigError(f"{where}:budget.price_margin must be >= 1 (it is a safety margin on the price)")
     if not 0 < settings.lock.heartbeat_s < settings.lock.lease_s:
         raise ConfigError(f"{where}:lock.heartbeat_s must be > 0 and below lock.lease_s")
+    if settings.split.chunk_tokens is not None and settings.split.chunk_tokens < MIN_MAX_TOKENS:
+        raise ConfigError(f"{where}:split.chunk_tokens must be null (the model's limit) or at least {MIN_MAX_TOKENS}")
     if not 0 <= settings.split.boundary_window <= 0.5:
         raise ConfigError(f"{where}:split.boundary_window must be between 0 and 0.5")
     if not 0 <= settings.publish.rebuild_share <= 1:

@@ -19,7 +19,7 @@ from transforms.embed.config import ServiceConfig
 from transforms.money.caps import Caps
 from transforms.publish.columns import count_refusal, name_refusal
 from transforms.read import changes
-from transforms.read.split import SplitConfig
+from transforms.read.split import MIN_MAX_TOKENS, SplitConfig
 from transforms.write.transform import Codec
 
 # What a run may do to an output directory that holds results (docs/scheduled-runs.md).
@@ -43,9 +43,12 @@ class Job:
     def switching(self) -> bool:
         return bool(self.opts.switch_model)
 
-    def for_model(self, model: ModelSpec, dimensions: int) -> Job:
-        """The same run for another model and length (a switch's served view)."""
-        return dataclasses.replace(self, model=model,
+    def for_view(self, model: ModelSpec, dimensions: int, chunking: changes.Chunking) -> Job:
+        """The same run for another model, length and chunking (a switch's served view)."""
+        settings = self.settings.replace("split", chunk_tokens=chunking.chunk_tokens,
+                                         overlap_tokens=chunking.overlap_tokens,
+                                         boundary_window=chunking.boundary_window)
+        return dataclasses.replace(self, model=model, settings=settings,
                                    asked_dimensions=None if dimensions == model.dimensions else dimensions)
 
     def next_run(self) -> Job:
@@ -62,11 +65,24 @@ class Job:
         return "the same command again" + (" with --resume" if self.mode == FRESH else "")
 
     @property
+    def chunking(self) -> changes.Chunking:
+        s = self.settings.split
+        return changes.Chunking(s.chunk_tokens or self.model.chunk_tokens, s.overlap_tokens, s.boundary_window)
+
+    @property
+    def chunk_text(self) -> bool:
+        """Whether the embeddings rows carry their chunks' text."""
+        return self.settings.output.chunk_text
+
+    @property
     def signature(self) -> bytes:
         """What shapes a document's chunks and rows (transforms/read/changes.py)."""
-        s = self.settings.split
-        return changes.signature(ENCODING_NAME, self.model.chunk_tokens, s.overlap_tokens, s.boundary_window,
-                                 self.keep_columns)
+        return changes.signature(ENCODING_NAME, self.chunking, self.keep_columns, self.chunk_text)
+
+    @property
+    def other_signature(self) -> bytes:
+        """The signature of the same chunks with the other text setting."""
+        return changes.signature(ENCODING_NAME, self.chunking, self.keep_columns, not self.chunk_text)
 
     @property
     def codec(self) -> Codec:
@@ -139,6 +155,13 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
         settings = settings.replace("embed", max_in_flight=opts.max_in_flight)
     if opts.overlap_tokens is not None:
         settings = settings.replace("split", overlap_tokens=opts.overlap_tokens)
+    if opts.chunk_tokens is not None:
+        if not MIN_MAX_TOKENS <= opts.chunk_tokens <= model.chunk_tokens:
+            raise UsageError(f"--chunk-tokens must be between {MIN_MAX_TOKENS} and {model.chunk_tokens} for "
+                             f"{model.name} (its max_input_tokens x safety_factor), got {opts.chunk_tokens}")
+        settings = settings.replace("split", chunk_tokens=opts.chunk_tokens)
+    if opts.no_chunk_text:
+        settings = settings.replace("output", chunk_text=False)
     if opts.dimensions is not None:
         if not model.supports_dimensions:
             raise UsageError(f"--dimensions is not supported by {model.name}")

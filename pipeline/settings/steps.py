@@ -51,7 +51,11 @@ def service_config(settings: RunSettings, model: ModelSpec, base_url: str, accou
 
 
 def split_config(settings: RunSettings, model: ModelSpec) -> SplitConfig:
-    """The model's chunks, as the settings shape them (a ValueError names a bad number)."""
+    """The model's chunks, as the settings shape them (a ValueError names a bad number):
+    split.chunk_tokens, at most the model's limit, or that limit."""
     s = settings.split
-    return SplitConfig(max_tokens=model.chunk_tokens, overlap_tokens=s.overlap_tokens,
+    if s.chunk_tokens is not None and s.chunk_tokens > model.chunk_tokens:
+        raise ValueError(f"chunk_tokens must be at most {model.chunk_tokens} for {model.name} (its "
+                         f"max_input_tokens x safety_factor), got {s.chunk_tokens}")
+    return SplitConfig(max_tokens=s.chunk_tokens or model.chunk_tokens, overlap_tokens=s.overlap_tokens,
                        boundary_window=s.boundary_window)

@@ -42,11 +42,23 @@ def advice_level(report: dict[str, Any]) -> int:
     return logging.WARNING
 
 
+def switch_names(switch: dict[str, Any]) -> tuple[str, str]:
+    """(from, to) of a switch as a reader tells them apart: the models, with their chunks when
+    those differ (a switch to other chunks of the same model)."""
+    chunks = switch["from"].get("chunk_tokens") != switch["to"].get("chunk_tokens")
+
+    def name(side: dict[str, Any]) -> str:
+        return f"{side['model']} ({side['chunk_tokens']:,}-token chunks)" if chunks and side.get("chunk_tokens") \
+            else side["model"]
+    return name(switch["from"]), name(switch["to"])
+
+
 def advice(report: dict[str, Any], output: str, again: str) -> str | None:
     """What to do next, for an exit code other than 0; None for 0."""
     switch = report.get("switch") or {}
     if report["exit_code"] == EXIT_PARTIAL and switch.get("to") and not switch.get("switched"):
-        return SWITCH_PARTIAL.format(to=switch["to"]["model"], from_=switch["from"]["model"], again=again,
+        from_, to = switch_names(switch)
+        return SWITCH_PARTIAL.format(to=to, from_=from_, again=again,
                                      done=switch["documents_done"], total=switch["documents_total"],
                                      output=output.rstrip("/"))
     message = ADVICE.get(report["exit_code"])
@@ -117,11 +129,12 @@ def _switch(switch: dict[str, Any]) -> str:
             "vectors stay in history/) · ") if gone else ""
     if not switch.get("to"):
         return left.rstrip(" ·")
-    move = f"{switch['from']['model']} -> {switch['to']['model']}"
+    from_, to = switch_names(switch)
+    move = f"{from_} -> {to}"
     this = switch.get("run")
     paid = f"{rub(switch['spent_rub'])} RUB in {count(len(switch['runs']), 'run')}"
     if switch["switched"]:
-        return f"{left}{move}: switched, current/ serves {switch['to']['model']} ({paid})"
+        return f"{left}{move}: switched, current/ serves {to} ({paid})"
     now = f", {rub(this['cost_rub'])} this run" if this else ""
     return (f"{left}{move}: {switch['documents_done']:,} of {switch['documents_total']:,} documents, {paid}{now}, "
             f"~{rub(switch['estimated_rub_to_finish'])} RUB to finish · its view: target/")

@@ -21,7 +21,7 @@ GROUPS = {
 NOT_FOR = {"plan": ("allow_partial", "doc_vectors", "max_in_flight", "publish", "publish_table")}
 METAVARS = {"input": "PATH", "output": "DIR", "known": "GLOB", "keep_columns": "A,B",
             "id_column": "NAME", "text_column": "NAME", "model": "MODEL", "base_url": "URL",
-            "dimensions": "N", "max_in_flight": "N", "overlap_tokens": "N", "profile": "NAME",
+            "dimensions": "N", "max_in_flight": "N", "overlap_tokens": "N", "chunk_tokens": "N", "profile": "NAME",
             "api_key_secret": "NAME", "account_segment": "NAME", "publish": "TARGET", "publish_table": "NAME"}
 SYNOPSIS = {"run": "--input PATH --output DIR --model MODEL --base-url URL [options]",
             "plan": "--input PATH --model MODEL|all|A,B --base-url URL [options]"}

@@ -50,6 +50,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
+from pipeline.commands import demo
 from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.catalog import get_model, load_models
 from service.sandbox.launcher import SandboxProcess
@@ -162,7 +163,7 @@ class Bench:
 
     def latency_runs(self, corpus: Path) -> None:
         a = self.args
-        runs = []
+        runs, view = [], None
         with self.sandbox("sandbox-latency", LATENCY) as sb:
             base_m, base = self.baseline(corpus, sb)
             for w in a.workers:
@@ -170,6 +171,8 @@ class Bench:
                     label = f"pipeline-{'default' if f is None else f'f{f}'}-w{w}"
                     m, s, out = self.pipeline(label, corpus, sb, f, w, keep=True)
                     runs.append((f, w, m, s, *self.settled(s, out)))
+                    if f is None and w == 1:
+                        view = view_bytes(out)
                     shutil.rmtree(out, ignore_errors=True)
             # a default run is compared with the floor at the most it had in flight (its limit may
             # be above: it grows while half of it is in use, and reading can leave it unfilled)
@@ -208,6 +211,15 @@ class Bench:
                   "1st request = start to the first answer the sandbox billed (read, split, dedupe, pack); "
                   "answers span = first to last billed answer.")
         self.base_cpu_per_m = base_m.cpu_s / base["prompt_tokens"] * 1e6
+        if view is not None:
+            total, text = view
+            self.emit(f"The default run's view, current/embeddings-*.parquet at {self.model.dimensions:,} dimensions: "
+                      f"{total / 1e6:,.1f} MB with each chunk's text, {(total - text) / 1e6:,.1f} MB without it "
+                      f"(--no-chunk-text): the text is {text / total:.1%} of it ({text / 1e6:,.1f} MB, zstd; the "
+                      f"vectors are written uncompressed).")
+            self.targets.append(f"the view's bytes at {self.model.dimensions:,} dimensions, {a.docs:,} documents: "
+                                f"{total / 1e6:,.1f} MB with the text, {(total - text) / 1e6:,.1f} MB without "
+                                f"({total / (total - text):.2f}x)")
 
     def capacity_runs(self, corpus: Path) -> None:
         """The job at its defaults against a service with a capacity, with 1 and 2 worker
@@ -376,8 +388,9 @@ class Bench:
                         "Scale: zero-latency sandbox, default settings, one worker (FnApiRunner, streaming)"))
 
     def start_up(self, runs: int = 5) -> None:
-        """The first request from the process start on the demo corpus (`make run`'s: 354
-        passages, one request), against what importing the driver's package alone takes."""
+        """The first request from the process start on the demo corpus (`make run`'s: 79 topics
+        cut into passages of 300 tokens, one request), against what importing the driver's
+        package alone takes."""
         corpus = self.work / "corpus-demo.parquet"
         write_python_docs_corpus(str(corpus))
         imports = []
@@ -388,13 +401,15 @@ class Bench:
         firsts = []
         with self.sandbox("sandbox-start-up", []) as sb:
             for i in range(runs):
-                _, s, _ = self.pipeline(f"pipeline-demo-{i}", corpus, sb, None, 1)
+                _, s, _ = self.pipeline(f"pipeline-demo-{i}", corpus, sb, None, 1,
+                                        extra=("--chunk-tokens", str(demo.CHUNK_TOKENS)))
                 firsts.append(s["timing"]["seconds_from_process_start_to_first_request"])
         rows = [["first request, from the process start", min(firsts), statistics.median(firsts), max(firsts)],
                 ["`python -c 'import pipeline'` (Beam with it)", min(imports), statistics.median(imports),
                  max(imports)]]
         self.emit(table(["demo corpus, zero-latency sandbox", "min s", "median s", "max s"], rows,
-                        f"Start-up: {runs} runs of the job on the demo corpus (make run's: 354 passages, one request)"))
+                        f"Start-up: {runs} runs of the job on the demo corpus (make run's: 79 topics cut into "
+                        f"{demo.CHUNK_TOKENS}-token passages, one request)"))
         self.targets.append(f"first request from the process start on the demo corpus: median "
                             f"{statistics.median(firsts):.2f} s over {runs} runs (min {min(firsts):.2f}; target <= 1 s); "
                             f"importing the package alone {statistics.median(imports):.2f} s")
@@ -513,6 +528,21 @@ class Bench:
         if self.args.write:
             write_section(REPO / "docs" / "BENCH.md", "\n\n".join(self.sections))
             self.say(f"\nwritten: {REPO / 'docs' / 'BENCH.md'}")
+
+
+def view_bytes(out: Path) -> tuple[int, int] | None:
+    """(bytes of OUT's current embeddings files, of their text column's pages); None without the view."""
+    files = sorted((out / "current").glob("embeddings-*.parquet"))
+    if not files:
+        return None
+    text = 0
+    for f in files:
+        meta = pq.read_metadata(f)
+        names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        if "text" in names:
+            column = names.index("text")
+            text += sum(meta.row_group(g).column(column).total_compressed_size for g in range(meta.num_row_groups))
+    return sum(f.stat().st_size for f in files), text
 
 
 def _ints(text: str) -> list[int]:

@@ -1,6 +1,7 @@
 """Shared by the end-to-end tests: a small corpus with every kind of row, and output readers."""
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -71,3 +72,27 @@ def current_files(out: Path, kind: str) -> list[Path]:
 def current_rows(out: Path, kind: str) -> list[dict]:
     """The rows of KIND in the files summary.json lists as DIR's current view."""
     return [row for f in current_files(out, kind) for row in pq.read_table(f).to_pylist()]
+
+
+def assert_passages(out: Path, corpus: dict[str, str | None], *, overlap: bool = False) -> int:
+    """Every embeddings row of DIR's current view carries the text that was sent for its vector:
+    its sha256 is the row's text_sha256, and a document's rows (with its pending ones), in order,
+    are slices of its text in CORPUS (id -> text), which they make up whole when the document has
+    no failed chunk and chunks do not overlap. Returns the rows checked."""
+    rows = [dict(r, kind="embeddings") for r in current_rows(out, "embeddings")]
+    rows += [dict(r, kind="pending") for r in current_rows(out, "pending")]
+    failed = {r["doc_id"] for r in current_rows(out, "failed") if r["chunk_index"] is not None}
+    by_doc: dict[str, list[dict]] = {}
+    for r in rows:
+        assert r["text"] is not None, f"{r['kind']} row {r['doc_id']}/{r['chunk_index']} has no text"
+        assert hashlib.sha256(r["text"].encode("utf-8")).hexdigest() == r["text_sha256"], r
+        by_doc.setdefault(r["doc_id"], []).append(r)
+    for doc_id, doc_rows in by_doc.items():
+        text, at = corpus[doc_id], 0
+        assert text is not None
+        for r in sorted(doc_rows, key=lambda r: (r["chunk_index"], r["token_start"])):
+            found = text.find(r["text"], 0 if overlap else at)
+            assert found >= 0 and (overlap or doc_id in failed or found == at), (doc_id, r["chunk_index"], at, found)
+            at = found + len(r["text"])
+        assert overlap or doc_id in failed or at == len(text), (doc_id, at, len(text))
+    return len(rows)

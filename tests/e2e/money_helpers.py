@@ -24,7 +24,7 @@ from pipeline.cli import main
 from service.catalog import load_models
 from service.sandbox.store import read_ledger
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.helpers import WORDS_EN, WORDS_RU, current_files, paragraph
+from tests.e2e.helpers import WORDS_EN, WORDS_RU, assert_passages, current_files, paragraph
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "text-embedding-3-small"
@@ -124,6 +124,7 @@ def assert_every_row_once(out: Path, rows: list[dict]) -> dict[str, int]:
     for doc_id, indexes in by_doc.items():
         expected = {None} if doc_id not in counts else set(range(counts[doc_id]))
         assert indexes == expected, f"{doc_id}: chunks {sorted(indexes, key=str)}, expected {expected}"
+    assert_passages(out, {r["id"]: r["text"] for r in rows})
     return per_kind
 
 

@@ -19,7 +19,7 @@ from tests.e2e.helpers import write_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "text-embedding-3-small"
-SCREEN_LINES = 47   # a laptop's terminal; run's options, grouped, with --publish and --publish-table
+SCREEN_LINES = 49   # a laptop's terminal; run's options, grouped, with --publish, --chunk-tokens, --no-chunk-text
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 
+import pyarrow.parquet as pq
+
 from pipeline import cli
 from pipeline.commands import demo
-from pipeline.corpora.python_docs import passages
+from pipeline.corpora.python_docs import topics
 
 # The passage about "for" statements belongs with the other statements that steer a block:
 # its own section in the "compound" chapter, while, if/else, and the break/continue that loops use.
@@ -15,13 +17,10 @@ CONTROL_FLOW = {"for", "while", "if", "else", "break", "continue", "compound"}
 SCREEN_LINES = 40
 
 
-def test_the_corpus_is_a_few_hundred_passages_of_every_topic():
-    rows = passages()
-    from pydoc_data.topics import topics
-    assert 200 <= len(rows) <= 600
-    assert {r["topic"] for r in rows} == set(topics)
-    assert all(r["id"].startswith(r["topic"] + ":") and r["text"].strip() for r in rows)
-    assert len({r["id"] for r in rows}) == len(rows)
+def test_the_corpus_is_every_topic_whole():
+    from pydoc_data import topics as pydoc_topics
+    assert [(r["id"], r["text"], r["topic"]) for r in topics()] == [(t, text, t) for t, text in
+                                                                   sorted(pydoc_topics.topics.items())]
 
 
 def test_the_demo_runs_and_its_neighbours_are_about_control_flow(reachable_tmp, capsys, monkeypatch):
@@ -35,14 +34,18 @@ def test_the_demo_runs_and_its_neighbours_are_about_control_flow(reachable_tmp, 
     done = next(i for i, line in enumerate(lines) if line.endswith("done (exit 0)"))
     assert [line.split()[0] for line in lines[done + 1:done + 6]] == ["read", "this", "view", "money", "files"]
     assert f"{tmp_path / 'out'}/current/" in lines[done + 5]
-    assert f"== passages nearest to {demo.QUERY_ID}, in SQL" in printed
+    assert f"== passages nearest to {demo.QUERY_ID}'s first, in SQL" in printed
     assert lines[done + 6].startswith("published view") and "to public.embeddings at embedded" in lines[done + 6]
-    neighbours = demo.nearest(tmp_path / "out", tmp_path / "corpus.parquet", demo.QUERY_ID)
-    topics = [doc_id.split(":")[0] for _, doc_id, _ in neighbours]
-    assert sum(t in CONTROL_FLOW for t in topics) >= 4, neighbours
-    assert "while" in topics or any(h == 'The "while" statement' for _, _, h in neighbours), neighbours
-    for _, doc_id, heading in neighbours:
-        assert doc_id in printed and heading in printed
+    neighbours = demo.nearest(tmp_path / "out", demo.QUERY_ID)
+    found = [doc_id for _, doc_id, _, _ in neighbours]
+    assert sum(t in CONTROL_FLOW for t in found) >= 4, neighbours
+    assert "while" in found, neighbours
+    for _, doc_id, index, line in neighbours:   # each shown by its passage, from the view
+        assert f"{doc_id} #{index}" in printed and line in printed and line
+    # passages sized for search: the topics were cut, none over the demo's size
+    emb = [r for f in (tmp_path / "out" / "current").glob("embeddings-*.parquet") for r in
+           pq.read_table(f, columns=["doc_id", "n_tokens"]).to_pylist()]
+    assert len(emb) > 2 * len(topics()) and max(r["n_tokens"] for r in emb) <= demo.CHUNK_TOKENS
     if importlib.util.find_spec("matplotlib") is None:
         assert lines[-1].startswith("report") and "pip install -e '.[report]'" in lines[-1]
     else:

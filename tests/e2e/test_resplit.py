@@ -90,6 +90,7 @@ def test_over_length_chunks_are_resplit_not_failed(tmp_path, sandbox_factory, mo
             piece_texts = piece_texts_of(chunk.text, pieces, enc)
             assert "".join(piece_texts) == chunk.text
             for piece, text in zip(pieces, piece_texts, strict=True):
+                assert piece["text"] == text   # each piece's row carries the piece that was sent
                 assert piece["text_sha256"] == hashlib.sha256(text.encode()).hexdigest()
                 assert piece["n_tokens"] == len(enc.encode_ordinary(text))
                 assert service_tokens(piece["n_tokens"]) <= SPEC.max_input_tokens  # within the service's limit

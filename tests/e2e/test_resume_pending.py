@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.helpers import corpus_rows, current_rows, ledger, run, summary, write_corpus
+from tests.e2e.helpers import assert_passages, corpus_rows, current_rows, ledger, run, summary, write_corpus
 
 MODEL = "text-embedding-3-small"
 
@@ -32,6 +32,7 @@ def test_resume_from_pending_rows_alone(tmp_path, sandbox_factory, monkeypatch):
     assert {r["doc_id"] for r in emb} == good
     assert {r["doc_id"] for r in failed} == {"null-text", "empty", "blank", "twice", None}
     assert all(r["lang"] for r in emb)
+    assert_passages(out, {r["id"]: r["text"] for r in corpus_rows() if r["id"]})   # pending rows' text, sent
     sent = collections.Counter(h for c in ledger(sb.db) for h in c["input_sha256"])
     assert max(sent.values()) == 1  # nothing paid twice
 

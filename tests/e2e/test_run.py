@@ -65,6 +65,7 @@ def test_chunks_are_exact_and_vectors_match_the_service(clean_run):
         assert "".join(c.text for c in chunks) == texts[doc_id]
         assert [c.text_sha256 for c in chunks] == [r["text_sha256"] for r in doc_rows]
         for chunk, row in zip(chunks, doc_rows, strict=True):
+            assert row["text"] == chunk.text   # the passage beside its vector: what was sent for it
             assert row["n_tokens"] == len(enc.encode_ordinary(chunk.text)) <= limit
             expected = embed_text(MODEL, chunk.text, 1536)
             np.testing.assert_array_equal(np.asarray(row["embedding"], dtype=np.float32), expected)
@@ -74,7 +75,7 @@ def test_schema_is_the_contract(clean_run):
     _, out, _ = clean_run
     emb = read_kind(out, "embeddings")
     assert emb.schema.names == ["doc_id", "chunk_index", "chunk_count", "token_start", "token_end",
-                                "n_tokens", "text_sha256", "model", "embedding", "request_id",
+                                "n_tokens", "text_sha256", "text", "model", "embedding", "request_id",
                                 "cost_rub", "run_id", "embedded_at", "lang"]
     assert emb.schema.field("embedding").type == pa.list_(pa.field("item", pa.float32(), nullable=False), 1536)
     assert emb.schema.field("embedded_at").type == pa.timestamp("us", tz="UTC")

@@ -19,11 +19,14 @@ from pipeline.commands import run as run_command
 from pipeline.outdir import OutputDir
 from pipeline.outdir.space import free_bytes
 from service.catalog import load_models
+from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY, fill, make_free
 from tests.e2e.money_helpers import (MODEL, corpus_rows, current, kill_once_journaled, ledger, start_sandbox, summary,
                                      write_corpus)
 from tests.e2e.test_full_disk import to_free
+from tests.e2e.helpers import assert_passages
 from tests.e2e.test_sync import assert_current, chunk_hashes, glob_rows, next_day
+from transforms.read.split import SplitConfig, Splitter
 
 OTHER = "text-embedding-3-large"
 THIRD = "text-embedding-ada-002"
@@ -199,7 +202,8 @@ def test_a_third_model_abandons_the_switch_under_way_and_names_its_cost(tmp_path
     assert run(corpus, out, sb, models, THIRD, "--sync", "--switch-model") == 0
     s = summary(out)
     gone = s["switch"]["abandoned"]
-    assert gone == {"to": {"model": OTHER, "dimensions": 48}, "runs": gone["runs"], "spent_rub": spent}
+    assert gone == {"to": {"model": OTHER, "dimensions": 48, "chunk_tokens": 384, "overlap_tokens": 0},
+                    "runs": gone["runs"], "spent_rub": spent}
     assert len(gone["runs"]) == 1
     assert f"{spent:.6f} RUB" in caplog.text and "abandoned" in caplog.text
     assert s["switch"]["switched"] and view_models(out, "current") == {THIRD}
@@ -214,6 +218,59 @@ def assert_current_as(out: Path, models: Path, rows: list[dict], model: str) -> 
     for r in current(out, "embeddings").to_pylist():
         served[r["doc_id"]].add(r["text_sha256"])
     assert served == hashes_for(models, rows, model)
+    assert_passages(out, {r["id"]: r["text"] for r in rows})
+
+
+def hashes_at(rows: list[dict], chunk_tokens: int) -> dict[str, set]:
+    splitter = Splitter(get_encoding(), SplitConfig(max_tokens=chunk_tokens))
+    return {r["id"]: {c.text_sha256 for c in splitter.split(r["id"], r["text"])} for r in rows if r["text"]}
+
+
+def served_hashes(out: Path, folder: str = "current") -> dict[str, set]:
+    served = collections.defaultdict(set)
+    for f in (out / folder).glob("embeddings-*.parquet"):
+        for r in pq.read_table(f, columns=["doc_id", "text_sha256"]).to_pylist():
+            served[r["doc_id"]].add(r["text_sha256"])
+    return dict(served)
+
+
+def test_other_chunk_tokens_are_a_switch_built_beside_the_served_view(tmp_path, sandbox_factory, env_key, capsys,
+                                                                      caplog):
+    """A DIR's chunking is part of its view, like its model: 64-token chunks are refused on a
+    view of 512-token ones (naming the flags), and with --switch-model built beside it, paying
+    only for chunk texts no store holds, until one run swaps them in."""
+    models, sb, corpus, out, day = switch_day_one(tmp_path, sandbox_factory)
+    day1_texts = set().union(*hashes_at(day, 512).values())
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--chunk-tokens", "64") == 2
+    assert "--switch-model" in caplog.text and "512-token chunks (--chunk-tokens 512)" in caplog.text
+    assert plan(corpus, out, sb, models, MODEL, "--sync", "--chunk-tokens", "64", capsys=capsys)[0] == 2
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--chunk-tokens", "600") == 2   # above the model's limit
+    code, planned = plan(corpus, out, sb, models, MODEL, "--sync", "--switch-model", "--chunk-tokens", "64",
+                         capsys=capsys)
+    assert code == 0 and planned["switch"]["to"] == {"model": MODEL, "dimensions": 32, "chunk_tokens": 64,
+                                                     "overlap_tokens": 0}
+    assert planned["switch"]["from"]["chunk_tokens"] == 512
+    before = len(ledger(sb))
+    capsys.readouterr()
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--switch-model", "--chunk-tokens", "64",
+               "--allow-partial", "--max-spend-rub", f"{planned['target']['estimated_cost_rub'] / 2:.6f}") == 4
+    assert f"{MODEL} (512-token chunks) -> {MODEL} (64-token chunks): " in capsys.readouterr().out
+    assert served_hashes(out) == hashes_at(day, 512)                  # readers still see the 512-token view
+    target = served_hashes(out, "target")
+    assert target and all(shas <= hashes_at(day, 64)[doc] for doc, shas in target.items())
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--switch-model", "--chunk-tokens", "64") == 0
+    s = summary(out)
+    assert s["switch"]["switched"] and served_hashes(out) == hashes_at(day, 64)
+    assert all(r["n_tokens"] <= 64 for r in current(out, "embeddings").to_pylist())
+    assert_passages(out, {r["id"]: r["text"] for r in day})
+    charged = {h for c in ledger(sb)[before:] for h in c["input_sha256"]}
+    assert charged == set().union(*hashes_at(day, 64).values()) - day1_texts   # short documents: not paid again
+    assert billed_twice_per_model(ledger(sb)) == {}
+    # the view is 64-token chunks now: the daily run says so, or is refused naming them
+    before = len(ledger(sb))
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--chunk-tokens", "64") == 0 and len(ledger(sb)) == before
+    caplog.clear()
+    assert run(corpus, out, sb, models, MODEL, "--sync") == 2 and "--chunk-tokens 64" in caplog.text
 
 
 def test_a_switch_killed_half_way_resumes_with_the_same_command(tmp_path, sandbox_factory, env_key):

@@ -19,7 +19,7 @@ from pipeline.settings.config import default_settings_text, parse_settings
 from service.catalog import parse_models
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
-from tests.e2e.helpers import WORDS_EN, WORDS_RU, paragraph
+from tests.e2e.helpers import WORDS_EN, WORDS_RU, assert_passages, paragraph
 from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current,
                                      kill_once_journaled, ledger, micro, run, start_sandbox, summary, write_corpus,
                                      write_models)
@@ -70,6 +70,7 @@ def assert_current(out: Path, models: Path, rows: list[dict]) -> None:
     """DIR's current view is exactly ROWS: every row once (nothing removed still served), and
     every document's vectors are those of its current text, all of them (nothing stale or mixed)."""
     assert_every_row_once(out, rows)
+    assert_passages(out, {r["id"]: r["text"] for r in rows})
     served: dict[str, set] = {}
     for r in current(out, "embeddings").to_pylist():
         served.setdefault(r["doc_id"], set()).add(r["text_sha256"])

@@ -77,6 +77,12 @@ def test_every_row_ends_once_with_lineage_that_sums_to_the_bill(sandbox, key_env
     assert len(paid) == len(set(paid)) == len({r["text_sha256"] for r in emb})
     first, copy = ([r for r in emb if r["doc_id"] == d][0] for d in ("en-0", "dup-text-a"))
     assert np.array_equal(first["embedding"], copy["embedding"]) and first["request_id"] == copy["request_id"]
+    # each row carries the text sent for its vector: a slice of its document, in order
+    texts = {r["id"]: r["text"] for r in corpus_rows() if r["id"] and r["id"] != "twice"}
+    for doc_id in good - {"twice"}:
+        passages = [r["text"] for r in sorted((r for r in emb if r["doc_id"] == doc_id), key=lambda r: r["chunk_index"])]
+        assert "".join(passages) == texts[doc_id]
+    assert all(_sha(r["text"]) == r["text_sha256"] for r in emb)
 
 
 def test_the_budget_stops_spending_and_the_rest_is_pending(sandbox, key_env, tmp_path):
@@ -173,6 +179,17 @@ def test_a_repeated_ids_first_row_is_its_own_and_later_rows_fail_whatever_their_
         [_sha("the first row of x"), _sha("shared")])
 
 
+def test_passages_sized_by_the_run_config_and_their_text_left_out_on_request(sandbox, key_env, tmp_path):
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("split:\n  chunk_tokens: 16\n")
+    rows = [{"id": "a", "text": "Each passage comes back with the text that was sent for it. " * 6}]
+    emb = _run(tmp_path, rows, sandbox, run_config=str(config))["embeddings"]
+    assert len(emb) > 3 and all(r["n_tokens"] <= 16 for r in emb)
+    assert "".join(r["text"] for r in sorted(emb, key=lambda r: r["chunk_index"])) == rows[0]["text"]
+    config.write_text("split:\n  chunk_tokens: 16\noutput:\n  chunk_text: false\n")
+    assert all("text" not in r for r in _run(tmp_path, rows, sandbox, run_config=str(config))["embeddings"])
+
+
 def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_path):
     """The client believes the model takes 20000 tokens, the sandbox 8191: the 9000-token chunk
     draws an over-length 400 and is re-split; its pieces keep its chunk_index, in token order."""
@@ -186,6 +203,8 @@ def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_
                     if r["doc_id"] == "long")
     assert len(pieces) >= 2 and {p[2] for p in pieces} == {0} and pieces[0][0] == 0
     assert all(a[1] == b[0] for a, b in pairwise(pieces)) and all(e - s <= 8191 for s, e, _ in pieces)
+    long = sorted((r for r in out["embeddings"] if r["doc_id"] == "long"), key=lambda r: r["token_start"])
+    assert "".join(r["text"] for r in long) == rows[0]["text"]   # each piece's row carries the piece
     assert out["failed"] == [] and {r["doc_id"] for r in out["embeddings"]} == {"long", "short"}
     assert sum(micro(r["cost_rub"]) for r in out["embeddings"]) == sum(micro(c["cost_rub"]) for c in sandbox.ledger())
 

@@ -59,6 +59,7 @@ def test_dicts_write_artifacts_without_the_key_and_read_them_back(sandbox, key_e
     result = run_pipeline(build, tmp_path)
     out = collected(tmp_path, "out")["out"]
     assert len(out) == 3000 and all(r["text"].shape == (1536,) for r in out)
+    assert [r["text_text"] for r in out] == [r["text"] for r in rows]   # the text paid for, beside its vector
     ledger = sandbox.ledger()
     # 40 distinct texts, one request a batch (Beam's OpenAI provider: 150 requests of 20)
     assert len(ledger) <= 2 and sum(len(c["input_sha256"]) for c in ledger) <= 80

@@ -5,10 +5,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from transforms.read.changes import (ADDED, DOCINDEX, EDITED, RESUMED, UNCHANGED, DocIndex, Entry, classify,
-                                     fingerprint, signature)
+from transforms.read.changes import (ADDED, DOCINDEX, EDITED, RESUMED, REWRITTEN, UNCHANGED, Chunking, DocIndex,
+                                     Entry, classify, counts, fingerprint, signature)
 
-SIG = signature("cl100k_base", 512, 0, 0.1, ("lang",))
+CHUNKS = Chunking(512, 0, 0.1)
+SIG = signature("cl100k_base", CHUNKS, ("lang",), False)   # rows without their text: as every view had before
+TEXT_SIG = signature("cl100k_base", CHUNKS, ("lang",), True)
 OLD, NEW, OTHER = (fingerprint(SIG, text) for text in ("old text", "new text", "other text"))
 
 
@@ -30,11 +32,29 @@ def test_classify(entry, fp, expected):
 def test_a_version_is_its_text_kept_values_and_what_shapes_its_chunks():
     assert fingerprint(SIG, "t", ("en",)) == fingerprint(SIG, "t", ("en",))
     assert fingerprint(SIG, "t", ("en",)) != fingerprint(SIG, "t", ("ru",))
-    assert fingerprint(SIG, "t") != fingerprint(signature("cl100k_base", 256, 0, 0.1, ("lang",)), "t")
-    assert fingerprint(SIG, "t") != fingerprint(signature("cl100k_base", 512, 0, 0.1, ()), "t")
+    assert fingerprint(SIG, "t") != fingerprint(signature("cl100k_base", Chunking(256, 0, 0.1), ("lang",), False), "t")
+    assert fingerprint(SIG, "t") != fingerprint(signature("cl100k_base", Chunking(512, 8, 0.1), ("lang",), False), "t")
+    assert fingerprint(SIG, "t") != fingerprint(signature("cl100k_base", Chunking(512, 0, 0.2), ("lang",), False), "t")
+    assert fingerprint(SIG, "t") != fingerprint(signature("cl100k_base", CHUNKS, (), False), "t")
+    assert fingerprint(SIG, "t") != fingerprint(TEXT_SIG, "t")   # rows with their text are other rows
     assert fingerprint(SIG, None) != fingerprint(SIG, "")   # a null text is not an empty one
     assert fingerprint(SIG, None, (), "duplicate:2") != fingerprint(SIG, None, (), "duplicate:3")
     assert len(fingerprint(SIG, "t")) == 16
+
+
+def test_a_document_served_without_its_text_is_rewritten_not_edited():
+    """A view written without the text column (before rows carried it): the document DIR
+    serves, complete, is read again under the signature with text, and only its rows change."""
+    served = fingerprint(SIG, "t", ("en",))
+    now, other = fingerprint(TEXT_SIG, "t", ("en",)), fingerprint(SIG, "t", ("en",))
+    assert classify(Entry(served, None, None), now, other) == (REWRITTEN, None)
+    edited = fingerprint(SIG, "t2", ("en",))
+    assert classify(Entry(served, None, None), fingerprint(TEXT_SIG, "t2", ("en",)), edited) == (EDITED, None)
+    # served as far as it went: its version is being built, so it is done again whole
+    assert classify(Entry(served, None, (1,)), now, other) == (EDITED, None)
+    assert counts({REWRITTEN: 3, EDITED: 1}, 10, 0) == {"added": 0, "edited": 1, "removed": 0, "unchanged": 9,
+                                                       "resumed": 0, "rewritten": 3}
+    assert "rewritten" not in counts({}, 10, 0)
 
 
 def test_a_version_stays_the_same_across_releases():

@@ -221,3 +221,52 @@ def test_chunks_and_config_survive_pickling():   # Beam ships both between worke
     config = SplitConfig(max_tokens=64, overlap_tokens=8)
     chunks = Splitter(ENC, config).split("d", natural_text(3))
     assert pickle.loads(pickle.dumps((config, chunks))) == (config, chunks)
+
+
+WORDS = ["word", "passage", "search", "вектор", "поиск", "данные", "向量", "段落", "😀", "👨‍👩‍👧", "é", "x1",
+         "Pneumonoultramicroscopicsilicovolcanoconiosis"]
+SEPARATORS = [" ", " ", " ", "  ", ", ", ". ", "! ", "? ", "\n", "\n\n", "。", "！", "\t"]
+worded = st.lists(st.tuples(st.sampled_from(WORDS), st.sampled_from(SEPARATORS)), min_size=1, max_size=120).map(
+    lambda pairs: "".join(w + s for w, s in pairs))
+spaceless = st.lists(st.sampled_from(["向量", "段落", "保存", "😀", "ж", "Pneumono", "🌦️"]), min_size=1,
+                     max_size=200).map("".join)
+
+
+def _boundary(text: str, at: int) -> bool:
+    """A place a reader cuts at: a paragraph, line or sentence end, or the start of a space
+    (the splitter's `_boundary_class` > 0, on characters)."""
+    before, after = text[at - 1], text[at] if at < len(text) else ""
+    return before == "\n" or before in "。！？" or (after in " \t\n\r\x0b\x0c" and before not in " \t\n\r\x0b\x0c")
+
+
+def _window_boundaries(text: str, start: int, config: SplitConfig) -> bool:
+    """Whether the last boundary_window of the window of max_tokens tokens from START holds a
+    boundary at a token boundary (the splitter's candidates for the cut)."""
+    tokens = ENC.encode_ordinary(text[start:])
+    if len(tokens) <= config.max_tokens:
+        return False
+    ends = [len(ENC.decode_bytes(tokens[:k])) for k in range(1, config.max_tokens + 1)]
+    data = text[start:].encode("utf-8")
+    lo = config.max_tokens - int(config.boundary_window * config.max_tokens)
+    for end in ends[max(lo, 1) - 1:]:
+        if end < len(data) and data[end] & 0xC0 != 0x80 and _boundary(text, start + len(data[:end].decode("utf-8"))):
+            return True
+    return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.one_of(worded, spaceless), max_tokens=st.integers(8, 64),
+       window=st.sampled_from([0.1, 0.25, 0.5]))
+def test_no_cut_inside_a_word_where_the_window_holds_a_boundary(text, max_tokens, window):
+    """Each chunk ends at the window's last paragraph break, else line or sentence end, else
+    word start, when its last part holds one; else between tokens (never inside a character:
+    CJK without spaces, emoji, one long word)."""
+    config = SplitConfig(max_tokens=max_tokens, boundary_window=window)
+    chunks = Splitter(ENC, config).split("d", text)
+    check(chunks, "d", text, config)
+    start = 0
+    for chunk in chunks[:-1]:
+        end = start + len(chunk.text)
+        if _window_boundaries(text, start, config):
+            assert _boundary(text, end), (chunk.text[-12:], text[end:end + 12])
+        start = end

@@ -98,16 +98,12 @@ class Breaker:
 
 @dataclasses.dataclass
 class Delivery:
-    """One answered request: its texts (without the text itself: lineage and the journal need
-    only the rest, and a request's ~1 MB of text would otherwise wait with its vectors until
-    the main thread writes them), their vectors and each text's share of the cost."""
+    """One answered request: its texts (each row carries the text sent for its vector; the
+    journal keeps only their digests), their vectors and each text's share of the cost."""
     request_id: str | None   # None: a reused text whose file holds no request id
     items: list[TextItem]
     vectors: np.ndarray
     shares_micro: list[int]
-
-    def __post_init__(self):
-        self.items = [TextItem(i.text_sha256, "", i.n_tokens, i.refs) for i in self.items]
 
 
 @dataclasses.dataclass

@@ -2,7 +2,8 @@
 
 A request's cost is apportioned over its inputs by tokens (largest remainder), and an input's
 share again over the rows that share that text, so the rows of a request sum exactly to the
-cost the service reported.
+cost the service reported. Each row carries the text that was sent for its vector (the item's:
+a row that shares a text, or reuses its vector, has the same text) when its schema has `text`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pyarrow as pa
 
 from transforms.money.apportion import apportion_micro, from_micro
 from transforms.records import ChunkRef, TextItem
+from transforms.schemas import TEXT
 
 
 def _ref_columns(refs: Sequence[ChunkRef], shas: Sequence[str], model: str,
@@ -38,10 +40,11 @@ def embeddings_table(items: Sequence[TextItem], vectors: np.ndarray, request_ids
                      kept: Sequence[pa.Field], embedded_at: dt.datetime) -> pa.Table:
     """One row per (text, row sharing it); ITEM i has VECTORS[i], REQUEST_IDS[i], SHARES_MICRO[i]."""
     refs: list[ChunkRef] = []
-    shas, costs, rows_of_item, req = [], [], [], []
+    shas, texts, costs, rows_of_item, req = [], [], [], [], []
     for i, item in enumerate(items):
         refs += item.refs
         shas += [item.text_sha256] * len(item.refs)
+        texts += [item.text] * len(item.refs)
         req += [request_ids[i]] * len(item.refs)
         costs += apportion_micro(shares_micro[i], [1] * len(item.refs))
         rows_of_item += [i] * len(item.refs)
@@ -51,6 +54,8 @@ def embeddings_table(items: Sequence[TextItem], vectors: np.ndarray, request_ids
     rows = vectors if one_each else vectors[np.asarray(rows_of_item, dtype=np.int64)]
     flat = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1)
     cols = _ref_columns(refs, shas, model, kept)
+    if TEXT in schema.names:
+        cols[TEXT] = pa.array(texts, pa.string())
     cols.update({
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()),
                                                        type=schema.field("embedding").type),
@@ -72,6 +77,6 @@ def pending_table(pending: Iterable[tuple[TextItem, str]], schema: pa.Schema, mo
         texts += [item.text] * len(item.refs)
         reasons += [reason] * len(item.refs)
     cols = _ref_columns(refs, shas, model, kept)
-    cols.update({"text": pa.array(texts, pa.string()), "reason": pa.array(reasons, pa.string()),
+    cols.update({TEXT: pa.array(texts, pa.string()), "reason": pa.array(reasons, pa.string()),
                  "run_id": pa.array([run_id] * len(refs), pa.string())})
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)

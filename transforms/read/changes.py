@@ -10,6 +10,9 @@ version being built that are still pending (`todo`; none when complete).
 - unchanged: the version DIR serves, complete: nothing (not even tokenised).
 - resumed: the version DIR is building (served and incomplete, or the target): its todo chunks.
 - edited: any other version: every chunk; texts DIR already holds are reused, not paid.
+- rewritten: the version DIR serves, complete, but its rows were written with the text column
+  and this run writes them without it, or the other way round (a view written before rows
+  carried their text): every chunk, every vector reused; counted among the unchanged.
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ from transforms.read.parquet import open_parquet, parquet_file
 from transforms.schemas import required
 from transforms.worker.keyindex import KeyIndex, key16
 
-ADDED, EDITED, RESUMED, UNCHANGED = "added", "edited", "resumed", "unchanged"
-CHANGES = (ADDED, EDITED, RESUMED, UNCHANGED)
+ADDED, EDITED, RESUMED, UNCHANGED, REWRITTEN = "added", "edited", "resumed", "unchanged", "rewritten"
+CHANGES = (ADDED, EDITED, RESUMED, UNCHANGED, REWRITTEN)
 FINGERPRINT = pa.binary(16)
 
 DOCINDEX = pa.schema([
@@ -46,11 +49,25 @@ def changes_table(doc_ids: list[str], changes: list[str], fingerprints: Sequence
                                 schema=CHANGES_SCHEMA)
 
 
-def signature(tokenizer: str, chunk_tokens: int, overlap_tokens: int, boundary_window: float,
-              kept: Sequence[str]) -> bytes:
-    """What makes the same text give other chunks or rows: a change re-does every document."""
-    return hashlib.sha256(repr((tokenizer, chunk_tokens, overlap_tokens, boundary_window,
-                                tuple(kept))).encode()).digest()
+class Chunking(NamedTuple):
+    """What cuts a document into chunks: part of a view's identity, like its model (a change
+    on a living DIR builds another view: pipeline/checks/switching.py)."""
+    chunk_tokens: int
+    overlap_tokens: int
+    boundary_window: float
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> Chunking | None:
+        """From a manifest or switch record (None when it does not say; other keys ignored)."""
+        return cls(*(doc[k] for k in cls._fields)) if doc else None
+
+
+def signature(tokenizer: str, chunking: Chunking, kept: Sequence[str], text: bool) -> bytes:
+    """What makes the same text give other chunks or rows: a document read under another
+    signature is done again. TEXT: its rows carry their chunks' text (a view written without
+    them has the signature of text=False: its documents get their rows again, vectors reused)."""
+    fields = (tokenizer, *chunking, tuple(kept)) + (("text",) if text else ())
+    return hashlib.sha256(repr(fields).encode()).digest()
 
 
 def fingerprint(sig: bytes, text: str | None, kept: tuple[Any, ...] = (), refusal: str | None = None) -> bytes:
@@ -73,8 +90,9 @@ def counts(changed: Mapping[str, int], documents: int | None, removed: int) -> d
     DOCUMENTS, distinct ids in its input (None: DIR's pending rows were the input)."""
     worked = {c: changed.get(c, 0) for c in (ADDED, EDITED, RESUMED)}
     unchanged = 0 if documents is None else documents - sum(worked.values())
+    rewritten = changed.get(REWRITTEN, 0)   # among the unchanged; named only when there are some
     return {ADDED: worked[ADDED], EDITED: worked[EDITED], "removed": removed, UNCHANGED: unchanged,
-            RESUMED: worked[RESUMED]}
+            RESUMED: worked[RESUMED], **({REWRITTEN: rewritten} if rewritten else {})}
 
 
 class Entry(NamedTuple):
@@ -83,8 +101,10 @@ class Entry(NamedTuple):
     todo: tuple[int, ...] | None
 
 
-def classify(entry: Entry | None, fp: bytes) -> tuple[str, tuple[int, ...] | None]:
-    """(change, the chunk indexes to send: None for all)."""
+def classify(entry: Entry | None, fp: bytes, other_fp: bytes | None = None) -> tuple[str, tuple[int, ...] | None]:
+    """(change, the chunk indexes to send: None for all). OTHER_FP: the document's version
+    under the signature with the other text setting (None: not computed; a caller computes it
+    only for an edited document, see `rewritten`)."""
     if entry is None:
         return ADDED, None
     building = entry.target if entry.target is not None else entry.served
@@ -92,6 +112,8 @@ def classify(entry: Entry | None, fp: bytes) -> tuple[str, tuple[int, ...] | Non
         return RESUMED, entry.todo
     if fp == entry.served and entry.target is None:
         return UNCHANGED, ()
+    if other_fp is not None and classify(entry, other_fp)[0] == UNCHANGED:
+        return REWRITTEN, None
     return EDITED, None
 
 

@@ -69,7 +69,8 @@ class SplitConfig:
         if self.max_tokens < MIN_MAX_TOKENS:
             raise ValueError(f"max_tokens must be >= {MIN_MAX_TOKENS}, got {self.max_tokens}")
         if not 0 <= self.overlap_tokens <= self.max_tokens // 4:
-            raise ValueError(f"overlap_tokens must be in [0, max_tokens // 4], got {self.overlap_tokens}")
+            raise ValueError(f"overlap_tokens must be between 0 and a quarter of the chunk's {self.max_tokens} "
+                             f"tokens ({self.max_tokens // 4}), got {self.overlap_tokens}")
         if not 0 <= self.boundary_window <= 0.5:
             raise ValueError(f"boundary_window must be in [0, 0.5], got {self.boundary_window}")
         if self.segment_chars < 1024 or self.batch_chars < 1:

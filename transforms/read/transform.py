@@ -16,7 +16,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from service.tokenizer import get_encoding
-from transforms.read.changes import RESUMED, UNCHANGED, DocIndex, changes_table, classify, fingerprint
+from transforms.read.changes import EDITED, RESUMED, UNCHANGED, DocIndex, changes_table, classify, fingerprint
 from transforms.read.parquet import Partition, Pull, ReadParquetTables
 from transforms.read.rows import text_rejection
 from transforms.read.split import SplitConfig, Splitter
@@ -54,10 +54,13 @@ def _texts(column: pa.ChunkedArray) -> tuple[list, dict[int, str]]:
 
 class ViewRef(NamedTuple):
     """What the workers need of DIR's current view: its document index (None: no view yet),
-    the signature of its versions, and the scope of the in-process index (the run id)."""
+    the signature of its versions, and the scope of the in-process index (the run id);
+    OTHER, the signature of the same chunking with the other text setting (a document served
+    under it is rewritten, not edited)."""
     docindex: str | None
     signature: bytes
     scope: str
+    other: bytes | None = None
 
 
 def chunk_entries(doc_id: str, chunks, extra: tuple = ()):
@@ -90,12 +93,22 @@ class _SplitTable(beam.DoFn):
         view = self._view
         self._index = runscoped.shared(view.scope, "docindex", lambda: DocIndex(view.docindex))
 
-    def _version(self, doc_id, text, extra, row: int, invalid: dict) -> bytes:
+    def _version(self, signature: bytes, doc_id, text, extra, row: int, invalid: dict) -> bytes:
         if doc_id in self._duplicate_ids:
-            return fingerprint(self._view.signature, None, (), f"duplicate:{self._duplicate_ids[doc_id]}")
+            return fingerprint(signature, None, (), f"duplicate:{self._duplicate_ids[doc_id]}")
         if row in invalid:
-            return fingerprint(self._view.signature, None, (), invalid[row])
-        return fingerprint(self._view.signature, text, tuple(extra))
+            return fingerprint(signature, None, (), invalid[row])
+        return fingerprint(signature, text, tuple(extra))
+
+    def _change(self, doc_id, text, extra, row: int, invalid: dict) -> tuple[str, tuple[int, ...] | None, bytes]:
+        """(change, the chunks to send: None for all, the version) of one input row."""
+        view = self._view
+        version = self._version(view.signature, doc_id, text, extra, row, invalid)
+        entry = self._index.get(doc_id)
+        change, todo = classify(entry, version)
+        if change == EDITED and view.other is not None:   # hashed again only when it differs
+            change, todo = classify(entry, version, self._version(view.other, doc_id, text, extra, row, invalid))
+        return change, todo, version
 
     def process(self, table: pa.Table):
         ids = _id_strings(table.column(self._id_column))
@@ -109,8 +122,7 @@ class _SplitTable(beam.DoFn):
             if doc_id is None:  # no id: nothing to match across runs; a failed row every time
                 yield beam.pvalue.TaggedOutput(REJECTED, Rejected(None, None, "null_id", "the id column is null"))
                 continue
-            version = self._version(doc_id, text, extra, row, invalid)
-            change, todo = classify(self._index.get(doc_id), version)
+            change, todo, version = self._change(doc_id, text, extra, row, invalid)
             if change == UNCHANGED:
                 continue
             changed_ids.append(doc_id)

@@ -6,6 +6,8 @@ which move (a new version staged until complete, or promoted once it is). A file
 whose rows leave or move stays as it is; the others are read a row group at a time and
 written again: the rows that stay to one file, the rows that move to another. A file whose
 kept columns the view has widened since it was written is written again the same way, cast.
+A file of rows without their text, in a view whose other files have it, is written with a
+null `text` (PAD_TEXT): one schema in the view, so that every engine reads its files as one table.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.read.parquet import open_parquet, parquet_file, read_whole
+from transforms.schemas import TEXT
 from transforms.write.transform import Codec, open_writer
 
 _NO_IDS = pa.array([], pa.string())
@@ -79,6 +82,7 @@ class Task(NamedTuple):
     stays_to: str | None     # None: no row stays
     moves_to: str | None     # None: no row moves
     cast_to: bytes | None = None   # the kept columns' fields the rows take (a serialized schema), if others
+    pad_text: bool = False   # the source has no text column: written with a null one
 
 
 def cast_columns(table: pa.Table, fields: pa.Schema) -> pa.Table:
@@ -87,6 +91,12 @@ def cast_columns(table: pa.Table, fields: pa.Schema) -> pa.Table:
     schema = pa.schema([fields.field(f.name) if f.name in fields.names else f for f in table.schema],
                        metadata=table.schema.metadata)
     return table.cast(schema)
+
+
+def with_null_text(table: pa.Table) -> pa.Table:
+    """TABLE with a null `text` beside its `text_sha256`, where rows that carry it have it."""
+    at = table.schema.get_field_index("text_sha256") + 1
+    return table.add_column(at, pa.field(TEXT, pa.string()), pa.nulls(table.num_rows, pa.string()))
 
 
 def _row_groups(parquet: pq.ParquetFile):
@@ -114,6 +124,7 @@ def split_file(task: Task, rules: Rules, codec: Codec) -> None:
             for group in _row_groups(parquet):
                 group = cast_columns(group, cast_to) if cast_to is not None else group
                 drop, move = masks(group.select(columns), rules)
+                group = with_null_text(group) if task.pad_text else group
                 stay = pc.invert(pc.or_(drop, move))
                 for path, mask in ((task.stays_to, stay), (task.moves_to, move)):
                     if path is not None and pc.any(mask).as_py():

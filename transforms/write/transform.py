@@ -27,6 +27,8 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import CompressionTypes, FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.schemas import TEXT
+
 log = logging.getLogger(__name__)
 
 ROWS_PER_TABLE = 5000  # batching of small rows into Arrow tables; not a user-facing number
@@ -48,8 +50,10 @@ def _is_vector(t: pa.DataType) -> bool:
 
 def open_writer(sink, schema: pa.Schema, codec: Codec) -> pq.ParquetWriter:
     """Every output file's writer: no dictionary attempt and no min/max statistics on vectors
-    (they never repeat and are never filtered on; these were a large share of writing them)."""
-    scalars = [f.name for f in schema if not _is_vector(f.type)]
+    (they never repeat and are never filtered on; these were a large share of writing them),
+    nor on the chunks' texts (statistics would copy two whole texts into each row group's
+    metadata, and a dictionary of distinct texts only costs its memory before it gives up)."""
+    scalars = [f.name for f in schema if not _is_vector(f.type) and f.name != TEXT]
     compression = {f.name: codec.vectors if _is_vector(f.type) else codec.scalars for f in schema}
     return pq.ParquetWriter(sink, schema, compression=compression, use_dictionary=scalars,
                             write_statistics=scalars)
