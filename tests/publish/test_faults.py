@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pipeline.publish.database import shared_tables
+from pipeline.publish.checks import shared_tables
 from pipeline.publish.target import Database
 from tests.e2e.money_helpers import corpus_rows
 from tests.e2e.test_sync import next_day

@@ -12,10 +12,10 @@ import pytest
 
 from pipeline.exits import UsageError
 from pipeline.publish import delta
-from pipeline.publish.database import work_mem_mb
+from pipeline.publish.index import Index, work_mem_mb
 from pipeline.publish.target import TableName, parse_table, parse_url, shared_buffers_mb
 from pipeline.settings.config import PublishSettings
-from transforms.publish.columns import BUCKETS, bucket_of, columns, hash_sql, index_expression
+from transforms.publish.columns import BUCKETS, bucket_of, columns, hash_sql
 from transforms.publish.rows import copy_rows, vector_payloads
 
 
@@ -67,10 +67,14 @@ def test_rows_follow_the_columns_and_costs_read_back_exactly():
 def test_buckets_and_the_index_expression():
     assert 0 <= bucket_of("doc", 0, 0) < BUCKETS
     assert len({bucket_of(f"d{i}", 0, 0) for i in range(2000)}) > 1000
-    assert index_expression(1536) == ("embedding", "vector_cosine_ops")
-    assert index_expression(3072) == ("(embedding::halfvec(3072))", "halfvec_cosine_ops")
+    assert (Index(1536).indexed, Index(1536).opclass) == ("embedding", "vector_cosine_ops")
+    assert Index(3072).indexed == "(((embedding::vector))::halfvec(3072))" and Index(3072).key("q") == "(q)::halfvec(3072)"
+    assert Index(4096).indexed == "((subvector((embedding::vector), 1, 4000))::halfvec(4000))" and Index(4096).reranks
+    assert Index(2000).kind == "vector" and Index(4000).kind == "halfvec" and Index(4001).kind == "prefix"
+    assert Index(3072).lacking_in("0.6.2") == "halfvec type (0.7.0)" and Index(1536).lacking_in("0.6.2") is None
+    assert Index(1536).lacking_in("0.4.4") and Index(4096).lacking_in("0.8.0") is None
     s = PublishSettings()
-    assert 64 <= work_mem_mb(1000, 1536, s) <= work_mem_mb(200_000, 1536, s) == s.maintenance_work_mem_mb
+    assert 64 <= work_mem_mb(1000, Index(1536), s) <= work_mem_mb(200_000, Index(1536), s) == s.maintenance_work_mem_mb
 
 
 def test_the_embedded_servers_shared_buffers_are_the_setting_up_to_a_quarter_of_the_memory():

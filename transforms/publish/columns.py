@@ -22,7 +22,6 @@ KEY = ("doc_id", "chunk_index", "token_start")
 BUCKET, HASH = "_ep_bucket", "_ep_hash"
 BUCKET_BITS = 12
 BUCKETS = 1 << BUCKET_BITS
-HALFVEC_ABOVE = 2000   # pgvector indexes vectors up to 2,000 dimensions, halfvec up to 4,000
 
 # The contract's columns, in the order the view reads them, and their types.
 CONTRACT = (("doc_id", "text"), ("chunk_index", "integer"), ("chunk_count", "integer"),
@@ -118,15 +117,6 @@ def columns(kept: list[pa.Field], dimensions: int) -> list[Column]:
         type_ = pg_type(field)
         found.append(Column(field.name, type_, *_TYPES[type_]))
     return found
-
-
-def index_expression(dimensions: int) -> tuple[str, str]:
-    """(the indexed expression, its operator class): halfvec above what a vector index takes.
-    A query must order by the same expression to use the index (pipeline/publish/database.py:
-    nearest)."""
-    if dimensions > HALFVEC_ABOVE:
-        return f"(embedding::halfvec({dimensions}))", "halfvec_cosine_ops"
-    return "embedding", "vector_cosine_ops"
 
 
 def bucket_of(doc_id: str, chunk_index: int, token_start: int) -> int:
