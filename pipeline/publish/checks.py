@@ -37,6 +37,7 @@ def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: st
 
     def checks() -> None:
         pgvector_takes(conn, db, index)
+        check_rights(conn, db, names, None)   # the record is read from a shared table
         record = load_record(conn, names)
         check_ours(conn, names, record)
         check_rights(conn, db, names, record)
@@ -100,20 +101,22 @@ def check_ours(conn: psycopg.Connection, names: Names, record: Record | None) ->
 
 
 def check_rights(conn: psycopg.Connection, db: Database, names: Names, record: Record | None) -> None:
-    """The rights this publish needs on what is there already (the shared tables another role
-    may have made, NAME and its data table, which it drops or replaces): all of them, or
-    JobFailed naming those it lacks."""
+    """The rights this publish needs on what is there already: on the shared tables (another
+    role may have made them) when RECORD is None, else the ownership of NAME and of RECORD's
+    data table, which it replaces or drops. JobFailed naming those it lacks."""
     missing = []
-    for table in (META, LOADS):
-        rel = regclass(names.schema, table)
-        lacking = [p for p in RIGHTS if not one(conn.execute("SELECT has_table_privilege(%s, %s)", (rel, p)))[0]]
-        if lacking:
-            missing.append(f"{', '.join(lacking)} on {names.schema}.{table}")
-    for table in (names.name, *((record.data_table,) if record else ())):
-        owner = conn.execute("SELECT pg_get_userbyid(relowner), pg_has_role(relowner, 'USAGE') FROM pg_class "
-                             "WHERE oid = to_regclass(%s)", (regclass(names.schema, table),)).fetchone()
-        if owner is not None and not owner[1]:
-            missing.append(f"ownership of {names.schema}.{table} (owned by {owner[0]})")
+    if record is None:
+        for table in (META, LOADS):
+            rel = regclass(names.schema, table)
+            lacking = [p for p in RIGHTS if not one(conn.execute("SELECT has_table_privilege(%s, %s)", (rel, p)))[0]]
+            if lacking:
+                missing.append(f"{', '.join(lacking)} on {names.schema}.{table}")
+    else:
+        for table in (names.name, record.data_table):
+            owner = conn.execute("SELECT pg_get_userbyid(relowner), pg_has_role(relowner, 'USAGE') FROM pg_class "
+                                 "WHERE oid = to_regclass(%s)", (regclass(names.schema, table),)).fetchone()
+            if owner is not None and not owner[1]:
+                missing.append(f"ownership of {names.schema}.{table} (owned by {owner[0]})")
     if missing:
         role = one(conn.execute("SELECT current_user"))[0]
         raise JobFailed(f"role {role} lacks rights this publish needs in {db.shown}: {'; '.join(missing)}; grant "
