@@ -18,6 +18,7 @@ import psycopg
 from pipeline.exits import JobFailed
 from pipeline.publish.names import Names
 from pipeline.settings.config import PublishSettings
+from pipeline.terminal.figures import count
 from transforms.publish.sql import one
 
 log = logging.getLogger("embedpipe")
@@ -25,12 +26,15 @@ log = logging.getLogger("embedpipe")
 POLL_S = 0.1   # between two looks at the sessions: a reader's transaction usually ends within ms
 
 # The client sessions of this database (background processes have no user) holding a
-# snapshot older than %(limit)s: xids compare by age (they wrap), the older the larger.
+# snapshot older than %(limit)s: xids compare by age (they wrap), the older the larger. Not
+# those of publishes (another NAME's index build, say, holds a snapshot for minutes): their
+# statements each take a snapshot of their own and read no NAME in an older one.
 _OLDER = """
 SELECT pid, backend_xmin::text, coalesce(usename, '?'), coalesce(nullif(application_name, ''), '?')
 FROM pg_stat_activity
 WHERE datid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND pid <> pg_backend_pid()
-    AND usesysid IS NOT NULL AND backend_xmin IS NOT NULL AND age(backend_xmin) > age(%(limit)s::xid)"""
+    AND usesysid IS NOT NULL AND backend_xmin IS NOT NULL AND age(backend_xmin) > age(%(limit)s::xid)
+    AND NOT starts_with(coalesce(application_name, ''), 'embedpipe publish')"""
 
 
 def wait_for_older_snapshots(conn: psycopg.Connection, names: Names, settings: PublishSettings) -> float:
@@ -41,9 +45,9 @@ def wait_for_older_snapshots(conn: psycopg.Connection, names: Names, settings: P
     held = {pid: (xmin, user, app) for pid, xmin, user, app in conn.execute(_OLDER, {"limit": limit})}
     started = time.monotonic()
     if held:
-        log.info("%s is about to read its new rows: waiting for %d transactions begun before they were written "
-                 "(server processes %s), at most %s s (publish.snapshot_wait_s)", names.qualified, len(held),
-                 _listed(held), f"{settings.snapshot_wait_s:g}")
+        log.info("%s is about to read its new rows: waiting for %s begun before they were written (server "
+                 "processes %s), at most %s s (publish.snapshot_wait_s)", names.qualified,
+                 count(len(held), "transaction"), _listed(held), f"{settings.snapshot_wait_s:g}")
     while held:
         if time.monotonic() - started > settings.snapshot_wait_s:
             raise JobFailed(f"transactions begun before the new rows of {names.qualified} were written still hold "
