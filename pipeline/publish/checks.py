@@ -111,6 +111,8 @@ def check_rights(conn: psycopg.Connection, db: Database, names: Names, record: R
             lacking = [p for p in RIGHTS if not one(conn.execute("SELECT has_table_privilege(%s, %s)", (rel, p)))[0]]
             if lacking:
                 missing.append(f"{', '.join(lacking)} on {names.schema}.{table}")
+        if not one(conn.execute("SELECT has_table_privilege('pg_catalog.pg_stat_activity', 'SELECT')"))[0]:
+            missing.append("SELECT on pg_catalog.pg_stat_activity (a swap reads which sessions hold old snapshots)")
     else:
         for table in (names.name, record.data_table):
             owner = conn.execute("SELECT pg_get_userbyid(relowner), pg_has_role(relowner, 'USAGE') FROM pg_class "

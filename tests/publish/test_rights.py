@@ -83,3 +83,14 @@ def _rebuild(out) -> str:
     config = out.parent / "rebuild.yaml"
     config.write_text("publish:\n  rebuild_share: 0\n")
     return str(config)
+
+
+def test_a_role_that_may_not_read_the_sessions_is_refused_before_anything_is_made(day1, pg_server, pg_url, caplog):
+    """The swap waits for the sessions whose snapshot predates its rows (pg_stat_activity): a
+    database that hides them is refused first, not after a build."""
+    with role(pg_server, pg_url, "GRANT CREATE ON SCHEMA public TO ROLE", "CREATE EXTENSION vector",
+              "REVOKE SELECT ON pg_catalog.pg_stat_activity FROM PUBLIC") as url:
+        caplog.clear()
+        assert publish(day1, url) == 1
+        assert "SELECT on pg_catalog.pg_stat_activity" in caplog.text and "(nothing was changed)" in caplog.text
+        assert data_tables(pg_url) == []
