@@ -1,10 +1,13 @@
 """publish(DIR's view -> NAME): the launcher's part.
 
-    lock NAME (one publisher) -> its record -> the tables a killed publish left, dropped
-      -> nothing to do                    the record names this view and the checksums agree
+    checks (checks.py) -> lock NAME (one publisher) -> its record -> the tables a killed
+    publish left, dropped
+      -> nothing to do                    the record names this view, the checksums agree and
+                                          NAME is defined as a publish defines it
       -> a delta (pipeline/publish/delta.py) staged by the workers, applied in one transaction
-      -> a build: the model's table beside the served one, loaded by the workers, indexed,
-         then swapped in (pipeline/publish/database.py: swap)
+      -> a build: the model's table beside the served one, loaded by the workers, indexed as
+         its length allows (index.py), then, once the transactions older than its rows have
+         ended (snapshots.py), swapped in (pipeline/publish/database.py: swap)
 
 The workers (transforms/publish/transform.py: LoadRows) read the view's files and COPY the
 rows; the launcher reads manifests, footers and key columns only, so its memory does not grow
