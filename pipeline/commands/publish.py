@@ -59,7 +59,8 @@ def render(r: dict, resume: str | None) -> str:
     """One line of what was published, and one of what the view has that the table does not
     (RESUME: the command that embeds its pending chunks, when known)."""
     change = {"unchanged": "nothing to write", "built": "built", "rebuilt": "built beside and swapped in",
-              "delta": "delta applied"}.get(r["action"], r["action"])
+              "delta": "delta applied", "redefined": "defined again over the rows it holds"}.get(r["action"],
+                                                                                                 r["action"])
     lines = [f"published view {r['view']} ({r['model']}, {r['dimensions']:,} dimensions) to {r['table']} at "
              f"{r['target']}: {count(r['rows'], 'row')}; {change}, {count(r['written'], 'row')} written "
              f"(+{r['inserted']:,} ~{r['updated']:,} -{r['deleted']:,}) in {r['seconds_total']:.1f} s"]

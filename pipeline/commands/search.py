@@ -27,7 +27,9 @@ from pipeline.commands.publish import publish_command
 from pipeline.exits import EXIT_OK, JobFailed, UsageError
 from pipeline.outdir import OutputDir, layout, records, space
 from pipeline.outdir.jsonfiles import write_whole
+from pipeline.publish import checks
 from pipeline.publish import database as dbs
+from pipeline.publish.index import Index, nearest
 from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, parse_table, reach
 from pipeline.settings.config import RunSettings
 from pipeline.settings.job import new_run_id
@@ -111,7 +113,7 @@ def search(args: argparse.Namespace) -> dict:
         try:
             names = dbs.Names(dbs.schema_of(conn, db, table.schema), table.name)
             record = dbs.load_record(conn, names) if dbs.relkind(conn, names.schema, dbs.META) else None
-            dbs.check_ours(conn, names, record)
+            checks.check_ours(conn, names, record)
             if record is None or dbs.relkind(conn, names.schema, names.name) is None:
                 raise UsageError(f"{names.qualified} at {db.shown} is not a table embedpipe published: publish it "
                                  f"first: {publish_command(args.dir, args.to, args.table, opts)}")
@@ -128,8 +130,8 @@ def search(args: argparse.Namespace) -> dict:
                 literal, request = embed_query(out, args.text, record.model, record.dimensions, opts, settings)
                 query, params = sql.SQL("%(query)s::vector({})").format(sql.Literal(record.dimensions)), \
                     {"query": literal}
-            rows = dbs.nearest(conn, names, record.dimensions, kept, query, params, args.k,
-                               settings.publish.ef_search, exclude_doc=args.like)
+            rows = nearest(conn, names, Index(record.dimensions), kept, query, params, args.k, settings.publish,
+                           exclude_doc=args.like)
         except psycopg.Error as exc:
             raise JobFailed(f"searching {table.name} at {db.shown} failed: {one_line(exc)}") from None
         finally:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import psycopg
 
 from pipeline.exits import UsageError
-from pipeline.publish.database import Names, Record, regclass
+from pipeline.publish.database import Record
+from pipeline.publish.names import Names, regclass
 from transforms.publish.sql import one
 
 # The user's objects that depend on a relation REL (its oid): those that read it or its row

@@ -1,10 +1,13 @@
 """publish(DIR's view -> NAME): the launcher's part.
 
-    lock NAME (one publisher) -> its record -> the tables a killed publish left, dropped
-      -> nothing to do                    the record names this view and the checksums agree
+    checks (checks.py) -> lock NAME (one publisher) -> its record -> the tables a killed
+    publish left, dropped
+      -> nothing to do                    the record names this view, the checksums agree and
+                                          NAME is defined as a publish defines it
       -> a delta (pipeline/publish/delta.py) staged by the workers, applied in one transaction
-      -> a build: the model's table beside the served one, loaded by the workers, indexed,
-         then swapped in (pipeline/publish/database.py: swap)
+      -> a build: the model's table beside the served one, loaded by the workers, indexed as
+         its length allows (index.py), then, once the transactions older than its rows have
+         ended (snapshots.py), swapped in (pipeline/publish/database.py: swap)
 
 The workers (transforms/publish/transform.py: LoadRows) read the view's files and COPY the
 rows; the launcher reads manifests, footers and key columns only, so its memory does not grow
@@ -31,10 +34,15 @@ from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import OutputDir
 from pipeline.outdir.kept import Mismatch, view_fields
 from pipeline.outdir.view import View
+from pipeline.publish import checks, definition
 from pipeline.publish import database as dbs
 from pipeline.publish import delta as deltas
-from pipeline.publish.database import DATA, STAGING, Names, Record
+from pipeline.publish.database import DATA, STAGING, Record
 from pipeline.publish.dependents import check_dependents
+from pipeline.publish.failure import failure
+from pipeline.publish.index import Index, build_indexes
+from pipeline.publish.names import Names
+from pipeline.publish.snapshots import wait_for_older_snapshots
 from pipeline.publish.target import Database, TableName, check_target, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
@@ -120,6 +128,7 @@ class Context:
     conn: psycopg.Connection
     names: Names
     cols: list[Column]
+    index: Index
     settings: PublishSettings
     opts: object
     long_ids: bool = False   # the data table keys on the ids' md5 (transforms/publish/columns.py: KEY_BYTES)
@@ -135,7 +144,7 @@ class Context:
                    "staged": v.rows("staged-embeddings"), "view_committed_at": v.committed_at,
                    **({"key": "md5(doc_id)"} if self.long_ids else {})}
         return Record(data_table, v.view, v.model, v.dimensions, tuple((c.name, c.type) for c in self.cols), rows,
-                      tuple(counts), tuple(hashes), details)
+                      tuple(counts), tuple(hashes), index=self.index.signature, details=details)
 
     def loaded_all(self, table: str, tasks: list[Task], rows: int) -> None:
         n, found = dbs.loaded(self.conn, self.names, table)
@@ -145,19 +154,24 @@ class Context:
 
 
 def compatible(record: Record | None, ctx: Context) -> bool:
-    """Whether the served table takes this view's rows as they are (same model, length, columns)."""
+    """Whether the served table takes this view's rows as they are (same model, length, columns,
+    the index this publish would build)."""
     return (record is not None and record.model == ctx.view.model and record.dimensions == ctx.view.dimensions
-            and record.columns == tuple((c.name, c.type) for c in ctx.cols))
+            and record.columns == tuple((c.name, c.type) for c in ctx.cols)
+            and record.index == ctx.index.signature)
 
 
 def build(ctx: Context, record: Record | None) -> dict:
     """The view's rows in a new table beside the served one, indexed, then swapped in."""
     names, view = ctx.names, ctx.view
-    replace, change = _keeps_columns(ctx, record)
-    check_dependents(ctx.conn, names, record, replace, change)
+    served = definition.definition(ctx.conn, names.schema, names.name)
+    change = "it is not there" if served is None else served.change_to(
+        definition.expected(ctx.conn, names, ctx.cols, None))
+    check_dependents(ctx.conn, names, record, change is None, change or "")
     tasks, rows = all_tasks(ctx.out, view), view.rows("embeddings")
     longest = check_values(tasks, ctx.cols)
     ctx.long_ids = longest > KEY_BYTES
+    log.info("%s: %s", names.qualified, ctx.index.describe(view.model))
     table = names.new(DATA)
     dbs.create_data_table(ctx.conn, names, table, ctx.cols,
                           f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})",
@@ -166,42 +180,24 @@ def build(ctx: Context, record: Record | None) -> dict:
     run_load(tasks, ctx.load(table), ctx.opts)
     ctx.loaded_all(table, tasks, rows)
     loaded_at = time.monotonic()
-    dbs.build_indexes(ctx.conn, names, table, view.dimensions, rows, ctx.settings, longest)
+    build_indexes(ctx.conn, names, table, ctx.index, rows, ctx.settings, longest)
     indexed_at = time.monotonic()
     counts, hashes = dbs.aggregates(ctx.conn, names, table)
-    attempts = dbs.swap(ctx.conn, names, table, ctx.cols, replace, ctx.record(table, rows, counts, hashes),
+    waited = wait_for_older_snapshots(ctx.conn, names, ctx.settings)
+    attempts = dbs.swap(ctx.conn, names, table, ctx.cols, change is None, ctx.record(table, rows, counts, hashes),
                         ctx.settings)
     if record is not None and record.data_table != table:
         dbs.drop_table(ctx.conn, names, record.data_table, ctx.settings, attempts=3)
     return {"action": "built" if record is None else "rebuilt", "inserted": rows, "updated": 0,
             "deleted": record.rows if record else 0, "swap_attempts": attempts,
-            "seconds": {"load": round(loaded_at - started, 3), "index": round(indexed_at - loaded_at, 3)}}
-
-
-def _keeps_columns(ctx: Context, record: Record | None) -> tuple[bool, str]:
-    """Whether the served NAME's columns stay, the same names and types first (CREATE OR
-    REPLACE VIEW takes new columns after them only); else what changes."""
-    if record is None or not _view_exists(ctx):
-        return False, "it is not there"
-    new = tuple((c.name, c.type) for c in ctx.cols)
-    if new[:len(record.columns)] == record.columns:
-        return True, ""
-    types = dict(new)
-    name, was = next(c for c, n in itertools.zip_longest(record.columns, new) if c != n)
-    if name not in types:
-        return False, f"its column {name} goes"
-    if types[name] != was:
-        return False, f"its column {name} changes from {was} to {types[name]}"
-    return False, f"its column {name} moves"
-
-
-def _view_exists(ctx: Context) -> bool:
-    return dbs.relkind(ctx.conn, ctx.names.schema, ctx.names.name) == "v"
+            "index": ctx.index.describe(view.model),
+            "seconds": {"load": round(loaded_at - started, 3), "index": round(indexed_at - loaded_at, 3),
+                        "snapshots_waited": waited}}
 
 
 def _publish(ctx: Context) -> dict:
     record = dbs.load_record(ctx.conn, ctx.names)
-    dbs.check_ours(ctx.conn, ctx.names, record)
+    checks.check_ours(ctx.conn, ctx.names, record)
     keep = [record.data_table] if record else []
     dropped = dbs.remove_leftovers(ctx.conn, ctx.names, keep, ctx.settings)
     if (record is None or not compatible(record, ctx)
@@ -213,6 +209,24 @@ def _publish(ctx: Context) -> dict:
     return result
 
 
+def _redefine(ctx: Context, record: Record) -> bool | None:
+    """How NAME is defined again over the served table: None when it is as a publish defines
+    it, True by CREATE OR REPLACE, False made anew (refused first when objects of the user's
+    depend on it)."""
+    names = ctx.names
+    served = definition.definition(ctx.conn, names.schema, names.name)
+    if served is None:
+        return False
+    want = definition.expected(ctx.conn, names, ctx.cols, record.data_table)
+    if served == want:
+        return None
+    log.warning("%s is defined otherwise than a publish defines it (by hand?): it is defined again", names.qualified)
+    change = served.change_to(want)
+    if change is not None:
+        check_dependents(ctx.conn, names, None, False, change)
+    return change is None
+
+
 def update(ctx: Context, record: Record) -> dict:
     """The served table brought to the view: nothing, a delta, or (when the delta is a large
     share of the rows) a build."""
@@ -222,8 +236,8 @@ def update(ctx: Context, record: Record) -> dict:
     if drifted:
         log.warning("%s differs from what was published in %d of %d buckets (edited by hand?): their rows are "
                     "written again", names.qualified, len(drifted), BUCKETS)
-    view_missing = not _view_exists(ctx)
-    if record.view == view.view and not drifted and not view_missing:
+    redefine = _redefine(ctx, record)
+    if record.view == view.view and not drifted and redefine is None:
         return {"action": "unchanged", "inserted": 0, "updated": 0, "deleted": 0}
     started = time.monotonic()
     delta = deltas.plan(ctx.out, view, deltas.served_view(ctx.out, record.view),
@@ -253,7 +267,7 @@ def update(ctx: Context, record: Record) -> dict:
     try:
         inserted, updated, deleted = dbs.apply_delta(
             ctx.conn, names, record, staging, ctx.cols, delta.gone, drifted, sums,
-            lambda s: ctx.record(record.data_table, rows, s.counts, s.hashes), view_missing)
+            lambda s: ctx.record(record.data_table, rows, s.counts, s.hashes), redefine)
     except dbs.Inexact as exc:   # never served: the whole view instead
         if staging is not None:
             dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
@@ -264,8 +278,9 @@ def update(ctx: Context, record: Record) -> dict:
             with contextlib.suppress(psycopg.Error):
                 dbs.drop_table(ctx.conn, names, staging, ctx.settings, attempts=1)
         raise
-    return {"action": "delta", "inserted": inserted, "updated": updated, "deleted": deleted,
-            "drifted_buckets": len(drifted), "loaded_by": loaded_by,
+    written = inserted + updated + deleted
+    return {"action": "delta" if written or redefine is None else "redefined", "inserted": inserted,
+            "updated": updated, "deleted": deleted, "drifted_buckets": len(drifted), "loaded_by": loaded_by,
             "seconds": {"load": round(loaded_at - started, 3), "apply": round(time.monotonic() - loaded_at, 3)}}
 
 
@@ -282,12 +297,13 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
     except Unpublishable as exc:
         raise UsageError(f"{exc}: a run with --sync and --keep-columns without it makes every row again at no cost, "
                          "and a view that publishes (nothing was written)") from None
+    index = Index(view.dimensions)
     with reach(target, out.path, create=True, settings=settings) as db:
         conn = dbs.connect(db, settings)
         names = None
         try:
-            names = dbs.resolve(conn, db, table.schema, table.name, settings.lock_wait_s)
-            ctx = Context(out, view, db, conn, names, cols, settings, opts)
+            names = checks.resolve(conn, db, table.schema, table.name, index, settings.lock_wait_s)
+            ctx = Context(out, view, db, conn, names, cols, index, settings, opts)
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
             dbs.search_default(conn, settings.ef_search)
@@ -300,7 +316,7 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
                              "foreign key of yours refers to rows the view no longer has; drop it, or delete the "
                              "rows that refer to them, then publish again (nothing was changed)") from None
         except psycopg.Error as exc:
-            raise JobFailed(_failure(exc, db, names or table)) from None
+            raise JobFailed(failure(exc, db, names.qualified if names else table.name)) from None
         finally:
             conn.close()
     return {"table": names.qualified, "target": db.shown, "view": view.view, "model": view.model,
@@ -308,20 +324,3 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
             "written": result["inserted"] + result["updated"] + result["deleted"],
             "pending": view.rows("pending"), "failed": view.rows("failed"), "staged": view.rows("staged-embeddings"),
             "seconds_total": round(time.monotonic() - started, 3)}
-
-
-def _failure(exc: psycopg.Error, db: Database, names) -> str:
-    """One line for a database error in the middle of a publish: NAME is as it was."""
-    name = names.qualified if isinstance(names, Names) else names.name
-    if isinstance(exc, psycopg.DataError):   # the same rows would meet it again
-        return (f"publishing to {name} failed: the view holds a value PostgreSQL does not take "
-                f"({one_line(exc)}); it serves what it did before")
-    if isinstance(exc, errors.InsufficientPrivilege):
-        what = f"this role lacks a right: {one_line(exc)}"
-    elif isinstance(exc, errors.DiskFull):
-        what = "the database server's disk is full"
-    elif isinstance(exc, psycopg.OperationalError):
-        what = f"the connection to {db.shown} was lost ({one_line(exc)})"
-    else:
-        what = one_line(exc)
-    return f"publishing to {name} failed: {what}; it serves what it did before: publish again"

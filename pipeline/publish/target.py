@@ -23,6 +23,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pipeline.exits import UsageError
 from pipeline.outdir import layout
 from pipeline.outdir.view import is_local
+from pipeline.publish.conninfo import nested, secrets_in
 from pipeline.settings.config import PublishSettings
 
 EMBEDDED = "embedded"
@@ -62,6 +63,8 @@ def shown(params: dict) -> str:
     host = params.get("host") or ""
     port = f":{params['port']}" if params.get("port") else ""
     database = params.get("dbname") or ""
+    if nested(database):   # a connection string libpq reads as its own: shown by no message
+        database = "(a connection string)"
     if host.startswith("/"):   # a Unix socket's directory
         return f"postgresql://{user}{port and 'localhost' + port}/{database}?host={host}"
     return f"postgresql://{user}{host}{port}/{database}"
@@ -77,11 +80,14 @@ def parse_url(value: str, flag: str = "--to") -> Database:
     except psycopg.ProgrammingError:
         raise UsageError(f"{flag}: not a URL libpq can read; expected postgresql://[user@]host[:port]/database"
                          "[?param=value...]") from None
-    if params.get("password"):
-        raise UsageError(f"{flag}: the URL holds a password, which the command line must not carry (it "
+    held = secrets_in(params, secret_parameters())
+    if passwords := [where for where, key in held if key == "password"]:
+        inside = f" in its {passwords[0]} parameter" if passwords[0] else ""
+        raise UsageError(f"{flag}: the URL holds a password{inside}, which the command line must not carry (it "
                          f"shows in the process list and the shell's history): {PASSWORD_HELP}")
-    if held := sorted(k for k in params if k in secret_parameters()):
-        raise UsageError(f"{flag}: the URL holds {', '.join(held)}, a secret the command line must not carry (it "
+    if held:
+        named = ", ".join(sorted({key + (f" (in its {where} parameter)" if where else "") for where, key in held}))
+        raise UsageError(f"{flag}: the URL holds {named}, a secret the command line must not carry (it "
                          "shows in the process list and the shell's history, and would travel in the job to its "
                          f"workers): {SERVICE_HELP}")
     return Database(make_conninfo("", **params), shown(params))

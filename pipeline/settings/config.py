@@ -114,6 +114,8 @@ class PublishSettings:
     lock_timeout_ms: int = 500
     swap_attempts: int = 60
     swap_backoff_s: float = 1.0
+    snapshot_wait_s: float = 300.0
+    rerank_factor: int = 4
     lock_wait_s: float = 10.0
     connect_timeout_s: float = 10.0
     rebuild_share: float = 0.3
@@ -205,6 +207,7 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "publish.ef_search": settings.publish.ef_search,
                 "publish.maintenance_work_mem_mb": settings.publish.maintenance_work_mem_mb,
                 "publish.swap_attempts": settings.publish.swap_attempts,
+                "publish.rerank_factor": settings.publish.rerank_factor,
                 "publish.lock_timeout_ms": settings.publish.lock_timeout_ms,
                 "publish.connect_timeout_s": settings.publish.connect_timeout_s,
                 "publish.embedded_shared_buffers_mb": settings.publish.embedded_shared_buffers_mb}

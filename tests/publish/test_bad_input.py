@@ -22,8 +22,13 @@ def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
                           timeout=300, **kwargs)
 
 
-@pytest.mark.parametrize("url", [f"postgresql://postgres:{SECRET}@localhost/db",
-                                 f"postgresql://postgres@localhost/db?password={SECRET}&sslmode=disable"])
+@pytest.mark.parametrize("url", [
+    f"postgresql://postgres:{SECRET}@localhost/db", f"postgresql://postgres@localhost/db?password={SECRET}&sslmode=disable",
+    f"postgresql://postgres@localhost/?%70assword={SECRET}",
+    f"postgresql://postgres@localhost/db?dbname=postgresql://u:{SECRET}@h/d",   # libpq reads such a dbname as a URL
+    f"postgresql://postgres@localhost/?dbname=postgresql%3A%2F%2Fu%3A{SECRET}%40h%2Fd",
+    f"postgresql://postgres@localhost/?dbname=host%3Dh%20password%3D{SECRET}",
+    f"postgresql://postgres@localhost/?application_name=postgresql%253A%252F%252Fu%253A{SECRET}%2540h"])
 def test_a_password_in_the_url_is_refused_and_never_echoed(day1, url):
     for args in (["publish", str(day1), "--to", url],
                  ["run", "--input", "x.parquet", "--output", str(day1), "--model", "text-embedding-3-small",
@@ -52,6 +57,14 @@ def test_a_hostile_or_bad_table_name_runs_no_sql(day1, pg_url, name, caplog):
             ["canary"]
 
 
+def made(url: str) -> tuple[list, list]:
+    """The extensions and the tables and views of the database."""
+    with psycopg.connect(url) as conn:
+        return (conn.execute("SELECT extname FROM pg_extension WHERE extname <> 'plpgsql'").fetchall(),
+                conn.execute("SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE "
+                             "nspname = 'public' AND relkind IN ('r', 'u', 'v') ORDER BY 1").fetchall())
+
+
 @pytest.mark.parametrize("kind", ["TABLE", "VIEW"])
 def test_a_table_that_is_not_ours_is_never_touched(day1, pg_url, kind, caplog):
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -60,10 +73,25 @@ def test_a_table_that_is_not_ours_is_never_touched(day1, pg_url, kind, caplog):
             conn.execute("CREATE VIEW embeddings AS SELECT * FROM mine")
         else:
             conn.execute("CREATE TABLE embeddings AS SELECT 1 AS x")
+    before = made(pg_url)
     assert publish(day1, pg_url) == 2
-    assert "is not a table embedpipe publishes" in caplog.text
+    assert "is not a table embedpipe publishes" in caplog.text and "(nothing was changed)" in caplog.text
+    assert made(pg_url) == before   # not even pgvector, nor the tables a publish shares
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT x FROM embeddings").fetchall() == [(1,)]
+
+
+@pytest.mark.parametrize("name", ["vector", "halfvec", "mood"])
+def test_a_table_named_as_a_type_is_refused_before_anything_is_made(day1, pg_url, name, caplog):
+    """pgvector's types (made by this very publish in a new database) and the user's: a view's
+    row type would take the name."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TYPE mood AS ENUM ('calm')")
+    assert publish(day1, pg_url, "--table", name) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"public.{name} is the name of a type in schema public, which a view's row type cannot take: "
+                      "give another --table (nothing was changed)"]
+    assert made(pg_url) == ([], [])
 
 
 def test_a_view_of_ours_replaced_by_the_user_is_theirs(day1, pg_url, caplog):
@@ -78,7 +106,7 @@ def test_a_view_of_ours_replaced_by_the_user_is_theirs(day1, pg_url, caplog):
 
 def test_a_server_that_does_not_answer_is_one_line(day1, caplog):
     assert publish(day1, "postgresql://postgres@127.0.0.1:9/db?connect_timeout=2") == 1
-    assert "did not answer" in caplog.text
+    assert "could not connect to the database at postgresql://postgres@127.0.0.1:9/db" in caplog.text
 
 
 def test_a_role_without_rights_is_refused_and_changes_nothing(day1, pg_server, pg_url, caplog):

@@ -1,11 +1,14 @@
 """The user's own objects on the published table: views, materialized views, functions, rules,
 triggers, grants and foreign keys. A delta, and a build that keeps NAME's columns (CREATE OR
-REPLACE VIEW), keep those on NAME, which then read the new rows; a build that makes NAME anew
-(other dimensions) or replaces the data table they read is refused before anything is built,
-naming them, and the table stays as it was."""
+REPLACE VIEW: a switch to any model, of any length, the vector's type the same), keep those on
+NAME, which then read the new rows; a build that makes NAME anew (a column that goes) or
+replaces the data table they read is refused before anything is built, naming them, and the
+table stays as it was."""
 from __future__ import annotations
 
 import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from psycopg import sql
@@ -30,6 +33,7 @@ def switching(tmp_path, sandbox_factory, env_key):
         write_corpus(corpus, rows)
         return run(corpus, out, sandbox, models, model, *flags)
     day.out = out
+    day.run = lambda corpus, other, model, *flags: run(corpus, other, sandbox, models, model, *flags)
     return day
 
 
@@ -92,20 +96,36 @@ def test_a_delta_and_a_same_length_switch_keep_the_users_objects_reading_the_new
         execute(pg_url, "DROP OWNED BY reader_k", "DROP ROLE reader_k")
 
 
-def test_a_switch_to_another_length_is_refused_while_objects_of_the_user_depend_on_the_table(switching, pg_url,
-                                                                                              caplog):
+def test_a_switch_to_another_length_keeps_the_users_objects_and_a_column_that_goes_is_refused(switching, pg_url,
+                                                                                             tmp_path, caplog):
     day = corpus_rows(n_short=30, n_long=1)
     assert switching(MODEL, day) == 0
     assert publish(switching.out, pg_url) == 0
     execute(pg_url, *OF_NAME, "CREATE ROLE reader_o", "GRANT SELECT ON embeddings TO reader_o")
     try:
         assert switching(OTHER, day, "--sync", "--switch-model") == 0
-        before = database_state(pg_url)
+        assert publish(switching.out, pg_url) == 0   # 32 dimensions to 48: NAME's embedding is `vector` for both
+        assert_same(switching.out, pg_url)
+        assert rows(pg_url, "SELECT DISTINCT model, vector_dims(embedding) FROM mine") == [(OTHER, 48)]
+        assert rows(pg_url, "SELECT chunks_of('l-0')") == rows(pg_url, "SELECT count(*) FROM embeddings WHERE "
+                                                                       "doc_id = 'l-0'")
+        assert rows(pg_url, "SELECT rulename FROM pg_rules WHERE tablename = 'embeddings'") == [("no_writes",)]
+
+        kept = tmp_path / "kept"   # another DIR, whose view keeps a column: NAME gains it after its own
+        corpus = tmp_path / "kept.parquet"
+        pq.write_table(pa.table({"id": [r["id"] for r in day], "text": [r["text"] for r in day],
+                                 "lang": ["en"] * len(day)}), corpus)
+        assert switching.run(corpus, kept, OTHER, "--keep-columns", "lang") == 0
+        assert publish(kept, pg_url) == 0
+        assert_same(kept, pg_url)
+        assert rows(pg_url, "SELECT DISTINCT model FROM mine") == [(OTHER,)]
+
+        before = database_state(pg_url)   # the first DIR again: its view has no `lang`
         caplog.clear()
         assert publish(switching.out, pg_url) == 2
         said = caplog.text
         for name in ("view mine", "materialized view counted", "function chunks_of(text)",
-                     "rule no_writes on view embeddings", "vector(32) to vector(48)", "drop them"):
+                     "rule no_writes on view embeddings", "its column lang goes", "drop them"):
             assert name in said, name
         assert database_state(pg_url) == before   # nothing built, staged or dropped
 

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pipeline.publish.database import shared_tables
+from pipeline.publish.checks import shared_tables
 from pipeline.publish.target import Database
 from tests.e2e.money_helpers import corpus_rows
 from tests.e2e.test_sync import next_day
@@ -155,6 +155,40 @@ def test_a_table_edited_by_hand_is_repaired_by_the_next_publish(days, pg_url, ca
     assert published(capsys, days.out, pg_url)["action"] == "unchanged"
 
 
+def test_a_name_redefined_by_hand_over_the_data_table_is_defined_again(days, pg_url, capsys, caplog):
+    """NAME still reads the data table, so it is embedpipe's, but serves other rows than the
+    view: the next publish defines it again (with the user's grants, and refused while the
+    user's objects depend on a NAME it must make anew)."""
+    assert days(corpus_rows(n_short=30, n_long=1)) == 0
+    assert publish(days.out, pg_url) == 0
+    data = served_table(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        served = conn.execute("SELECT pg_get_viewdef('embeddings')").fetchone()[0].rstrip().rstrip(";")
+        conn.execute(sql.SQL("CREATE OR REPLACE VIEW embeddings AS {} WHERE doc_id <> 's-1'").format(sql.SQL(served)))
+    caplog.clear()
+    again = published(capsys, days.out, pg_url)
+    assert again["action"] == "redefined" and again["written"] == 0
+    assert "is defined otherwise than a publish defines it" in caplog.text
+    rows = assert_same(days.out, pg_url)
+    assert published(capsys, days.out, pg_url)["action"] == "unchanged"
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:   # made anew by hand, a column fewer
+        conn.execute("DROP VIEW embeddings")
+        conn.execute(sql.SQL("CREATE VIEW embeddings AS SELECT doc_id, chunk_index, embedding FROM {}")
+                     .format(sql.Identifier(data)))
+        conn.execute("GRANT SELECT ON embeddings TO PUBLIC")
+        conn.execute("CREATE VIEW mine AS SELECT doc_id FROM embeddings")
+    caplog.clear()
+    assert publish(days.out, pg_url) == 2
+    assert "its column embedding changes from vector(32) to vector" in caplog.text and "view mine" in caplog.text
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP VIEW mine")
+    assert published(capsys, days.out, pg_url)["action"] == "redefined"
+    assert assert_same(days.out, pg_url) == rows
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT has_table_privilege('public', 'embeddings', 'SELECT')").fetchone() == (True,)
+
+
 def test_a_served_view_no_longer_kept_is_diffed_against_the_table(days, pg_url, tmp_path, capsys):
     rows = corpus_rows(n_short=60, n_long=2)
     config = tmp_path / "pipeline.yaml"
@@ -227,3 +261,25 @@ def test_a_full_disk_on_the_server_is_one_line_and_the_table_stays(days, pg_serv
             conn.execute(f"DROP TABLESPACE small_{database}")
             conn.execute(f'CREATE DATABASE "{database}"')   # for the fixture's teardown
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("option, said", [
+    ("lock_timeout", "canceling statement due to lock timeout (SQLSTATE 55P03); it serves what it did before: "
+                     "publish again"),
+    ("statement_timeout", "a statement ran longer than the server's statement_timeout: canceling statement due to "
+                          "statement timeout (SQLSTATE 57014); it serves what it did before: raise it for the role "
+                          "that publishes (ALTER ROLE ... SET statement_timeout), then publish again")])
+def test_a_database_error_is_told_as_the_server_said_it(day1, pg_url, option, said, caplog):
+    """The session's own limit (here the URL's `options`, which the workers' sessions take too)
+    cuts a worker's statement that waits for a lock held meanwhile: one line with what the
+    server said, not a lost connection."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:   # the table a lock is held on
+        shared_tables(conn, Database(pg_url, "test"), "public", 10)
+    url = f"{pg_url}&options=-c%20{option}%3D300"
+    with holding(pg_url, "LOCK TABLE embedpipe_loads IN ACCESS EXCLUSIVE MODE"):
+        caplog.clear()
+        assert publish(day1, url) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and r.name == "embedpipe"]
+    assert errors == [f"publishing to public.embeddings failed: {said}"]
+    assert state(pg_url) is None
+    assert publish(day1, pg_url) == 0

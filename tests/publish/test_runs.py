@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from pipeline.cli import main
-from pipeline.publish.database import shared_tables
+from pipeline.publish.checks import shared_tables
 from pipeline.publish.target import Database
 from tests.e2e.money_helpers import MODEL, REPO, corpus_rows, start_sandbox, write_corpus
 from tests.e2e.test_switch import OTHER, run, write_models

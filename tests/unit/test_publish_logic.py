@@ -3,7 +3,9 @@ server computes, the delta between two views' keys."""
 from __future__ import annotations
 
 import os
+import re
 import struct
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -12,11 +14,11 @@ import pytest
 
 from pipeline.exits import UsageError
 from pipeline.publish import delta
-from pipeline.publish.database import work_mem_mb
 from pipeline.publish.embedded import shared_buffers_mb
+from pipeline.publish.index import Index, work_mem_mb
 from pipeline.publish.target import TableName, parse_table, parse_url
 from pipeline.settings.config import PublishSettings
-from transforms.publish.columns import BUCKETS, bucket_of, columns, hash_sql, index_expression
+from transforms.publish.columns import BUCKETS, bucket_of, columns, hash_sql
 from transforms.publish.rows import copy_rows, vector_payloads
 
 
@@ -68,10 +70,14 @@ def test_rows_follow_the_columns_and_costs_read_back_exactly():
 def test_buckets_and_the_index_expression():
     assert 0 <= bucket_of("doc", 0, 0) < BUCKETS
     assert len({bucket_of(f"d{i}", 0, 0) for i in range(2000)}) > 1000
-    assert index_expression(1536) == ("embedding", "vector_cosine_ops")
-    assert index_expression(3072) == ("(embedding::halfvec(3072))", "halfvec_cosine_ops")
+    assert (Index(1536).indexed, Index(1536).opclass) == ("embedding", "vector_cosine_ops")
+    assert Index(3072).indexed == "(((embedding::vector))::halfvec(3072))" and Index(3072).key("q") == "(q)::halfvec(3072)"
+    assert Index(4096).indexed == "((subvector((embedding::vector), 1, 4000))::halfvec(4000))" and Index(4096).reranks
+    assert Index(2000).kind == "vector" and Index(4000).kind == "halfvec" and Index(4001).kind == "prefix"
+    assert Index(3072).lacking_in("0.6.2") == "halfvec type (0.7.0)" and Index(1536).lacking_in("0.6.2") is None
+    assert Index(1536).lacking_in("0.4.4") and Index(4096).lacking_in("0.8.0") is None
     s = PublishSettings()
-    assert 64 <= work_mem_mb(1000, 1536, s) <= work_mem_mb(200_000, 1536, s) == s.maintenance_work_mem_mb
+    assert 64 <= work_mem_mb(1000, Index(1536), s) <= work_mem_mb(200_000, Index(1536), s) == s.maintenance_work_mem_mb
 
 
 def test_the_embedded_servers_shared_buffers_are_the_setting_up_to_a_quarter_of_the_memory():
@@ -146,3 +152,47 @@ def test_a_workers_database_error_reaches_the_launcher_as_its_class(mode):
             assert carried is None
         else:
             assert type(carried) is want and "No space left on device" in str(carried)
+
+
+def test_a_database_error_says_publish_again_only_where_trying_again_can_help():
+    from psycopg import errors
+
+    from pipeline.publish.failure import failure
+    from pipeline.publish.target import Database
+    db = Database("", "postgresql://u@h/db")
+
+    def told(state: str, message: str) -> str:
+        return failure(errors.lookup(state)(message), db, "s.t")
+    assert told("54000", "index row requires 9000 bytes").endswith("publishing the same view meets the limit again")
+    assert told("22P02", "invalid input syntax").endswith("it serves what it did before")
+    assert "lower publish.maintenance_work_mem_mb" in told("53200", "out of memory")
+    assert "free space there, then publish again" in told("53100", "could not extend file")
+    assert "was lost" not in told("57014", "canceling statement due to statement timeout")
+    for state in ("08006", "57P01", "40P01", "55P03", "53300"):
+        assert told(state, "x").endswith(": publish again"), state
+    assert told("08006", "server closed the connection").startswith("publishing to s.t failed: the connection to "
+                                                                    "postgresql://u@h/db was lost")
+    for state in ("XX000", "42P01", "23505"):
+        assert "publish again" not in told(state, "x"), state
+
+
+def test_the_operations_guide_counts_the_buckets_the_code_has():
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    assert re.findall(r"in N of ([\d,]+) buckets", guide) == [f"{BUCKETS}"]
+
+
+def test_a_password_anywhere_in_a_url_is_refused_and_never_shown():
+    for url in ("postgresql://u@h/db?dbname=postgresql://x:hunter2@h/d",
+                "postgresql://u@h/?dbname=postgresql%3A%2F%2Fx%3Ahunter2%40h%2Fd",
+                "postgresql://u@h/?dbname=host%3Dh%20password%3Dhunter2",
+                "postgresql://u@h/?dbname=host%253Dh%2520password%253Dhunter2",
+                "postgresql://u@h/?options=postgresql://x:hunter2@h/d", "postgresql://u@h/?%70assword=hunter2"):
+        with pytest.raises(UsageError) as caught:
+            parse_url(url)
+        assert "hunter2" not in str(caught.value) and "a password" in str(caught.value), url
+    with pytest.raises(UsageError) as caught:
+        parse_url("postgresql://u@h/?dbname=host%3Dh%20sslpassword%3Dhunter2")
+    assert "sslpassword (in its dbname parameter)" in str(caught.value) and "hunter2" not in str(caught.value)
+    shown = parse_url("postgresql://u@h/?dbname=postgresql://x@h2/d").shown
+    assert shown == "postgresql://u@h/(a connection string)"
+    assert parse_url("postgresql://u@h/db?options=-c%20search_path%3Dx").shown == "postgresql://u@h/db"

@@ -29,7 +29,6 @@ NAME_BYTES = 63       # PostgreSQL's names (NAMEDATALEN - 1): it cuts a longer o
 MAX_COLUMNS = 1600    # PostgreSQL's columns per table
 BUCKET_BITS = 12
 BUCKETS = 1 << BUCKET_BITS
-HALFVEC_ABOVE = 2000   # pgvector indexes vectors up to 2,000 dimensions, halfvec up to 4,000
 
 # The contract's columns, in the order the view reads them, and their types.
 CONTRACT = (("doc_id", "text"), ("chunk_index", "integer"), ("chunk_count", "integer"),
@@ -163,15 +162,6 @@ def columns(kept: list[pa.Field], dimensions: int) -> list[Column]:
 def key_index(longest_id: int) -> str:
     """The columns of the key's unique index of a table whose longest id is LONGEST_ID bytes."""
     return "(md5(doc_id)::uuid), chunk_index, token_start" if longest_id > KEY_BYTES else ", ".join(KEY)
-
-
-def index_expression(dimensions: int) -> tuple[str, str]:
-    """(the indexed expression, its operator class): halfvec above what a vector index takes.
-    A query must order by the same expression to use the index (pipeline/publish/database.py:
-    nearest)."""
-    if dimensions > HALFVEC_ABOVE:
-        return f"(embedding::halfvec({dimensions}))", "halfvec_cosine_ops"
-    return "embedding", "vector_cosine_ops"
 
 
 def bucket_of(doc_id: str, chunk_index: int, token_start: int) -> int:
