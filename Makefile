@@ -94,8 +94,10 @@ airflow-test: setup
 interop: setup
 	$(PYTEST) -q -m interop -s
 
-# Beam's Prism runner (Go) of the installed apache-beam, built once from the Go module proxy into
-# .cache/prism/ (needs Go; ~3 min and 66 MB): what --profile prism and prism-pool run on.
+# Beam's Prism runner (Go) of the installed apache-beam, built once into .cache/prism/ from the
+# Go module proxy's source of that version with tools/prism-bind.patch (-job_host: it listens on
+# 127.0.0.1, not on every interface); needs Go and git, ~3.5 min and 66 MB. A version the patch
+# does not fit fails naming the file. What --profile prism and prism-pool run on.
 prism: setup
 	$(BIN)/python -m tools.prism install
 

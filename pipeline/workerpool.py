@@ -8,9 +8,10 @@ process (the system reuses pids), and is neither adopted nor stopped.
 
 A pool holds no API key, and starts a worker only for a job a launcher of its STATE admitted
 to it: between Prism's Prepare and Run the launcher writes STATE/jobs/NAME.json (the directory
-0700, the file 0600): its own pid and start time, Prism's port, the job's id and, when the
+0700, the file 0600): its own pid and start time, Prism's address, the job's id and, when the
 launcher's key comes from its environment, that key. Prism names the worker of job J `J[...]_ENV`
-and gives its own port as every endpoint of the StartWorker request. The pool starts the worker
+and gives its own address (as its Prepare response names it) as every endpoint of the
+StartWorker request. The pool starts the worker
 of a request that matches an admission, once (the admission is deleted as it is taken), with the
 key in that worker's environment only; any other request (a StartWorker from elsewhere, a job
 someone else submitted to the same Prism, a launcher that died) is refused before anything of
@@ -189,26 +190,27 @@ class Servicer(worker_pool_main.BeamFnExternalWorkerPoolServicer):
         return response
 
 
-def matches(request: beam_fn_api_pb2.StartWorkerRequest, prism_port: int, job: str) -> bool:
-    """Whether REQUEST starts the worker of JOB of the Prism on PRISM_PORT on this machine."""
+def matches(request: beam_fn_api_pb2.StartWorkerRequest, prism: str, job: str) -> bool:
+    """Whether REQUEST starts the worker of JOB of the Prism at PRISM (host:port, exactly as that
+    Prism names itself: 127.0.0.1:PORT is not localhost:PORT, which may reach ::1)."""
     endpoints = (request.control_endpoint, request.logging_endpoint, request.provision_endpoint,
                  request.artifact_endpoint)
-    return {e.url for e in endpoints} == {f"localhost:{prism_port}"} and request.worker_id.startswith(f"{job}[")
+    return {e.url for e in endpoints} == {prism} and request.worker_id.startswith(f"{job}[")
 
 
 class OwnJobs:
     """The admissions of a launcher's own worker service (LOOPBACK): in its memory."""
 
     def __init__(self) -> None:
-        self._jobs: set[tuple[int, str]] = set()
+        self._jobs: set[tuple[str, str]] = set()
 
-    def add(self, prism_port: int, job: str) -> None:
-        self._jobs.add((prism_port, job))
+    def add(self, prism: str, job: str) -> None:
+        self._jobs.add((prism, job))
 
     def take(self, request: beam_fn_api_pb2.StartWorkerRequest) -> dict[str, str] | None:
-        for port, job in list(self._jobs):
-            if matches(request, port, job):
-                self._jobs.discard((port, job))
+        for prism, job in list(self._jobs):
+            if matches(request, prism, job):
+                self._jobs.discard((prism, job))
                 return {}
         return None
 
@@ -247,8 +249,8 @@ def _jobs_dir(state: Path) -> Path:
     return state / "jobs"
 
 
-def admit(state: Path, prism_port: int, job: str, key: str | None) -> Path:
-    """JOB of the Prism on PRISM_PORT admitted to STATE's pools, with KEY for its worker: the file
+def admit(state: Path, prism: str, job: str, key: str | None) -> Path:
+    """JOB of the Prism at PRISM admitted to STATE's pools, with KEY for its worker: the file
     to delete once the job has ended. Admissions of launchers that died are deleted first."""
     jobs = _jobs_dir(state)
     jobs.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -256,7 +258,7 @@ def admit(state: Path, prism_port: int, job: str, key: str | None) -> Path:
     for found in _admissions(state):
         _alive(found)
     path = jobs / f"{secrets.token_hex(8)}.json"
-    admission = {"launcher": os.getpid(), "started": started(os.getpid()), "prism_port": prism_port, "job": job}
+    admission = {"launcher": os.getpid(), "started": started(os.getpid()), "prism": prism, "job": job}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump({**admission, **({"key": key} if key else {})}, fh)
@@ -267,7 +269,7 @@ class _Admission(NamedTuple):
     path: Path
     launcher: int
     started: int | None
-    prism_port: int
+    prism: str
     job: str
     key: str | None
 
@@ -278,7 +280,7 @@ def _admission(path: Path) -> _Admission | None:
         return None
     try:
         data = json.loads(path.read_text())
-        return _Admission(path, int(data["launcher"]), data["started"], int(data["prism_port"]), str(data["job"]),
+        return _Admission(path, int(data["launcher"]), data["started"], str(data["prism"]), str(data["job"]),
                           data.get("key"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -304,7 +306,7 @@ def take(state: Path, request: beam_fn_api_pb2.StartWorkerRequest) -> dict[str, 
     for found in _admissions(state):
         if not _alive(found):
             continue
-        if matches(request, found.prism_port, found.job):
+        if matches(request, found.prism, found.job):
             try:
                 found.path.unlink()
             except FileNotFoundError:   # another request took it first

@@ -116,8 +116,10 @@ class Wrapper:
     def __init__(self, where: Path, binary: str):
         where.mkdir(parents=True, exist_ok=True)
         self.path, self.log, self.pids_file = where / "prism", where / "prism.log", where / "pids"
-        # Go's flags: the last one wins over the launcher's --log_level
-        self.path.write_text(f'#!/usr/bin/env bash\necho $$ >> "{self.pids_file}"\n'
+        # Go's flags: the last one wins over the launcher's --log_level. -help: the launcher asks
+        # which flags the binary takes, and reads its answer.
+        self.path.write_text(f'#!/usr/bin/env bash\nif [ "$*" = -help ]; then exec "{binary}" -help; fi\n'
+                             f'echo $$ >> "{self.pids_file}"\n'
                              f'exec "{binary}" "$@" --log_level=debug >> "{self.log}" 2>&1\n')
         self.path.chmod(0o755)
 

@@ -28,7 +28,7 @@ def test_run_and_plan(both, tmp_path):
     runner = json.loads((pair.prism.out / "summary.json").read_text())["runner"]
     flags = pair.prism.flags
     pool = flags[flags.index("--environment_config") + 1] if "--environment_config" in flags else None
-    assert runner["name"] == "PrismRunner" and re.fullmatch(r"localhost:\d+", runner["prism"]), runner
+    assert runner["name"] == "PrismRunner" and re.fullmatch(r"127\.0\.0\.1:\d+", runner["prism"]), runner
     assert runner.get("worker_pool") == pool and runner["environment_type"] == ("EXTERNAL" if pool else "LOOPBACK")
 
 

@@ -106,8 +106,8 @@ def test_a_checkout_path_with_shell_syntax_is_no_command(tmp_path, monkeypatch):
                                           timeout=120)
     try:
         assert pool("up").returncode == 0
-        workerpool.admit(copy / ".pool", runner.port, "job-001", None)
-        assert start_worker(f"localhost:{port}", runner.port, "job-001[job]_env").error == ""
+        workerpool.admit(copy / ".pool", runner.address, "job-001", None)
+        assert start_worker(f"localhost:{port}", runner.address, "job-001[job]_env").error == ""
         booted = runner.called.wait(60)
         assert not list(tmp_path.rglob("PWNED*")) and not list(pools.ROOT.glob("PWNED*"))
         assert booted and runner.asked == ["job-001[job]_env"]

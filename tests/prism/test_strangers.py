@@ -44,7 +44,8 @@ class Runner(beam_provision_api_pb2_grpc.ProvisionServiceServicer):
         self.called, self._release = threading.Event(), threading.Event()
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         beam_provision_api_pb2_grpc.add_ProvisionServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("localhost:0")
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{self.port}"   # as a Prism of make prism names itself
         self.server.start()
 
     def GetProvisionInfo(self, request, context):
@@ -65,8 +66,8 @@ def runner():
     r.stop()
 
 
-def start_worker(address: str, runner_port: int, worker_id: str) -> beam_fn_api_pb2.StartWorkerResponse:
-    endpoint = endpoints_pb2.ApiServiceDescriptor(url=f"localhost:{runner_port}")
+def start_worker(address: str, runner: str, worker_id: str) -> beam_fn_api_pb2.StartWorkerResponse:
+    endpoint = endpoints_pb2.ApiServiceDescriptor(url=runner)
     with grpc.insecure_channel(address) as channel:
         return beam_fn_api_pb2_grpc.BeamFnExternalWorkerPoolStub(channel).StartWorker(
             beam_fn_api_pb2.StartWorkerRequest(worker_id=worker_id, control_endpoint=endpoint,
@@ -115,26 +116,26 @@ def test_a_stranger_s_request_starts_nothing_and_only_an_admitted_job_s_worker_h
                                                                                           leak_key):
     pool = own_pool(env_for(leak_key))   # the key in the environment of `make pool-up`...
     assert ENV_VAR not in psutil.Process(pool.pid).environ()   # ...is not the pool's
-    refused = start_worker(pool.address, runner.port, "job-001[job]_env")
+    refused = start_worker(pool.address, runner.address, "job-001[job]_env")
     assert "refused" in refused.error and not psutil.Process(pool.pid).children()
-    workerpool.admit(pool.state, runner.port, "job-001", key="sk-the-launchers")
-    assert "refused" in start_worker(pool.address, runner.port, "job-002[job]_env").error   # another job there
-    assert "refused" in start_worker(pool.address, runner.port + 1, "job-001[job]_env").error   # another Prism
-    assert start_worker(pool.address, runner.port, "job-001[job]_env").error == ""
+    workerpool.admit(pool.state, runner.address, "job-001", key="sk-the-launchers")
+    assert "refused" in start_worker(pool.address, runner.address, "job-002[job]_env").error   # another job there
+    assert "refused" in start_worker(pool.address, f"127.0.0.1:{runner.port + 1}", "job-001[job]_env").error   # another Prism
+    assert start_worker(pool.address, runner.address, "job-001[job]_env").error == ""
     assert runner.called.wait(60) and runner.asked == ["job-001[job]_env"]
     [worker] = psutil.Process(pool.pid).children()
     assert worker.environ()[ENV_VAR] == "sk-the-launchers"
-    assert "refused" in start_worker(pool.address, runner.port, "job-001[job]_env").error   # admitted once
+    assert "refused" in start_worker(pool.address, runner.address, "job-001[job]_env").error   # admitted once
 
 
 def test_a_launcher_s_admission_dies_with_it(own_pool, runner):
     """An admission whose launcher has gone (killed before its job started a worker) is refused
     and deleted: it holds the key."""
     pool = own_pool()
-    path = workerpool.admit(pool.state, runner.port, "job-001", key="sk-x")
+    path = workerpool.admit(pool.state, runner.address, "job-001", key="sk-x")
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     path.write_text(json.dumps({**json.loads(path.read_text()), "launcher": int(gone.stdout)}))
-    assert "refused" in start_worker(pool.address, runner.port, "job-001[job]_env").error
+    assert "refused" in start_worker(pool.address, runner.address, "job-001[job]_env").error
     assert not path.exists() and not runner.asked
 
 
@@ -143,9 +144,9 @@ def test_another_user_admits_no_job(own_pool, runner, tmp_path, monkeypatch):
     another user's, or a state directory other users write, is none."""
     user = second_user()
     pool = own_pool()
-    path = workerpool.admit(pool.state, runner.port, "job-001", key=None)
+    path = workerpool.admit(pool.state, runner.address, "job-001", key=None)
     os.chown(path, user.pw_uid, user.pw_gid)   # as if that user had written it
-    assert "refused" in start_worker(pool.address, runner.port, "job-001[job]_env").error and not runner.asked
+    assert "refused" in start_worker(pool.address, runner.address, "job-001[job]_env").error and not runner.asked
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)   # as /tmp
@@ -205,7 +206,7 @@ def test_the_launcher_s_worker_service_listens_on_loopback_and_refuses_strangers
         ports = {c.laddr.port for c in psutil.Process(proc.pid).net_connections("inet")
                  if c.status == psutil.CONN_LISTEN}
         for port in ports:
-            assert "refused" in start_worker(f"localhost:{port}", runner.port, "job-001[job]_env").error
+            assert "refused" in start_worker(f"localhost:{port}", runner.address, "job-001[job]_env").error
         assert not runner.asked
     finally:
         code = proc.wait(120)

@@ -19,20 +19,23 @@ from pipeline import workerpool
 from pipeline.exits import UsageError
 from service.credentials import ENV_VAR
 
-PRISM = 41234
+PRISM = "127.0.0.1:41234"   # as Prism names itself to its workers
 
 
-def request(worker_id: str = "job-001[job]_env", port: int = PRISM, provision: int | None = None):
-    at = lambda p: endpoints_pb2.ApiServiceDescriptor(url=f"localhost:{p}")
-    return beam_fn_api_pb2.StartWorkerRequest(worker_id=worker_id, control_endpoint=at(port), logging_endpoint=at(port),
-                                              artifact_endpoint=at(port), provision_endpoint=at(provision or port))
+def request(worker_id: str = "job-001[job]_env", prism: str = PRISM, provision: str | None = None):
+    at = lambda address: endpoints_pb2.ApiServiceDescriptor(url=address)
+    return beam_fn_api_pb2.StartWorkerRequest(worker_id=worker_id, control_endpoint=at(prism),
+                                              logging_endpoint=at(prism), artifact_endpoint=at(prism),
+                                              provision_endpoint=at(provision or prism))
 
 
 def test_a_request_matches_the_job_of_the_prism_that_was_admitted():
     assert workerpool.matches(request(), PRISM, "job-001")
     assert not workerpool.matches(request("job-0011[job]_env"), PRISM, "job-001")   # job-0011 is another job
-    assert not workerpool.matches(request(port=PRISM + 1), PRISM, "job-001")
-    assert not workerpool.matches(request(provision=PRISM + 1), PRISM, "job-001")   # its options from elsewhere
+    assert not workerpool.matches(request(prism="127.0.0.1:41235"), PRISM, "job-001")
+    assert not workerpool.matches(request(provision="127.0.0.1:41235"), PRISM, "job-001")   # its options from elsewhere
+    # the same port by name: localhost may reach another listener on ::1
+    assert not workerpool.matches(request(prism="localhost:41234"), PRISM, "job-001")
 
 
 def test_an_admission_is_taken_once_with_its_key(tmp_path):
