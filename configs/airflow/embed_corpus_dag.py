@@ -54,7 +54,7 @@ PUBLISH_TIMEOUT = timedelta(hours=6)  # a model switch's first publish builds th
 RUN_TIMEOUT = timedelta(hours=12)  # one day's run must end before the next one starts
 STOP_GRACE_S = 60                  # after SIGINT, time for the job to finish its journal
 
-# `python -m pipeline` exit codes (shared/design.md)
+# `python -m pipeline` exit codes (configs/airflow/README.md)
 EXIT_OK, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_PARTIAL = 0, 2, 3, 4
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,10 @@ def _shared_args(p) -> list[str]:
     for name in ("max_spend_rub", "daily_cap_rub", "monthly_cap_rub"):
         if p[name] is not None:
             args += ["--" + name.replace("_", "-"), str(p[name])]
+    if p["keep_columns"]:
+        args += ["--keep-columns", p["keep_columns"]]
+    if p["chunk_tokens"] is not None:
+        args += ["--chunk-tokens", str(p["chunk_tokens"])]
     if p["profile"]:
         args += ["--profile", p["profile"]]
     if p["switch_model"]:
@@ -294,6 +298,14 @@ with DAG(
                                            "clients included, stays under this (null: no cap)"),
         "monthly_cap_rub": Param(None, type=["null", "number"], minimum=0,
                                  description="the same for the service's last 31 days (null: no cap)"),
+        "keep_columns": Param(None, type=["null", "string"],
+                              description="input columns carried to every output row, comma-separated "
+                                          "(--keep-columns); another list is adopted by the next run, "
+                                          "every vector reused"),
+        "chunk_tokens": Param(None, type=["null", "integer"], minimum=1,
+                              description="the longest chunk in tokens (--chunk-tokens; null: the "
+                                          "model's limit): output's chunking, kept from day to day; "
+                                          "another one is a switch (switch_model)"),
         "allow_partial": Param(False, type="boolean",
                                description="when the estimate exceeds the budget, embed what fits "
                                            "and leave the rest pending for the next run"),
