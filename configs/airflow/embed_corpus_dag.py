@@ -16,8 +16,10 @@ succeed; the XCom has `outcome`, `changes`, `current` and, during a model switch
 (its password reaches the child only as PGPASSWORD); neither set: skipped. Exit 0 succeeds; 2
 fails without retries; 1 is retried (a failed publish leaves the table as it was).
 
-**switch_model** moves OUTPUT to the `model` param: both tasks pass `--switch-model`, and the
-run that completes the new model's view switches `current/` in one step.
+**keep_columns** and **chunk_tokens** are plan's and run's `--keep-columns` and `--chunk-tokens`:
+OUTPUT keeps both from day to day (other kept columns are adopted at no cost; other chunks are a
+switch). **switch_model** moves OUTPUT to the `model` (or `chunk_tokens`) param: both tasks pass
+`--switch-model`, and the run that completes the new view switches `current/` in one step.
 
 **A subprocess task, not BeamRunPythonPipelineOperator**: on Dataflow that operator stops
 reading the launcher once the job id appears and never sees its exit code (3, 4) or summary,

@@ -15,9 +15,10 @@ from pipeline import cli
 from pipeline.cli import main
 from pipeline.exits import UsageError
 from pipeline.settings import options, profiles
+from pipeline.settings.config import default_settings_text, parse_settings
 from service.sandbox.config import build_parser as sandbox_parser
-from tests.docs_markdown import (all_markdown, anchors, cited_files, fenced_blocks, links, resolves, runnable_blocks,
-                                 slug, user_docs)
+from tests.docs_markdown import (all_markdown, anchors, cited_files, fenced_blocks, links, prose_lines, resolves,
+                                 runnable_blocks, slug, user_docs)
 from tests.side_venv import REPO
 
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)   # https:, mailto:, ...
@@ -115,6 +116,18 @@ def test_every_flag_of_the_help_is_in_the_docs(command, capsys):
     assert {"--input", "--output", "--sync", "--max-spend-rub"} <= flags
     missing = sorted(f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", text))
     assert missing == [], f"flags of `{command} --help` that no doc mentions"
+
+
+def test_every_setting_the_docs_name_is_one(tmp_path):
+    """`section.key` in a doc is a key of configs/pipeline.yaml (what --run-config takes)."""
+    settings = parse_settings(default_settings_text())
+    sections = {name: vars(section) for name, section in vars(settings).items()}
+    named = re.compile(r"`(" + "|".join(sections) + r")\.([a-z0-9_]+)`")
+    wrong = [f"{p.relative_to(REPO)}:{n}: {m.group(1)}.{m.group(2)}" for p in GUIDES
+             for n, line in prose_lines(p.read_text(encoding="utf-8"))
+             for m in named.finditer(line) if m.group(2) not in sections[m.group(1)] and m.group(2) != "py"]
+    assert wrong == []
+    assert named.search("`client.max_attempts`") and "max_attempts" in sections["client"]
 
 
 class _Read(Exception):
