@@ -30,7 +30,8 @@ def test_the_guide_s_try_section_runs_as_written(sandbox, reachable_tmp):
     # reachable: the publish starts the embedded PostgreSQL, which runs as another user
     blocks = runnable_blocks(GUIDE)
     assert len(blocks) == 2, "the guide's try section: the install, then the run"
-    root = checkout(reachable_tmp)
+    (reachable_tmp / "a checkout").mkdir()   # a path with a space, which the blocks must quote
+    root = checkout(reachable_tmp / "a checkout")
     env = shell_env(sandbox.base_url, SANDBOX_KEY)
     for line, block in blocks:
         done = run_block(block, root, env, timeout=BLOCK_TIMEOUT_S)

@@ -16,8 +16,10 @@ BLOCKS = [(path, line, block) for path in user_docs() for line, block in runnabl
 @pytest.mark.parametrize("path, line, block", BLOCKS,
                          ids=[f"{p.relative_to(REPO)}:{n}" for p, n, _ in BLOCKS])
 def test_runnable_block_runs_as_written(path, line, block, sandbox, reachable_tmp):
-    # reachable: a block may start the embedded PostgreSQL, which runs as another user
-    root = checkout(reachable_tmp)
+    # reachable: a block may start the embedded PostgreSQL, which runs as another user; a
+    # checkout's path may hold a space, which a block must quote
+    (reachable_tmp / "a checkout").mkdir()
+    root = checkout(reachable_tmp / "a checkout")
     done = run_block(block, root, shell_env(sandbox.base_url, SANDBOX_KEY), timeout=300)
     assert done.returncode == 0, (f"{path.relative_to(REPO)}:{line} exited {done.returncode}\n"
                                   f"stdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-3000:]}")
