@@ -332,7 +332,7 @@ def test_a_switch_over_two_days_on_a_changing_corpus(airflow_env, sandbox_factor
     assert billed_twice_per_model(sb.ledger()) == {}
 
 
-def test_publish_after_each_day_keeps_the_table_the_view(airflow_env, planned, corpus, tmp_path):
+def test_publish_after_each_day_keeps_the_table_the_view(airflow_env, planned, corpus, reachable_tmp):
     """The publish task after embed: skipped without a database; with the embedded one, the
     table is the view after each day; a table not ours fails without retries (exit 2)."""
     import psycopg
@@ -340,7 +340,7 @@ def test_publish_after_each_day_keeps_the_table_the_view(airflow_env, planned, c
     from pipeline.publish.embedded import embedded
     from tests.publish.helpers import assert_same
     sb, _ = planned
-    out = tmp_path / "out"
+    out = reachable_tmp / "out"   # the embedded PostgreSQL runs as another user, who must reach it
     params = {"input": corpus, "output": str(out), "base_url": sb.base_url, "max_spend_rub": 10.0}
     assert run_task(airflow_env, "embed", params)[0] == "success"
     assert run_task(airflow_env, "publish", params)[0] == "skipped"
