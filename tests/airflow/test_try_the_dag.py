@@ -39,6 +39,7 @@ def test_the_guide_s_try_section_runs_as_written(sandbox, reachable_tmp):
         assert done.returncode == 0, f"{GUIDE.name}:{line} exited {done.returncode}\n{printed[-4000:]}"
 
     assert re.search(r"DagRun Finished: dag_id=embed_corpus, .*state=success", printed), printed[-4000:]
+    assert re.search(r"count\s*-+\s*(\d+)", done.stdout).group(1) == "304"   # psql: the table's rows
     plan, embed, publish = xcoms(printed)
     assert plan["fits"] and plan["changes"]["added"] == embed["changes"]["added"] > 0
     assert embed["outcome"] == "done" and embed["exit_code"] == 0
