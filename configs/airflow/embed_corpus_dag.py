@@ -16,8 +16,10 @@ succeed; the XCom has `outcome`, `changes`, `current` and, during a model switch
 (its password reaches the child only as PGPASSWORD); neither set: skipped. Exit 0 succeeds; 2
 fails without retries; 1 is retried (a failed publish leaves the table as it was).
 
-**switch_model** moves OUTPUT to the `model` param: both tasks pass `--switch-model`, and the
-run that completes the new model's view switches `current/` in one step.
+**keep_columns** and **chunk_tokens** are plan's and run's `--keep-columns` and `--chunk-tokens`:
+OUTPUT keeps both from day to day (other kept columns are adopted at no cost; other chunks are a
+switch). **switch_model** moves OUTPUT to the `model` (or `chunk_tokens`) param: both tasks pass
+`--switch-model`, and the run that completes the new view switches `current/` in one step.
 
 **A subprocess task, not BeamRunPythonPipelineOperator**: on Dataflow that operator stops
 reading the launcher once the job id appears and never sees its exit code (3, 4) or summary,
@@ -54,7 +56,7 @@ PUBLISH_TIMEOUT = timedelta(hours=6)  # a model switch's first publish builds th
 RUN_TIMEOUT = timedelta(hours=12)  # one day's run must end before the next one starts
 STOP_GRACE_S = 60                  # after SIGINT, time for the job to finish its journal
 
-# `python -m pipeline` exit codes (shared/design.md)
+# `python -m pipeline` exit codes (configs/airflow/README.md)
 EXIT_OK, EXIT_USAGE, EXIT_DOES_NOT_FIT, EXIT_PARTIAL = 0, 2, 3, 4
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,10 @@ def _shared_args(p) -> list[str]:
     for name in ("max_spend_rub", "daily_cap_rub", "monthly_cap_rub"):
         if p[name] is not None:
             args += ["--" + name.replace("_", "-"), str(p[name])]
+    if p["keep_columns"]:
+        args += ["--keep-columns", p["keep_columns"]]
+    if p["chunk_tokens"] is not None:
+        args += ["--chunk-tokens", str(p["chunk_tokens"])]
     if p["profile"]:
         args += ["--profile", p["profile"]]
     if p["switch_model"]:
@@ -294,6 +300,14 @@ with DAG(
                                            "clients included, stays under this (null: no cap)"),
         "monthly_cap_rub": Param(None, type=["null", "number"], minimum=0,
                                  description="the same for the service's last 31 days (null: no cap)"),
+        "keep_columns": Param(None, type=["null", "string"],
+                              description="input columns carried to every output row, comma-separated "
+                                          "(--keep-columns); another list is adopted by the next run, "
+                                          "every vector reused"),
+        "chunk_tokens": Param(None, type=["null", "integer"], minimum=1,
+                              description="the longest chunk in tokens (--chunk-tokens; null: the "
+                                          "model's limit): output's chunking, kept from day to day; "
+                                          "another one is a switch (switch_model)"),
         "allow_partial": Param(False, type="boolean",
                                description="when the estimate exceeds the budget, embed what fits "
                                            "and leave the rest pending for the next run"),

@@ -102,7 +102,7 @@ def test_dag_loads_with_schedule_tasks_and_params(airflow_env, tmp_path):
     assert set(dag["params"]) >= {
         "input", "output", "model", "base_url", "max_spend_rub", "runner", "allow_partial", "switch_model",
         "dataflow_project", "dataflow_region", "dataflow_temp_location", "publish_to", "publish_conn_id",
-        "publish_table"}
+        "publish_table", "keep_columns", "chunk_tokens"}
     assert dag["params"]["runner"] == "DirectRunner"
     assert dag["params"]["switch_model"] is False  # a model change is never implied
     # The key is read at run time inside the task: no templated field may carry it.
@@ -201,6 +201,33 @@ def test_embed_partial_then_resumed_by_the_next_run(airflow_env, planned, corpus
     sent = [h for charge in sb.ledger() for h in charge["input_sha256"]]
     assert len(sb.ledger()) > len(paid_day1)
     assert len(sent) == len(set(sent))  # --resume: no text paid for twice
+
+
+def test_keep_columns_and_chunk_tokens_reach_the_commands(airflow_env, planned, tmp_path):
+    """keep_columns and chunk_tokens become plan's and run's flags: the view keeps the columns,
+    cut at the chunk size; another keep_columns the next day is adopted with every vector
+    reused (0 requests)."""
+    sb, _ = planned
+    rows = [{"id": f"d{i}", "text": f"Document {i} about budgets and schedules. " * (20 + i), "title": f"T{i}",
+             "lang": "en"} for i in range(12)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "kept.parquet")
+    out = tmp_path / "out"
+    params = {"input": str(tmp_path / "kept.parquet"), "output": str(out), "base_url": sb.base_url,
+              "max_spend_rub": 10.0, "keep_columns": "title", "chunk_tokens": 64}
+    state, output = run_task(airflow_env, "plan_gate", params)
+    assert state == "success" and "--keep-columns title --chunk-tokens 64" in output, output[-4000:]
+    state, output = run_task(airflow_env, "embed", params)
+    assert state == "success" and "--keep-columns title --chunk-tokens 64" in output, output[-4000:]
+    view = pa.concat_tables([pq.read_table(f) for f in sorted((out / "current").glob("embeddings-*.parquet"))])
+    assert "title" in view.column_names and "lang" not in view.column_names
+    assert max(view["n_tokens"].to_pylist()) <= 64 < sum(view["n_tokens"].to_pylist()) / len(rows)
+    paid = len(sb.ledger())
+
+    state, output = run_task(airflow_env, "embed", {**params, "keep_columns": "title,lang"})
+    assert state == "success" and returned(output)["outcome"] == "done", output[-4000:]
+    view = pa.concat_tables([pq.read_table(f) for f in sorted((out / "current").glob("embeddings-*.parquet"))])
+    assert {"title", "lang"} <= set(view.column_names)
+    assert len(sb.ledger()) == paid   # the new columns adopted, every vector reused
 
 
 def returned(output: str) -> dict:
@@ -305,7 +332,7 @@ def test_a_switch_over_two_days_on_a_changing_corpus(airflow_env, sandbox_factor
     assert billed_twice_per_model(sb.ledger()) == {}
 
 
-def test_publish_after_each_day_keeps_the_table_the_view(airflow_env, planned, corpus, tmp_path):
+def test_publish_after_each_day_keeps_the_table_the_view(airflow_env, planned, corpus, reachable_tmp):
     """The publish task after embed: skipped without a database; with the embedded one, the
     table is the view after each day; a table not ours fails without retries (exit 2)."""
     import psycopg
@@ -313,7 +340,7 @@ def test_publish_after_each_day_keeps_the_table_the_view(airflow_env, planned, c
     from pipeline.publish.embedded import embedded
     from tests.publish.helpers import assert_same
     sb, _ = planned
-    out = tmp_path / "out"
+    out = reachable_tmp / "out"   # the embedded PostgreSQL runs as another user, who must reach it
     params = {"input": corpus, "output": str(out), "base_url": sb.base_url, "max_spend_rub": 10.0}
     assert run_task(airflow_env, "embed", params)[0] == "success"
     assert run_task(airflow_env, "publish", params)[0] == "skipped"

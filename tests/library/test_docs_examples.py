@@ -27,7 +27,7 @@ def test_the_guide_has_the_four_examples():
 
 
 def _run(name: str, sandbox, cwd: Path) -> str:
-    env = {**os.environ, "EMBEDDINGS_BASE_URL": sandbox.base_url, "EMBEDDINGS_API_KEY": SANDBOX_KEY}
+    env = {**os.environ, "BASE_URL": sandbox.base_url, "EMBEDDINGS_API_KEY": SANDBOX_KEY}
     done = subprocess.run([sys.executable, "-c", examples()[name]], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -36,7 +36,7 @@ def beam_cache_with_prism(home: Path, binary: str) -> None:
 
 def run_example(name: str, home: Path, sandbox, key: str, cwd: Path) -> tuple[dict, str]:
     cwd.mkdir()
-    env = env_for(key, HOME=str(home), EMBEDDINGS_BASE_URL=sandbox.base_url)
+    env = env_for(key, HOME=str(home), BASE_URL=sandbox.base_url)
     done = subprocess.run([sys.executable, "-c", examples()[name]], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
