@@ -16,15 +16,13 @@ succeed; the XCom has `outcome`, `changes`, `current` and, during a model switch
 (its password reaches the child only as PGPASSWORD); neither set: skipped. Exit 0 succeeds; 2
 fails without retries; 1 is retried (a failed publish leaves the table as it was).
 
-**keep_columns** and **chunk_tokens** are plan's and run's `--keep-columns` and `--chunk-tokens`:
-OUTPUT keeps both from day to day (other kept columns are adopted at no cost; other chunks are a
-switch). **switch_model** moves OUTPUT to the `model` (or `chunk_tokens`) param: both tasks pass
-`--switch-model`, and the run that completes the new view switches `current/` in one step.
+**keep_columns**, **chunk_tokens**: plan's and run's `--keep-columns` and `--chunk-tokens` (other
+kept columns are adopted at no cost; other chunks are a switch). **switch_model** moves OUTPUT to
+the `model` (or `chunk_tokens`) param with `--switch-model`; the run that completes it switches.
 
-**A subprocess task, not BeamRunPythonPipelineOperator**: on Dataflow that operator stops
-reading the launcher once the job id appears and never sees its exit code (3, 4) or summary,
-and its command line has no place for the `run` subcommand. Killing the task interrupts the
-launcher (SIGINT, then SIGKILL). **The API key** is the password of the Connection
+**A subprocess task, not BeamRunPythonPipelineOperator**: on Dataflow that operator stops reading
+the launcher once the job id appears (no exit code, no summary), and its command line has no place
+for `run`. Killing the task interrupts the launcher (SIGINT, then SIGKILL). **The API key** is the password of the Connection
 `embeddings_api`, handed to the child only as `EMBEDDINGS_API_KEY` (never on the command line,
 in Beam options or a templated field); Dataflow workers read it from the secret manager
 (`api_key_secret`). **The interpreter** is the Variable `embedpipe_python` (default: this python).
