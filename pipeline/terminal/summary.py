@@ -103,9 +103,8 @@ def _serves(report: dict[str, Any]) -> str:
     switch = report.get("switch") or {}
     if not switch.get("to"):
         return str(report["model"])
-    if switch.get("switched"):
-        return f"{switch['to']['model']}, switched from {switch['from']['model']}"
-    return f"{switch['from']['model']}, switching to {switch['to']['model']}"
+    from_, to = switch_names(switch)
+    return f"{to}, switched from {from_}" if switch.get("switched") else f"{from_}, switching to {to}"
 
 
 def _target_money(switch: dict[str, Any] | None) -> str:

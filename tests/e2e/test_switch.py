@@ -258,7 +258,9 @@ def test_other_chunk_tokens_are_a_switch_built_beside_the_served_view(tmp_path, 
     assert served_hashes(out) == hashes_at(day, 512)                  # readers still see the 512-token view
     target = served_hashes(out, "target")
     assert target and all(shas <= hashes_at(day, 64)[doc] for doc, shas in target.items())
+    capsys.readouterr()
     assert run(corpus, out, sb, models, MODEL, "--sync", "--switch-model", "--chunk-tokens", "64") == 0
+    assert f"({MODEL} (64-token chunks), switched from {MODEL} (512-token chunks)): done" in capsys.readouterr().out
     s = summary(out)
     assert s["switch"]["switched"] and served_hashes(out) == hashes_at(day, 64)
     assert all(r["n_tokens"] <= 64 for r in current(out, "embeddings").to_pylist())
