@@ -142,6 +142,12 @@ def save_record(conn: psycopg.Connection, names: Names, record: Record) -> None:
                  (names.name, json.dumps(doc), list(record.counts), list(record.hashes)))
 
 
+def case_maps(conn: psycopg.Connection) -> bool:
+    """Whether the database lower-cases letters beyond ASCII (its default collation's character
+    type: the C locale's does not), as text search does each word."""
+    return bool(one(conn.execute("SELECT lower('ДÉ') = 'дé'"))[0])
+
+
 def relkind(conn: psycopg.Connection, schema: str, name: str) -> str | None:
     row = conn.execute("SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                        "WHERE n.nspname = %s AND c.relname = %s", (schema, name)).fetchone()

@@ -22,6 +22,7 @@ import dataclasses
 import datetime as dt
 import itertools
 import logging
+import shlex
 import time
 
 import apache_beam as beam
@@ -43,7 +44,7 @@ from pipeline.publish.failure import failure
 from pipeline.publish.index import Index, build_indexes
 from pipeline.publish.names import Names
 from pipeline.publish.snapshots import wait_for_older_snapshots
-from pipeline.publish.target import Database, TableName, check_target, reach
+from pipeline.publish.target import EMBEDDED, Database, TableName, check_target, embedded_data, reach
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
 from transforms.errors import one_line
@@ -133,6 +134,7 @@ class Context:
     settings: PublishSettings
     opts: object
     text_search: str = "simple"   # text_tsv's configuration, as the server names it
+    embedded: bool = False        # --to embedded
     long_ids: bool = False   # the data table keys on the ids' md5 (transforms/publish/columns.py: KEY_BYTES)
 
     def load(self, table: str) -> Load:
@@ -174,6 +176,13 @@ def build(ctx: Context, record: Record | None) -> dict:
     tasks, rows = all_tasks(ctx.out, view), view.rows("embeddings")
     longest = check_values(tasks, ctx.cols)
     ctx.long_ids = longest > KEY_BYTES
+    if not dbs.case_maps(ctx.conn):
+        data = shlex.quote(str(embedded_data(ctx.out.path)))
+        log.warning("the database at %s lower-cases ASCII letters only (the C locale's character type): its text "
+                    "search tells Данные from данные; %s", ctx.db.shown,
+                    f"a database made by this version does not: `mv {data} {data}-old`, then publish again"
+                    if ctx.embedded else "a database of a Unicode locale does not (CREATE DATABASE ... "
+                    "LOCALE_PROVIDER builtin BUILTIN_LOCALE 'C.UTF-8' TEMPLATE template0, PostgreSQL 17 or later)")
     log.info("%s: %s", names.qualified, ctx.index.describe(view.model))
     table = names.new(DATA)
     dbs.create_data_table(ctx.conn, names, table, ctx.cols,
@@ -307,7 +316,7 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
         try:
             names, text_search = checks.resolve(conn, db, table.schema, table.name, index,
                                                 settings.text_search_config, settings.lock_wait_s)
-            ctx = Context(out, view, db, conn, names, cols, index, settings, opts, text_search)
+            ctx = Context(out, view, db, conn, names, cols, index, settings, opts, text_search, target == EMBEDDED)
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
             dbs.search_default(conn, settings.ef_search)
