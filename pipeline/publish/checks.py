@@ -54,10 +54,12 @@ def text_search_config(conn: psycopg.Connection, db: Database, config: str) -> s
     UsageError when the server has no such text search configuration."""
     try:
         with conn.transaction():   # a savepoint: the caller's transaction goes on
-            found = one(conn.execute("SELECT %s::regconfig::text", (config,)))[0]
+            row = conn.execute("SELECT oid::regconfig::text FROM pg_ts_config WHERE oid = %s::regconfig",
+                               (config,)).fetchone()   # the catalogue's: regconfig reads digits as any oid
     except (errors.UndefinedObject, errors.InvalidName, errors.InvalidSchemaName, errors.SyntaxError,
-            psycopg.DataError):
-        found = None
+            errors.FeatureNotSupported, psycopg.DataError):
+        row = None
+    found = row[0] if row else None
     if found is None:
         have = [r[0] for r in conn.execute("SELECT cfgname FROM pg_ts_config WHERE pg_ts_config_is_visible(oid) "
                                            "ORDER BY cfgname")]

@@ -2,8 +2,9 @@
 settings `--to embedded` gives it), the ways in that the publish is set against, and what the
 server shows while it runs.
 
-The floor: the view's rows read with pyarrow, a bare `COPY ... (FORMAT BINARY)` (psycopg 3 and
-pgvector-python's binary vector) with each chunk's text into an unindexed table (the publish's
+The floor: the view's rows read with pyarrow, bare `COPY ... (FORMAT BINARY)` (psycopg 3 and
+pgvector-python's binary vector), two at once as the publish's workers, with each chunk's text
+into an unindexed table (the publish's
 fillfactor) whose generated tsvector of the text the server computes as it takes the rows
 (publish.text_search_config), then the GIN index of it and the HNSW build, with the publish's
 own settings. The day-2 floor: the day's changed rows applied to that table, its GIN, HNSW and
@@ -17,6 +18,7 @@ an HNSW index is built (pg_stat_progress_create_index), the rows each table took
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -39,6 +41,8 @@ COLUMNS = [*KEY, "token_end", "n_tokens", "text_sha256", "text", "model", "reque
 TYPES = ["text", "int4", "int4", "int4", "int4", "text", "text", "text", "text", "float8", "text", "timestamptz"]
 LINEAGE = [c for c in COLUMNS[3:] if c != "text"]   # the peer's metadata
 PEER_BATCH = 1000          # rows per add_embeddings call: one INSERT of 5 parameters a row (65,535 at most)
+STREAMS = 2                # the floor's COPY streams at once: the publish's workers (configs/profiles/local.yaml);
+                           # the server computes each row's tsvector, most of a COPY's work with the text
 
 def index_settings() -> dict:
     """The publish's index build and search settings (configs/pipeline.yaml, `publish:`);
@@ -168,11 +172,10 @@ def floor(server: Server, out: Path, dims: int, s: dict, keep: bool = False) -> 
         conn.execute(sql.SQL("CREATE TABLE floor ({}, embedding vector({}), text_tsv tsvector GENERATED ALWAYS AS "
                              "(to_tsvector({}::regconfig, text)) STORED) WITH (fillfactor = {})").format(
             sql.SQL(", ").join(defs), sql.Literal(dims), sql.Literal(s["text_search"]), sql.Literal(s["fillfactor"])))
-        with conn.cursor() as cur, cur.copy(sql.SQL("COPY floor ({}, embedding) FROM STDIN (FORMAT BINARY)").format(
-                sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))) as copy:
-            copy.set_types([*TYPES, "vector"])
-            for row in zip(*cols, vecs, strict=True):
-                copy.write_row(row)
+        rows = list(zip(*cols, vecs, strict=True))
+        shares = [rows[i::STREAMS] for i in range(STREAMS)]
+        with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
+            list(pool.map(lambda share: copy_rows(server, db, share), shares))
         load_s = time.perf_counter() - started
         gin_s = build_gin(conn, "floor", s)
         hnsw_s = build_index(conn, "floor", dims, s)
@@ -183,6 +186,16 @@ def floor(server: Server, out: Path, dims: int, s: dict, keep: bool = False) -> 
         server.drop_db(db)
     return Way(f"floor: read {read_s:.1f} s, COPY BINARY {load_s - read_s:.1f} s, GIN {gin_s:.1f} s, HNSW",
                load_s, gin_s + hnsw_s, load_s + gin_s + hnsw_s)
+
+
+def copy_rows(server: Server, db: str, rows: list[tuple]) -> None:
+    """ROWS into floor by one binary COPY, over a connection of its own."""
+    with server.connect(db) as conn, conn.cursor() as cur, cur.copy(sql.SQL(
+            "COPY floor ({}, embedding) FROM STDIN (FORMAT BINARY)").format(
+            sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))) as copy:
+        copy.set_types([*TYPES, "vector"])
+        for row in rows:
+            copy.write_row(row)
 
 
 def day2_floor(server: Server, before: pa.Table, after: pa.Table, dims: int, warm: np.ndarray,

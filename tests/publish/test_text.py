@@ -135,7 +135,7 @@ def test_another_text_search_configuration_builds_the_column_again(day1, pg_url,
         assert conn.execute("SELECT record->>'text_search' FROM embedpipe_published").fetchone() == ("english",)
 
 
-@pytest.mark.parametrize("config", ["klingon", "pg_catalog.nope", "a b", "'; DROP TABLE x; --"])
+@pytest.mark.parametrize("config", ["klingon", "pg_catalog.nope", "a.b.c", "1", "'; DROP TABLE x; --"])
 def test_a_configuration_the_server_lacks_is_refused_before_anything_is_made(day1, pg_url, capsys, caplog, tmp_path,
                                                                              config):
     settings = tmp_path / "pipeline.yaml"
