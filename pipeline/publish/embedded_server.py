@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
@@ -112,6 +113,12 @@ def _environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
 
 
+def _major(version: str) -> int:
+    """The major version in a program's `--version` ("initdb (PostgreSQL) 18.4"); 0 if none."""
+    found = re.search(r"\) (\d+)", version)
+    return int(found[1]) if found else 0
+
+
 class Cluster:
     """DATA, a PostgreSQL data directory, served by the programs in BINARIES as ACCOUNT."""
 
@@ -147,8 +154,14 @@ class Cluster:
                 shutil.rmtree(leftover)   # its make holds no lock: it was killed
 
     def _initdb(self, target: Path) -> None:
-        done = subprocess.run([str(self.binaries / "initdb"), "-D", str(target), "-U", SUPERUSER, "--encoding=UTF8",
-                               "--no-locale", "--auth-local=peer", "--auth-host=reject", "--no-instructions"],
+        initdb = str(self.binaries / "initdb")
+        version = subprocess.run([initdb, "--version"], capture_output=True, text=True, cwd="/", env=_environment(),
+                                 **self.account.spawn()).stdout
+        # the C locale's order (by code point) and, from PostgreSQL 17, Unicode's case mapping:
+        # text search lower-cases Данные as it does Data (the C locale's maps ASCII letters only)
+        unicode = ["--locale-provider=builtin", "--builtin-locale=C.UTF-8"] if _major(version) >= 17 else []
+        done = subprocess.run([initdb, "-D", str(target), "-U", SUPERUSER, "--encoding=UTF8", "--no-locale", *unicode,
+                               "--auth-local=peer", "--auth-host=reject", "--no-instructions"],
                               capture_output=True, text=True, cwd="/", env=_environment(), **self.account.spawn())
         if done.returncode:
             last = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]

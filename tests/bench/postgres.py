@@ -2,11 +2,15 @@
 settings `--to embedded` gives it), the ways in that the publish is set against, and what the
 server shows while it runs.
 
-The floor: the view's rows read with pyarrow, a bare `COPY ... (FORMAT BINARY)` (psycopg 3 and
-pgvector-python's binary vector) into an unindexed table (the publish's fillfactor), then the
-HNSW build with the publish's own settings. The day-2 floor: the day's changed rows applied to
-that table, its HNSW index and the key's, by bare SQL in one transaction. The peer: langchain-postgres `PGVector.add_embeddings` of the same vectors, ids
-and lineage (as metadata), batch by batch as its docs show it, in a process of its own
+The floor: the view's rows read with pyarrow, bare `COPY ... (FORMAT BINARY)` (psycopg 3 and
+pgvector-python's binary vector), two at once as the publish's workers, with each chunk's text
+into an unindexed table (the publish's
+fillfactor) whose generated tsvector of the text the server computes as it takes the rows
+(publish.text_search_config), then the GIN index of it and the HNSW build, with the publish's
+own settings. The day-2 floor: the day's changed rows applied to that table, its GIN, HNSW and
+key indexes, by bare SQL in one transaction. The peer: langchain-postgres
+`PGVector.add_embeddings` of the same vectors, texts, ids and lineage (as metadata), batch by
+batch as its docs show it, in a process of its own
 (`python -m tests.bench.postgres URL OUT DIMS RESULT_JSON`: PGVector makes its table class once
 per process, for one vector length), then the same index on its table. From the server: when
 an HNSW index is built (pg_stat_progress_create_index), the rows each table took
@@ -14,6 +18,7 @@ an HNSW index is built (pg_stat_progress_create_index), the rows each table took
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -31,9 +36,13 @@ import yaml
 from psycopg import sql
 
 KEY = ["doc_id", "chunk_index", "token_start"]
-COLUMNS = [*KEY, "token_end", "n_tokens", "text_sha256", "model", "request_id", "cost_rub", "run_id", "embedded_at"]
-TYPES = ["text", "int4", "int4", "int4", "int4", "text", "text", "text", "float8", "text", "timestamptz"]
+COLUMNS = [*KEY, "token_end", "n_tokens", "text_sha256", "text", "model", "request_id", "cost_rub", "run_id",
+           "embedded_at"]
+TYPES = ["text", "int4", "int4", "int4", "int4", "text", "text", "text", "text", "float8", "text", "timestamptz"]
+LINEAGE = [c for c in COLUMNS[3:] if c != "text"]   # the peer's metadata
 PEER_BATCH = 1000          # rows per add_embeddings call: one INSERT of 5 parameters a row (65,535 at most)
+STREAMS = 2                # the floor's COPY streams at once: the publish's workers (configs/profiles/local.yaml);
+                           # the server computes each row's tsvector, most of a COPY's work with the text
 
 def index_settings() -> dict:
     """The publish's index build and search settings (configs/pipeline.yaml, `publish:`);
@@ -43,7 +52,7 @@ def index_settings() -> dict:
     return {"m": int(pub.get("hnsw_m", 16)), "ef_construction": int(pub.get("hnsw_ef_construction", 64)),
             "maintenance_work_mem": f"{int(pub.get('maintenance_work_mem_mb', 64))}MB",
             "workers": int(pub.get("parallel_index_workers", 2)), "ef_search": int(pub.get("ef_search", 40)),
-            "fillfactor": int(pub.get("fillfactor", 100))}
+            "fillfactor": int(pub.get("fillfactor", 100)), "text_search": str(pub.get("text_search_config", "simple"))}
 
 
 def index_sql(table: str, dims: int, s: dict) -> sql.Composed:
@@ -108,6 +117,21 @@ class Server:
 
 # -- the view ---------------------------------------------------------------------------------
 
+def view_bytes(out: Path) -> tuple[int, int] | None:
+    """(bytes of OUT's current embeddings files, of their text column's pages); None without the view."""
+    files = view_files(out)
+    if not files:
+        return None
+    text = 0
+    for f in files:
+        meta = pq.read_metadata(f)
+        names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        if "text" in names:
+            column = names.index("text")
+            text += sum(meta.row_group(g).column(column).total_compressed_size for g in range(meta.num_row_groups))
+    return sum(f.stat().st_size for f in files), text
+
+
 def view_files(out: Path) -> list[Path]:
     return sorted((out / "current").glob("embeddings-*.parquet"))
 
@@ -145,22 +169,33 @@ def floor(server: Server, out: Path, dims: int, s: dict, keep: bool = False) -> 
     with server.connect(db) as conn:
         defs = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(ty))
                 for c, ty in zip(COLUMNS, TYPES, strict=True)]
-        conn.execute(sql.SQL("CREATE TABLE floor ({}, embedding vector({})) WITH (fillfactor = {})").format(
-            sql.SQL(", ").join(defs), sql.Literal(dims), sql.Literal(s["fillfactor"])))
-        with conn.cursor() as cur, cur.copy(sql.SQL("COPY floor ({}, embedding) FROM STDIN (FORMAT BINARY)").format(
-                sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))) as copy:
-            copy.set_types([*TYPES, "vector"])
-            for row in zip(*cols, vecs, strict=True):
-                copy.write_row(row)
+        conn.execute(sql.SQL("CREATE TABLE floor ({}, embedding vector({}), text_tsv tsvector GENERATED ALWAYS AS "
+                             "(to_tsvector({}::regconfig, text)) STORED) WITH (fillfactor = {})").format(
+            sql.SQL(", ").join(defs), sql.Literal(dims), sql.Literal(s["text_search"]), sql.Literal(s["fillfactor"])))
+        rows = list(zip(*cols, vecs, strict=True))
+        shares = [rows[i::STREAMS] for i in range(STREAMS)]
+        with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
+            list(pool.map(lambda share: copy_rows(server, db, share), shares))
         load_s = time.perf_counter() - started
-        index_s = build_index(conn, "floor", dims, s)
+        gin_s = build_gin(conn, "floor", s)
+        hnsw_s = build_index(conn, "floor", dims, s)
         check_count(conn, "floor", t.num_rows)
         if keep:
             conn.execute(sql.SQL("CREATE UNIQUE INDEX ON floor ({})").format(sql.SQL(", ").join(map(sql.Identifier, KEY))))
     if not keep:
         server.drop_db(db)
-    return Way(f"floor: read {read_s:.1f} s, COPY BINARY {load_s - read_s:.1f} s, index", load_s, index_s,
-               load_s + index_s)
+    return Way(f"floor: read {read_s:.1f} s, COPY BINARY {load_s - read_s:.1f} s, GIN {gin_s:.1f} s, HNSW",
+               load_s, gin_s + hnsw_s, load_s + gin_s + hnsw_s)
+
+
+def copy_rows(server: Server, db: str, rows: list[tuple]) -> None:
+    """ROWS into floor by one binary COPY, over a connection of its own."""
+    with server.connect(db) as conn, conn.cursor() as cur, cur.copy(sql.SQL(
+            "COPY floor ({}, embedding) FROM STDIN (FORMAT BINARY)").format(
+            sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))) as copy:
+        copy.set_types([*TYPES, "vector"])
+        for row in rows:
+            copy.write_row(row)
 
 
 def day2_floor(server: Server, before: pa.Table, after: pa.Table, dims: int, warm: np.ndarray,
@@ -212,6 +247,15 @@ def check_count(conn, table: str, want: int) -> None:
         raise SystemExit(f"{table} holds {got:,} rows, the view {want:,}")
 
 
+def build_gin(conn, table: str, s: dict) -> float:
+    """The GIN index of TABLE's text_tsv, with the HNSW build's memory."""
+    conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(sql.Literal(s["maintenance_work_mem"])))
+    conn.execute(sql.SQL("SET max_parallel_maintenance_workers = {}").format(sql.Literal(s["workers"])))
+    started = time.perf_counter()
+    conn.execute(sql.SQL("CREATE INDEX ON {} USING gin (text_tsv)").format(sql.Identifier(table)))
+    return time.perf_counter() - started
+
+
 def build_index(conn, table: str, dims: int, s: dict) -> float:
     conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(sql.Literal(s["maintenance_work_mem"])))
     conn.execute(sql.SQL("SET max_parallel_maintenance_workers = {}").format(sql.Literal(s["workers"])))
@@ -230,17 +274,18 @@ def peer_load(url: str, out: Path, dims: int) -> float:
     started = time.perf_counter()
     for f in view_files(out):
         for batch in pq.ParquetFile(f).iter_batches(PEER_BATCH, columns=[*COLUMNS, "embedding"]):
-            meta = batch.select(COLUMNS[3:]).to_pylist()
+            meta = batch.select(LINEAGE).to_pylist()
             ids = [f"{d}/{i}/{t}" for d, i, t in zip(*(batch.column(c).to_pylist() for c in KEY), strict=True)]
-            store.add_embeddings(texts=ids, embeddings=vectors(pa.Table.from_batches([batch])).tolist(),
+            store.add_embeddings(texts=batch.column("text").to_pylist(),
+                                 embeddings=vectors(pa.Table.from_batches([batch])).tolist(),
                                  metadatas=[{**m, "embedded_at": m["embedded_at"].isoformat()} for m in meta],
                                  ids=ids)
     return time.perf_counter() - started
 
 
 class IndexWatch:
-    """When the server builds an HNSW index in DB: the first and last time
-    pg_stat_progress_create_index shows a CREATE INDEX ... USING hnsw (polled every 20 ms)."""
+    """When the server builds the GIN and HNSW indexes in DB: the first and last time
+    pg_stat_progress_create_index shows a CREATE INDEX ... USING gin or hnsw (polled every 20 ms)."""
 
     def __init__(self, server: Server, db: str):
         self._conn, self._db = server.connect("postgres"), db
@@ -251,7 +296,8 @@ class IndexWatch:
     def _poll(self) -> None:
         while not self._stop.is_set():
             if self._conn.execute("SELECT 1 FROM pg_stat_progress_create_index p JOIN pg_stat_activity a "
-                                  "USING (pid) WHERE p.datname = %s AND a.query ILIKE '%%hnsw%%'",
+                                  "USING (pid) WHERE p.datname = %s AND (a.query ILIKE '%%hnsw%%' OR "
+                                  "a.query ILIKE '%%using gin%%')",
                                   (self._db,)).fetchall():
                 self.seen.append(time.perf_counter())
             time.sleep(0.02)

@@ -58,6 +58,7 @@ from service.sandbox.store import read_ledger
 from tests.bench import aimd, beam_overhead, concurrency, floor, irreducible, library, publish, runners, switch, sync
 from tests.bench.corpus import write_corpus
 from tests.bench.measure import Measured, load_average, process_cpu_s, run_measured
+from tests.bench.postgres import view_bytes
 from tests.bench.report import table, write_section
 
 REPO = Path(__file__).resolve().parents[2]
@@ -528,21 +529,6 @@ class Bench:
         if self.args.write:
             write_section(REPO / "docs" / "BENCH.md", "\n\n".join(self.sections))
             self.say(f"\nwritten: {REPO / 'docs' / 'BENCH.md'}")
-
-
-def view_bytes(out: Path) -> tuple[int, int] | None:
-    """(bytes of OUT's current embeddings files, of their text column's pages); None without the view."""
-    files = sorted((out / "current").glob("embeddings-*.parquet"))
-    if not files:
-        return None
-    text = 0
-    for f in files:
-        meta = pq.read_metadata(f)
-        names = [meta.schema.column(i).path for i in range(meta.num_columns)]
-        if "text" in names:
-            column = names.index("text")
-            text += sum(meta.row_group(g).column(column).total_compressed_size for g in range(meta.num_row_groups))
-    return sum(f.stat().st_size for f in files), text
 
 
 def _ints(text: str) -> list[int]:

@@ -109,3 +109,22 @@ def test_the_publish_of_a_run_holds_dir_until_it_ends(days, tmp_path, pg_url):
     s = summary(days.out)
     assert out.startswith(f"run {s['run_id']} ") and s["publish"]["view"] == s["current"]["view"] == s["run_id"]
     assert_same(days.out, pg_url)
+
+
+def test_a_switch_of_chunk_size_is_published_with_its_passages(setup, pg_url):
+    """Other chunks are another view of the same model: the table keeps serving the old chunks
+    until the switch completes, then every row is the new chunks', their text with them."""
+    corpus, out, sb, models = setup
+    write_corpus(corpus, corpus_rows(n_short=30, n_long=3))
+    assert run(corpus, out, sb, models, MODEL, "--publish", pg_url) == 0
+    before = state(pg_url)
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--switch-model", "--chunk-tokens", "64", "--allow-partial",
+               "--max-spend-rub", "0.001", "--publish", pg_url) == 4
+    assert state(pg_url) == before and not summary(out)["switch"]["switched"]
+    assert run(corpus, out, sb, models, MODEL, "--sync", "--switch-model", "--chunk-tokens", "64", "--publish",
+               pg_url) == 0
+    assert summary(out)["switch"]["switched"]
+    assert_same(out, pg_url)
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT max(n_tokens) <= 64, count(*) FILTER (WHERE text = '') FROM embeddings"
+                            ).fetchone() == (True, 0)
