@@ -70,6 +70,12 @@ def render(r: dict, resume: str | None) -> str:
         lines.append(f"the view also has {' and '.join(missing)}, not in the table" + (
             "" if not r["pending"] else f": `{resume}` {then}" if resume else
             ": a run of DIR with --resume embeds the pending ones; publish again after it"))
+    if r.get("without_text"):
+        n = r["without_text"]
+        lines.append(f"{n:,} of the view's {r['rows']:,} rows {'has' if n == 1 else 'have'} no text (written before "
+                     "rows carried it, or with output.chunk_text: false): the table shows an empty text for them, "
+                     "which text search does not find; a run of DIR with --sync, its text not left out, gives them "
+                     "their text at no cost")
     return "\n".join(lines)
 
 

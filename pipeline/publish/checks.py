@@ -1,6 +1,7 @@
 """What a publish checks before it writes anything: NAME's schema and the rights the publish
-needs there, pgvector (its version takes the index NAME's length needs), NAME free or a view
-a publish made, and no type of NAME's name (a view's name is its row type's too).
+needs there, pgvector (its version takes the index NAME's length needs), the text search
+configuration of text_tsv, NAME free or a view a publish made, and no type of NAME's name (a
+view's name is its row type's too).
 
 pgvector and the tables every NAME of the schema shares are made in the transaction that
 checks the rest, so a refusal leaves nothing made (transactional DDL). A publish needs no
@@ -26,23 +27,44 @@ RIGHTS = ("SELECT", "INSERT", "UPDATE", "DELETE")   # on the shared tables
 
 
 def resolve(conn: psycopg.Connection, db: Database, schema: str | None, name: str, index: Index,
-            wait_s: float) -> Names:
-    """NAME in its schema (schema_of), every check passed, the shared tables made (waiting at
-    most WAIT_S for another publish making them)."""
+            text_search: str, wait_s: float) -> tuple[Names, str]:
+    """NAME in its schema (schema_of) and the configuration TEXT_SEARCH as the server names it,
+    every check passed, the shared tables made (waiting at most WAIT_S for another publish
+    making them)."""
     names = Names(schema_of(conn, db, schema), name)
     role, may_create = one(conn.execute("SELECT current_user, has_schema_privilege(%s, 'CREATE')", (names.schema,)))
     if not may_create:
         raise JobFailed(f"role {role} may not create tables in schema {names.schema} of {db.shown}: grant it CREATE "
                         "there, or publish as a role that has it")
+    found = []
 
     def checks() -> None:
         pgvector_takes(conn, db, index)
+        found.append(text_search_config(conn, db, text_search))
         check_rights(conn, db, names, None)   # the record is read from a shared table
         record = load_record(conn, names)
         check_ours(conn, names, record)
         check_rights(conn, db, names, record)
     shared_tables(conn, db, names.schema, wait_s, checks)
-    return names
+    return names, found[0]
+
+
+def text_search_config(conn: psycopg.Connection, db: Database, config: str) -> str:
+    """CONFIG (publish.text_search_config) as the server names it (`english`, `public.mine`);
+    UsageError when the server has no such text search configuration."""
+    try:
+        with conn.transaction():   # a savepoint: the caller's transaction goes on
+            found = one(conn.execute("SELECT %s::regconfig::text", (config,)))[0]
+    except (errors.UndefinedObject, errors.InvalidName, errors.InvalidSchemaName, errors.SyntaxError,
+            psycopg.DataError):
+        found = None
+    if found is None:
+        have = [r[0] for r in conn.execute("SELECT cfgname FROM pg_ts_config WHERE pg_ts_config_is_visible(oid) "
+                                           "ORDER BY cfgname")]
+        raise UsageError(f"publish.text_search_config {config!r} is not a text search configuration of the server at "
+                         f"{db.shown} (it has {', '.join(have)}): set one of them in the --run-config file "
+                         "(nothing was changed)")
+    return found
 
 
 def shared_tables(conn: psycopg.Connection, db: Database, schema: str, wait_s: float,

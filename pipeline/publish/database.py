@@ -33,7 +33,8 @@ from pipeline.publish.names import Names
 from pipeline.publish.target import Database
 from pipeline.settings.config import PublishSettings
 from transforms.errors import one_line
-from transforms.publish.columns import BUCKET, BUCKETS, HASH, KEY, Column, bucket_sql, hash_sql
+from transforms.publish.columns import (BUCKET, BUCKETS, CHUNK_ID, HASH, KEY, TEXT, TSV, Column, bucket_sql,
+                                        chunk_id_sql, hash_sql, tsv_sql)
 from transforms.publish.load import connect as open_connection
 from transforms.publish.sql import LOADS, one
 
@@ -116,6 +117,7 @@ class Record:
     counts: tuple[int, ...]                 # per bucket: rows
     hashes: tuple[int, ...]                 # per bucket: the xor of their row hashes
     index: str = Index.UNNAMED              # the data table's HNSW index (Index.signature)
+    text_search: str | None = None          # text_tsv's configuration (None: a table without it)
     details: dict = dataclasses.field(default_factory=dict)   # shown, never compared
 
 
@@ -127,13 +129,13 @@ def load_record(conn: psycopg.Connection, names: Names) -> Record | None:
     doc, counts, hashes = row
     return Record(doc["data_table"], doc["view"], doc["model"], doc["dimensions"],
                   tuple(tuple(c) for c in doc["columns"]), doc["rows"], tuple(counts), tuple(hashes),
-                  index=doc.get("index", Index.UNNAMED), details=doc)
+                  index=doc.get("index", Index.UNNAMED), text_search=doc.get("text_search"), details=doc)
 
 
 def save_record(conn: psycopg.Connection, names: Names, record: Record) -> None:
     doc = {**record.details, "format": FORMAT, "data_table": record.data_table, "view": record.view,
            "model": record.model, "dimensions": record.dimensions, "columns": [list(c) for c in record.columns],
-           "rows": record.rows, "index": record.index}
+           "rows": record.rows, "index": record.index, "text_search": record.text_search}
     conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s) ON CONFLICT (name) DO UPDATE SET "
                          "record = EXCLUDED.record, bucket_counts = EXCLUDED.bucket_counts, "
                          "bucket_hashes = EXCLUDED.bucket_hashes").format(names(META)),
@@ -187,15 +189,18 @@ def drop_table(conn: psycopg.Connection, names: Names, table: str, settings: Pub
 
 
 def create_data_table(conn: psycopg.Connection, names: Names, table: str, cols: Sequence[Column],
-                      comment: str, fillfactor: int) -> None:
+                      comment: str, fillfactor: int, text_search: str) -> None:
     """A model's data table, without indexes (they are built after the bulk load); its pages
-    loaded to FILLFACTOR %, the room left for the updates of later deltas (update_sql)."""
-    defs = [sql.SQL("{} {} NOT NULL" if c.name in KEY or c.name == "embedding" else "{} {}")
+    loaded to FILLFACTOR %, the room left for the updates of later deltas (update_sql);
+    text_tsv in the text search configuration TEXT_SEARCH."""
+    defs = [sql.SQL("{} {} NOT NULL" if c.name in (*KEY, TEXT, "embedding") else "{} {}")
             .format(sql.Identifier(c.name), sql.SQL(c.type)) for c in cols]
-    defs.append(sql.SQL("{} integer GENERATED ALWAYS AS {} STORED").format(sql.Identifier(BUCKET),
-                                                                           sql.SQL(bucket_sql())))
-    row_hash = hash_sql(list(cols), lambda n: sql.Identifier(n).as_string(conn))
-    defs.append(sql.SQL("{} bigint GENERATED ALWAYS AS {} STORED").format(sql.Identifier(HASH), sql.SQL(row_hash)))
+    generated = ((CHUNK_ID, "text", chunk_id_sql()), (TSV, "tsvector", tsv_sql(sql.Literal(text_search).as_string(conn))),
+                 (BUCKET, "integer", bucket_sql()),
+                 (HASH, "bigint", hash_sql(list(cols), lambda n: sql.Identifier(n).as_string(conn))))
+    defs += [sql.SQL("{} {} GENERATED ALWAYS AS {} STORED").format(sql.Identifier(name), sql.SQL(type_),
+                                                                    sql.SQL(f"({expression})"))
+             for name, type_, expression in generated]
     conn.execute(sql.SQL("CREATE TABLE {} ({}) WITH (fillfactor = {})").format(
         names(table), sql.SQL(", ").join(defs), sql.Literal(fillfactor)))
     conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(names(table), sql.Literal(comment)))
@@ -294,7 +299,9 @@ def apply_delta(conn: psycopg.Connection, names: Names, record: Record, staging:
             sums.apply(conn.execute(sql.SQL("SELECT d.{b}, count(*), bit_xor(d.{h}) FROM {} d JOIN {} s ON {} "
                                             "GROUP BY d.{b}").format(data, s, key, b=sql.Identifier(BUCKET),
                                                                      h=sql.Identifier(HASH))).fetchall(), -1)
-            updated = sums.apply(_changed(conn, update_sql(data, s, cols, returning)), +1)
+            # the rows whose text stays first: once updated, those whose text changes are the others still
+            updated = sum(sums.apply(_changed(conn, update_sql(data, s, cols, returning, text)), +1)
+                          for text in (False, True))
             columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in cols)
             inserted = sums.apply(_changed(conn, sql.SQL(
                 "INSERT INTO {} AS d ({}) SELECT {} FROM {} s WHERE NOT EXISTS (SELECT FROM {} d WHERE {}) {}").format(
@@ -315,23 +322,28 @@ def _key_match() -> sql.Composed:
 
 
 def update_sql(data: sql.Composable, staging: sql.Composable, cols: Sequence[Column],
-               returning: sql.Composable) -> sql.Composed:
-    """The rows of DATA whose key STAGING has, updated in place: one new tuple each. A vector
-    whose bytes are the same keeps the stored value itself (not an equal copy, which the
-    server would count as a change of the indexed column), so a row whose lineage alone
-    changed can be a HOT update: no new entry in the HNSW index or the key's, when its page
-    has room (the data table's fillfactor leaves some)."""
+               returning: sql.Composable, text: bool) -> sql.Composed:
+    """The rows of DATA whose key STAGING has, updated in place: one new tuple each; TEXT: the
+    rows whose text changed, else the others, whose text is left out of the SET (text_tsv is
+    computed again only when its text is set: a row whose lineage alone changed costs no
+    to_tsvector). A vector whose bytes are the same keeps the stored value itself (not an
+    equal copy, which the server would count as a change of the indexed column). A row whose
+    vector and text stayed (its lineage changed) can then be a HOT update: no new entry in the
+    HNSW index, the GIN index or the key's, when its page has room (the data table's
+    fillfactor leaves some)."""
     sets = []
     for c in cols:
-        if c.name in KEY:
+        if c.name in KEY or (c.name == TEXT and not text):
             continue
         if c.copy_type == "vector":
             value = sql.SQL("CASE WHEN vector_send(d.{c}) = vector_send(s.{c}) THEN d.{c} ELSE s.{c} END")
         else:
             value = sql.SQL("s.{c}")
         sets.append(sql.SQL("{c} = ").format(c=sql.Identifier(c.name)) + value.format(c=sql.Identifier(c.name)))
-    return sql.SQL("UPDATE {} d SET {} FROM {} s WHERE {} {}").format(data, sql.SQL(", ").join(sets), staging,
-                                                                       _key_match(), returning)
+    same = sql.SQL("d.{t} IS DISTINCT FROM s.{t} COLLATE \"C\"" if text else "d.{t} = s.{t} COLLATE \"C\"").format(
+        t=sql.Identifier(TEXT))
+    return sql.SQL("UPDATE {} d SET {} FROM {} s WHERE {} AND {} {}").format(
+        data, sql.SQL(", ").join(sets), staging, _key_match(), same, returning)
 
 
 def search_default(conn: psycopg.Connection, ef_search: int) -> bool:

@@ -2,7 +2,8 @@
 a publish makes it (again).
 
 NAME is `SELECT <the columns> FROM <data table>`, `embedding` shown as an unconstrained
-`vector` (pipeline/publish/index.py). A NAME that reads the data table but is defined
+`vector` (pipeline/publish/index.py), the generated columns after the contract's
+(transforms/publish/columns.py). A NAME that reads the data table but is defined
 otherwise (redefined by hand: a WHERE, a column left out) serves other rows than the view: a
 publish compares NAME's definition and columns, as pg_get_viewdef and format_type show them,
 with those of the view it would make (made under another name in a transaction rolled back,
@@ -19,7 +20,7 @@ from psycopg import sql
 
 from pipeline.publish.index import VIEW_EMBEDDING
 from pipeline.publish.names import Names, regclass
-from transforms.publish.columns import Column
+from transforms.publish.columns import CONTRACT, GENERATED, Column
 
 PROBE = "embedpipe_probe_"   # what a publish makes to read the server's form of NAME, never committed
 
@@ -29,6 +30,7 @@ def view_sql(names: Names, data_table: str, cols: Sequence[Column], replace: boo
     """NAME (or VIEW, beside it) over DATA_TABLE."""
     shown = [sql.SQL("{} AS {}").format(sql.SQL(VIEW_EMBEDDING), sql.Identifier(c.name)) if c.name == "embedding"
              else sql.Identifier(c.name) for c in cols]
+    shown[len(CONTRACT):len(CONTRACT)] = [sql.Identifier(name) for name, _ in GENERATED]
     return sql.SQL("CREATE {}VIEW {} AS SELECT {} FROM {}").format(
         sql.SQL("OR REPLACE " if replace else ""), names(view), sql.SQL(", ").join(shown), names(data_table))
 
@@ -72,7 +74,8 @@ def expected(conn: psycopg.Connection, names: Names, cols: Sequence[Column], dat
         table = data_table or names.new(PROBE)
         if data_table is None:
             conn.execute(sql.SQL("CREATE TABLE {} ({})").format(names(table), sql.SQL(", ").join(
-                sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in cols)))
+                sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(type_))
+                for name, type_ in [*((c.name, c.type) for c in cols), *GENERATED])))
         probe = names.new(PROBE)
         conn.execute(view_sql(names, table, cols, replace=False, view=probe))
         found = definition(conn, names.schema, probe)

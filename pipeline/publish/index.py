@@ -21,7 +21,7 @@ from psycopg import sql
 
 from pipeline.publish.names import Names
 from pipeline.settings.config import PublishSettings
-from transforms.publish.columns import KEY_BYTES, key_index
+from transforms.publish.columns import CHUNK_ID, KEY_BYTES, TSV, key_index
 
 VECTOR_MAX, HALFVEC_MAX = 2000, 4000   # pgvector's HNSW limits
 VIEW_EMBEDDING = "embedding::vector"   # NAME's embedding column, over the data table's
@@ -102,7 +102,9 @@ def work_mem_mb(rows: int, index: Index, settings: PublishSettings) -> int:
 def build_indexes(conn: psycopg.Connection, names: Names, table: str, index: Index, rows: int,
                   settings: PublishSettings, longest_id: int = 0) -> None:
     """The key's unique index (on the id's md5 above KEY_BYTES, with a hash index on the id:
-    transforms/publish/columns.py), the HNSW index, the planner's statistics."""
+    transforms/publish/columns.py), chunk_id's (unique; a hash index above KEY_BYTES, chunk_id
+    being unique as the key is), the GIN index of text_tsv, the HNSW index, the planner's
+    statistics."""
     conn.execute(sql.SQL("SET maintenance_work_mem = {}").format(
         sql.Literal(f"{work_mem_mb(rows, index, settings)}MB")))
     conn.execute(sql.SQL("SET max_parallel_maintenance_workers = {}").format(
@@ -112,6 +114,11 @@ def build_indexes(conn: psycopg.Connection, names: Names, table: str, index: Ind
     if longest_id > KEY_BYTES:
         conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hash (doc_id)").format(
             sql.Identifier(f"{table}_doc"), names(table)))
+    conn.execute(sql.SQL("CREATE {}INDEX {} ON {} {}").format(
+        sql.SQL("" if longest_id > KEY_BYTES else "UNIQUE "), sql.Identifier(f"{table}_chunk"), names(table),
+        sql.SQL("USING hash ({})" if longest_id > KEY_BYTES else "({})").format(sql.Identifier(CHUNK_ID))))
+    conn.execute(sql.SQL("CREATE INDEX {} ON {} USING gin ({})").format(
+        sql.Identifier(f"{table}_tsv"), names(table), sql.Identifier(TSV)))
     conn.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw ({} {}) WITH (m = {}, ef_construction = {})").format(
         sql.Identifier(f"{table}_hnsw"), names(table), sql.SQL(index.indexed), sql.SQL(index.opclass),
         sql.Literal(settings.hnsw_m), sql.Literal(settings.hnsw_ef_construction)))

@@ -33,7 +33,7 @@ from psycopg import errors
 from pipeline.exits import JobFailed, UsageError
 from pipeline.outdir import OutputDir
 from pipeline.outdir.kept import Mismatch, view_fields
-from pipeline.outdir.view import View
+from pipeline.outdir.view import View, rows_without_text
 from pipeline.publish import checks, definition
 from pipeline.publish import database as dbs
 from pipeline.publish import delta as deltas
@@ -84,8 +84,9 @@ def check_values(tasks: list[Task], cols: list[Column]) -> int:
     for path, group in itertools.groupby(tasks, key=lambda t: t.path):
         with open_parquet(path) as fh:
             parquet = parquet_file(fh)
+            read = [n for n in dict.fromkeys(["doc_id", *names]) if n in parquet.schema_arrow.names]
             for task in group:
-                table = select(parquet.read_row_group(task.group, columns=list(dict.fromkeys(["doc_id", *names]))),
+                table = select(parquet.read_row_group(task.group, columns=read),
                                None if task.rows is None else np.frombuffer(task.rows, dtype=np.int32))
                 if (refusal := values.refusal(table, cols)) is not None:
                     raise Unpublishable(refusal)
@@ -131,6 +132,7 @@ class Context:
     index: Index
     settings: PublishSettings
     opts: object
+    text_search: str = "simple"   # text_tsv's configuration, as the server names it
     long_ids: bool = False   # the data table keys on the ids' md5 (transforms/publish/columns.py: KEY_BYTES)
 
     def load(self, table: str) -> Load:
@@ -144,7 +146,8 @@ class Context:
                    "staged": v.rows("staged-embeddings"), "view_committed_at": v.committed_at,
                    **({"key": "md5(doc_id)"} if self.long_ids else {})}
         return Record(data_table, v.view, v.model, v.dimensions, tuple((c.name, c.type) for c in self.cols), rows,
-                      tuple(counts), tuple(hashes), index=self.index.signature, details=details)
+                      tuple(counts), tuple(hashes), index=self.index.signature, text_search=self.text_search,
+                      details=details)
 
     def loaded_all(self, table: str, tasks: list[Task], rows: int) -> None:
         n, found = dbs.loaded(self.conn, self.names, table)
@@ -155,10 +158,10 @@ class Context:
 
 def compatible(record: Record | None, ctx: Context) -> bool:
     """Whether the served table takes this view's rows as they are (same model, length, columns,
-    the index this publish would build)."""
+    the index this publish would build, text_tsv's configuration)."""
     return (record is not None and record.model == ctx.view.model and record.dimensions == ctx.view.dimensions
             and record.columns == tuple((c.name, c.type) for c in ctx.cols)
-            and record.index == ctx.index.signature)
+            and record.index == ctx.index.signature and record.text_search == ctx.text_search)
 
 
 def build(ctx: Context, record: Record | None) -> dict:
@@ -175,7 +178,7 @@ def build(ctx: Context, record: Record | None) -> dict:
     table = names.new(DATA)
     dbs.create_data_table(ctx.conn, names, table, ctx.cols,
                           f"embedpipe: rows of {names.qualified} (view {view.view}, {view.model})",
-                          ctx.settings.fillfactor)
+                          ctx.settings.fillfactor, ctx.text_search)
     started = time.monotonic()
     run_load(tasks, ctx.load(table), ctx.opts)
     ctx.loaded_all(table, tasks, rows)
@@ -302,8 +305,9 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
         conn = dbs.connect(db, settings)
         names = None
         try:
-            names = checks.resolve(conn, db, table.schema, table.name, index, settings.lock_wait_s)
-            ctx = Context(out, view, db, conn, names, cols, index, settings, opts)
+            names, text_search = checks.resolve(conn, db, table.schema, table.name, index,
+                                                settings.text_search_config, settings.lock_wait_s)
+            ctx = Context(out, view, db, conn, names, cols, index, settings, opts, text_search)
             with dbs.publisher_lock(conn, names, settings.lock_wait_s):
                 result = _publish(ctx)
             dbs.search_default(conn, settings.ef_search)
@@ -323,4 +327,5 @@ def publish(out: OutputDir, target: str, table: TableName, settings: PublishSett
             "dimensions": view.dimensions, "rows": view.rows("embeddings"), **result,
             "written": result["inserted"] + result["updated"] + result["deleted"],
             "pending": view.rows("pending"), "failed": view.rows("failed"), "staged": view.rows("staged-embeddings"),
+            "without_text": rows_without_text(out.path, view), "text_search": text_search,
             "seconds_total": round(time.monotonic() - started, 3)}

@@ -122,6 +122,7 @@ class PublishSettings:
     fillfactor: int = 90
     launcher_rows: int = 10_000
     embedded_shared_buffers_mb: int = 1024
+    text_search_config: str = "simple"
 
 
 @dataclasses.dataclass(frozen=True)

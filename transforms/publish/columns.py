@@ -1,8 +1,12 @@
 """The published table's columns, from the view's embeddings schema (no Beam, no database here).
 
-Each column of the view maps to one PostgreSQL type, and its binary COPY type is the same.
-Two hidden columns, computed by the server from the row (generated, so a hand edit updates
-them too), make the table the record of what it holds:
+Each column of the view maps to one PostgreSQL type, and its binary COPY type is the same;
+`text` is the chunk's text, empty where the view lacks it (transforms/publish/rows.py).
+The server computes two columns of NAME from the row (GENERATED):
+- `chunk_id`: the key in one text, `doc_id:chunk_index:token_start` (chunk_id_sql): the same
+  for the same chunk in every run, and unique, since the two integers hold no colon;
+- `text_tsv`: the text's tsvector in a text search configuration (publish.text_search_config).
+Two hidden ones make the table the record of what it holds (a hand edit updates them too):
 - `_ep_bucket` (0..BUCKETS-1): from the key alone, reproducible here (bucket_of);
 - `_ep_hash`: 64 bits of md5 over every column, the vector's bytes included.
 Per bucket, the count of rows and the xor of their hashes is a checksum the publish keeps
@@ -20,6 +24,7 @@ import pyarrow as pa
 
 KEY = ("doc_id", "chunk_index", "token_start")
 BUCKET, HASH = "_ep_bucket", "_ep_hash"
+TEXT, CHUNK_ID, TSV = "text", "chunk_id", "text_tsv"
 # The key's unique index is a btree on (doc_id, chunk_index, token_start), which a user's foreign
 # key may refer to; a btree entry holds at most ~2.7 kB, so a table with a longer id keys on the
 # id's md5 instead (two ids with one md5 would have to be made for it), with a hash index on the
@@ -30,11 +35,15 @@ MAX_COLUMNS = 1600    # PostgreSQL's columns per table
 BUCKET_BITS = 12
 BUCKETS = 1 << BUCKET_BITS
 
-# The contract's columns, in the order the view reads them, and their types.
+# The contract's columns, in the order NAME shows them, and their types: the chunk's text, then
+# the generated columns, after the others (NAME keeps the columns it had before them: a view is
+# only replaced by one with more columns after its own).
 CONTRACT = (("doc_id", "text"), ("chunk_index", "integer"), ("chunk_count", "integer"),
             ("token_start", "integer"), ("token_end", "integer"), ("n_tokens", "integer"),
             ("text_sha256", "text"), ("model", "text"), ("embedding", None), ("request_id", "text"),
-            ("cost_rub", "numeric"), ("run_id", "text"), ("embedded_at", "timestamptz"))
+            ("cost_rub", "numeric"), ("run_id", "text"), ("embedded_at", "timestamptz"), (TEXT, "text"))
+# NAME's columns the server computes, after the contract's and before the kept ones
+GENERATED = ((CHUNK_ID, "text"), (TSV, "tsvector"))
 
 # An array's send function is only stable (a generated column needs immutable ones): arrays are
 # hashed by the hash of their elements' (64 bits; it takes -0.0 for 0.0, which no edit by hand
@@ -78,6 +87,11 @@ def name_refusal(name: str) -> str | None:
     if name in (BUCKET, HASH):
         return (f"kept column {name} has the name of a column the published table computes itself (its row's "
                 "bucket and hash)")
+    if name.casefold() in (CHUNK_ID, TSV):
+        return (f"kept column {name} has the name of a column the published table computes itself (the chunk's id "
+                "and its text's search vector)")
+    if name.casefold() == TEXT:
+        return f"kept column {name} has the name of the published table's column of the chunk's text"
     if len(name.encode()) > NAME_BYTES:
         return f"kept column {name} has a name of {len(name.encode())} bytes, which PostgreSQL would cut to {NAME_BYTES}"
     if "\x00" in name:
@@ -86,7 +100,7 @@ def name_refusal(name: str) -> str | None:
 
 
 def count_refusal(kept: int) -> str | None:
-    if kept > (room := MAX_COLUMNS - len(CONTRACT) - 2):
+    if kept > (room := MAX_COLUMNS - len(CONTRACT) - len(GENERATED) - 2):
         return f"{kept} kept columns are more than the {room} a PostgreSQL table has room for beside its own"
     return None
 
@@ -162,6 +176,23 @@ def columns(kept: list[pa.Field], dimensions: int) -> list[Column]:
 def key_index(longest_id: int) -> str:
     """The columns of the key's unique index of a table whose longest id is LONGEST_ID bytes."""
     return "(md5(doc_id)::uuid), chunk_index, token_start" if longest_id > KEY_BYTES else ", ".join(KEY)
+
+
+def chunk_id_sql() -> str:
+    """chunk_id's expression (immutable, as a generated column's must be: text casts of integers)."""
+    return "(doc_id || ':' || chunk_index::text || ':' || token_start::text)"
+
+
+def chunk_id(doc_id: str, chunk_index: int, token_start: int) -> str:
+    """The chunk_id of a key, as the server computes it (chunk_id_sql)."""
+    return f"{doc_id}:{chunk_index}:{token_start}"
+
+
+def tsv_sql(config: str) -> str:
+    """text_tsv's expression in the text search configuration CONFIG, an SQL literal (to_tsvector
+    of a regconfig is immutable, as a generated column's expression must be; the one-argument
+    form reads a setting)."""
+    return f"to_tsvector({config}::regconfig, {TEXT})"
 
 
 def bucket_of(doc_id: str, chunk_index: int, token_start: int) -> int:

@@ -69,7 +69,9 @@ def loader(load: Load, role: str) -> psycopg.Connection:
 def load_task(conn: psycopg.Connection, load: Load, task: Task) -> int:
     """TASK's rows into LOAD's table, once: the rows written (0 when another attempt did)."""
     with open_parquet(task.path) as fh:
-        group = parquet_file(fh).read_row_group(task.group, columns=[c.name for c in load.columns])
+        parquet = parquet_file(fh)
+        group = parquet.read_row_group(task.group, columns=[c.name for c in load.columns
+                                                            if c.name in parquet.schema_arrow.names])
     rows = None if task.rows is None else np.frombuffer(task.rows, dtype=np.int32)
     table = select(group, rows)
     with conn.transaction():

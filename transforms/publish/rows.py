@@ -4,7 +4,8 @@ The vector goes as pgvector's binary form (two big-endian uint16, dimensions and
 big-endian float32s): the view's float32 bytes in another byte order, bit for bit, converted
 for a whole batch at once. `cost_rub` goes as the numeric whose text is the shortest that
 reads back as the same float64 (repr), so the table's value is the view's exactly; a decimal
-column's values go as they are.
+column's values go as they are. The chunk's text goes as it is, or empty where the view lacks
+it (a file written before rows carried it, or without it: a null, or no column).
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg.types.json import Jsonb
 
-from transforms.publish.columns import Column
+from transforms.publish.columns import TEXT, Column
 
 
 _dumps = functools.partial(json.dumps, default=str)   # dates and bytes nested in a kept value
@@ -59,6 +61,10 @@ def copy_rows(table: pa.Table, cols: Sequence[Column], dimensions: int) -> Itera
     """TABLE's rows in the order of COLS, as psycopg's Copy.write_row takes them."""
     found = []
     for col in cols:
+        if col.name == TEXT:
+            found.append(pc.fill_null(table.column(TEXT), "").to_pylist() if TEXT in table.column_names
+                         else [""] * table.num_rows)
+            continue
         column = table.column(col.name)
         found.append(vector_payloads(column, dimensions) if col.copy_type == "vector" else _values(column, col))
     return zip(*found, strict=True)
