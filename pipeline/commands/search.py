@@ -180,7 +180,7 @@ def _published(conn: psycopg.Connection, db, table, args: argparse.Namespace,
                          f"first: {again}")
     have = filters.columns(conn, names)
     missing = [c for c in PASSAGE if c not in have]
-    config = record.details.get("text_search")
+    config = record.text_search
     if missing or not config:
         raise UsageError(f"{names.qualified} at {db.shown} was published without its passages' text search: publish "
                          f"it again, which adds it: {again}")

@@ -23,7 +23,7 @@ def test_the_corpus_is_every_topic_whole():
                                                                    sorted(pydoc_topics.topics.items())]
 
 
-def test_the_demo_runs_and_its_neighbours_are_about_control_flow(reachable_tmp, capsys, monkeypatch):
+def test_the_demo_runs_and_its_search_answers_with_the_loops(reachable_tmp, capsys, monkeypatch):
     tmp_path = reachable_tmp   # the demo starts the embedded PostgreSQL, which runs as another user
     monkeypatch.setenv("EMBEDDINGS_API_KEY", "")  # the demo sets its own key: restored afterwards
     assert cli.main(["demo", "--workdir", str(tmp_path)]) == 0
