@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from pipeline.commands.publish import publish_command
-from pipeline.commands.snippet import snippet
+from pipeline.commands.snippet import ELLIPSIS, snippet
 from pipeline.exits import EXIT_OK, JobFailed, UsageError
 from pipeline.outdir import OutputDir, layout, records, space
 from pipeline.outdir.jsonfiles import write_whole
@@ -62,6 +62,7 @@ SEARCH_AGAIN = "search again"   # the lock's advice: a search refused while a ru
 PASSAGE = ("chunk_id", "text", "text_tsv")   # what NAME holds for a search to show and fuse
 CONTRACT_NAMES = {name for name, _ in CONTRACT} | set(PASSAGE)
 INDENT = 7   # a passage's lines, under its hit's
+KEPT_SHOWN = 40   # characters of a kept value on a hit's line
 
 
 def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: float | None, base_url: str) -> str:
@@ -234,17 +235,17 @@ def render(r: dict) -> str:
     if r["mode"] == "hybrid":
         lines.append(f"{len(r['results'])} hits, vector and full-text legs fused by reciprocal rank (k = {r['rrf_k']}):")
     width = max(40, shutil.get_terminal_size((100, 24)).columns - INDENT)
-    words = None if r["mode"] == "vector" else r["query"]
+    words = None if r["mode"] == "vector" and not r["request"] else r["query"]   # --like: no words
     for n, hit in enumerate(r["results"], 1):
         legs = "  ".join(f"{leg} " + ("-" if hit[f"{leg}_rank"] is None else
                                       f"#{hit[f'{leg}_rank']} {hit[f'{leg}_score']:.3f}") for leg in ("vector", "text")
                          if r["mode"] in ("hybrid", leg))
         fused = f"  rrf {hit['score']:.4f}" if r["mode"] == "hybrid" else ""
-        kept = "".join(f"  {k}={v}" for k, v in hit["kept"].items())
+        kept = "".join(f"  {k}={snippet(str(v), None, KEPT_SHOWN)}" for k, v in hit["kept"].items())
         lines.append(f"{n:>3}  {hit['doc_id']}#{hit['chunk_index']}  tokens {hit['token_start']}-{hit['token_end']}"
                      f"{fused}  {legs}{kept}")
         passage = snippet(hit["text"], words, 2 * width) if hit["text"] else "(no text)"
-        lines += [" " * INDENT + line for line in textwrap.wrap(passage, width)]
+        lines += [" " * INDENT + line for line in textwrap.wrap(passage, width, max_lines=2, placeholder=ELLIPSIS)]
     return "\n".join(lines)
 
 

@@ -126,3 +126,41 @@ def test_rows_without_text_show_empty_and_are_counted_once(days, pg_url, capsys,
     assert report["rows_without_text"] == rows
     lines = [r.getMessage() for r in caplog.records if "have no text" in r.getMessage()]
     assert len(lines) == 1 and f"{rows:,} of public.embeddings's rows have no text" in lines[0]
+
+
+@pytest.mark.parametrize("options", ["-c default_transaction_isolation=serializable",
+                                     "-c default_transaction_isolation=repeatable\\ read",
+                                     "-c default_transaction_read_only=on"])
+def test_every_isolation_level_and_a_read_only_session_search_alike(days, pg_url, capsys, monkeypatch, options):
+    """A reader's session as a standby's or a strict application's: the same hits, nothing written."""
+    published_passages(days, pg_url)
+    want = ranking(search_json(capsys, days, pg_url, QUERY, "--where", "lang=en"))
+    with monkeypatch.context() as env:   # undone before the database is dropped
+        env.setenv("PGOPTIONS", options)
+        assert ranking(search_json(capsys, days, pg_url, QUERY, "--where", "lang=en")) == want
+        assert ranking(search_json(capsys, days, pg_url, "--like", "p-3", "--where", "lang=en"))
+
+
+def test_each_leg_reads_its_own_index(days, pg_url):
+    """The statement of a hybrid search, planned on the published table (the planner kept from a
+    scan: a few dozen rows): the vector leg through the HNSW index, the text leg through the GIN
+    index, the hits joined back by chunk_id's."""
+    import psycopg
+    from psycopg import sql
+
+    from pipeline.publish import search as found
+    from pipeline.publish.index import Index
+    from pipeline.publish.names import Names
+    from pipeline.settings.config import PublishSettings, SearchSettings
+    published_passages(days, pg_url)
+    query = found.Query(10, sql.SQL("%(query)s::vector(32)"), QUERY, "simple",
+                        (found.Filter("lang", "text", ("en",)),))
+    statement, params = found.statement(Names("public", "embeddings"), Index(32), list(KEPT), query,
+                                        PublishSettings(), SearchSettings())
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(r[0] for r in conn.execute(sql.SQL("EXPLAIN ") + statement,
+                                                    {**params, "query": query_vector(QUERY, 32)}))
+    assert "Index Scan using embedpipe_data_" in plan and "_hnsw on embedpipe_data_" in plan, plan
+    assert "Bitmap Index Scan on embedpipe_data_" in plan and "_tsv" in plan, plan
+    assert "_chunk on embedpipe_data_" in plan, plan

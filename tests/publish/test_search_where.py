@@ -72,12 +72,13 @@ def test_a_selective_filter_still_gives_k_rows_from_the_index(days, pg_url, caps
     ru = [r["id"] for r in rows if r["lang"] == "ru"]
     config = tmp_path / "run.yaml"
     config.write_text("publish:\n  ef_search: 5\n")
-    monkeypatch.setenv("PGOPTIONS", "-c enable_seqscan=off -c enable_bitmapscan=off")
-    found = search_json(capsys, days, pg_url, "budget vector", "--mode", "vector", "--where", "lang=ru", "-k",
-                        str(len(ru)), "--run-config", str(config))
+    with monkeypatch.context() as env:   # undone before the database is dropped
+        env.setenv("PGOPTIONS", "-c enable_seqscan=off -c enable_bitmapscan=off")
+        found = search_json(capsys, days, pg_url, "budget vector", "--mode", "vector", "--where", "lang=ru", "-k",
+                            str(len(ru)), "--run-config", str(config))
+        liked = search_json(capsys, days, pg_url, "--like", "p-0", "-k", "10", "--where", "lang=ru",
+                            "--run-config", str(config))
     assert sorted(r["doc_id"] for r in found["results"]) == sorted(ru)
-    liked = search_json(capsys, days, pg_url, "--like", "p-0", "-k", "10", "--where", "lang=ru",
-                        "--run-config", str(config))
     assert len(liked["results"]) == 10 and {r["kept"]["lang"] for r in liked["results"]} == {"ru"}
 
 
