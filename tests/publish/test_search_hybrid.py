@@ -164,3 +164,17 @@ def test_each_leg_reads_its_own_index(days, pg_url):
     assert "Index Scan using embedpipe_data_" in plan and "_hnsw on embedpipe_data_" in plan, plan
     assert "Bitmap Index Scan on embedpipe_data_" in plan and "_tsv" in plan, plan
     assert "_chunk on embedpipe_data_" in plan, plan
+
+
+def test_a_table_published_before_the_passages_is_refused_with_the_command_that_adds_them(days, pg_url, caplog):
+    import psycopg
+    published_passages(days, pg_url)
+    with psycopg.connect(pg_url) as conn:   # as an earlier embedpipe recorded it
+        conn.execute("UPDATE embedpipe_published SET record = record - 'text_search'")
+    for args in ([QUERY, "--mode", "text"], ["--like", "p-1"]):
+        caplog.clear()
+        assert main(["search", str(days.out), *args, "--to", pg_url]) == 2
+        assert "was published without its passages' text search: publish it again, which adds it: python -m " \
+               "pipeline publish " in caplog.text
+    assert publish(days.out, pg_url) == 0   # the advice, followed
+    assert main(["search", str(days.out), QUERY, "--mode", "text", "--to", pg_url]) == 0
