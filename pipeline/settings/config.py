@@ -129,7 +129,7 @@ class PublishSettings:
 class SearchSettings:
     rrf_k: int = 60
     leg_rows: int = 40
-    text_rank_rows: int = 1000
+    text_rank_rows: int = 500
 
 
 @dataclasses.dataclass(frozen=True)

@@ -135,8 +135,8 @@ def _section(bench, sb, server: Server, work: Path, sizes: list[int], large_dims
     efs = sorted({*EF_SEARCH, s["ef_search"]})
     queries = query_vectors(MODEL, large_dims, full)
     found = search(server, db, name, queries, efs)
-    modes.run(bench, sb, server, db, name, out,
-              lambda texts: embed_batch(MODEL, [t[:400] for t in texts], large_dims, full), large_dims)
+    modes.run(bench, sb, server, db, name, out, lambda texts: embed_batch(MODEL, texts, large_dims, full), queries,
+              large_dims)
 
     bench.say("  day 2 ...")
     before = read_view(out, COLUMNS)
