@@ -1,8 +1,8 @@
 """`make run`: the whole job offline. Sandbox on a free loopback port, a real corpus (the
 Python language reference that ships with Python, one document a topic, cut by the job into
 passages of CHUNK_TOKENS), plan, run, the summary, the view published to the embedded
-PostgreSQL, the passages nearest to the first one about the "for" statement found there in SQL,
-each shown by its own text from the view, and the report's picture where matplotlib is installed."""
+PostgreSQL, a question searched there by its words and its vector (`search`, hybrid), each
+answer shown by its passage, and the report's picture where matplotlib is installed."""
 from __future__ import annotations
 
 import argparse
@@ -11,45 +11,30 @@ import shutil
 from pathlib import Path
 from collections.abc import Callable
 
-import pyarrow.parquet as pq
-
 from pipeline.commands import report
 from pipeline.corpora.python_docs import write_python_docs_corpus
 from service.sandbox.launcher import SandboxProcess
 
 DEMO_KEY = "sk-demo-not-a-secret"
 MODEL = "text-embedding-3-small"
-QUERY_ID = "for"     # its first passage; the sandbox's vectors are lexical: passages that share its words come first
+QUERY = "the break statement in a loop"   # words the passages use: the sandbox's vectors are lexical
 CHUNK_TOKENS = 300   # a passage a reader takes in at a glance; the model would take 8,191 (a whole topic)
+LEXICAL = ("the sandbox's vectors are lexical (hashed words and 3-grams): passages that share the query's "
+           "words come first; a model's would also find those that say it in other words")
+SHOWN = 62   # characters of each answer's passage on the screen
 
 
-# The query the demo ends with, as a psql user types it (docs/postgres.md). The HNSW index
-# answers an ORDER BY distance to a constant or a scalar subquery (not to a joined column).
-SQL = ("WITH q AS (SELECT embedding FROM embeddings WHERE doc_id = %(doc)s AND chunk_index = 0)\n"
-       "SELECT doc_id, chunk_index, 1 - (embedding <=> (SELECT * FROM q)) AS similarity FROM embeddings\n"
-       "WHERE doc_id <> %(doc)s ORDER BY embedding <=> (SELECT * FROM q) LIMIT %(k)s")
-
-
-def nearest(output_dir: Path, doc_id: str, k: int = 5) -> list[tuple[float, str, int, str]]:
-    """The K passages whose vectors are closest (cosine) to DOC_ID's first passage, of other
-    documents, from the table `publish --to embedded` made: (score, id, chunk index, the
-    passage's first line, from its text in the view)."""
-    import psycopg
-
-    from pipeline.publish.embedded import embedded
-    with embedded(str(output_dir)) as db, psycopg.connect(db.url) as conn:
-        found = conn.execute(SQL, {"doc": doc_id, "k": k}).fetchall()
-    view = pq.read_table(sorted(str(p) for p in (output_dir / "current").glob("embeddings-*.parquet")),
-                         columns=["doc_id", "chunk_index", "text"]).to_pylist()
-    text = {(r["doc_id"], r["chunk_index"]): r["text"] for r in view}
-    return [(float(score), found_id, index, _first_line(text[(found_id, index)]))
-            for found_id, index, score in found]
-
-
-def _first_line(passage: str) -> str:
-    """The passage's first line with words, shortened to fit the screen."""
-    line = next((line.strip() for line in passage.splitlines() if line.strip()), "")
-    return line if len(line) <= 60 else line[:59].rstrip() + "…"
+def answers(output_dir: Path, base_url: str, k: int = 5) -> list[tuple[float, str, int, str]]:
+    """QUERY searched in the table `publish --to embedded` made, as `search` does (hybrid: its
+    words and its vector, one request): (score, id, chunk index, the passage around the
+    query's words)."""
+    from pipeline.commands import search
+    from pipeline.commands.snippet import snippet
+    done = search.query([str(output_dir), QUERY, "-k", str(k), "--base-url", base_url])
+    if isinstance(done, int):   # argparse refused the demo's own arguments
+        raise RuntimeError(f"search's arguments refused (exit {done})")
+    return [(hit["score"], hit["doc_id"], hit["chunk_index"], snippet(hit["text"], QUERY, SHOWN))
+            for hit in done[1]["results"]]
 
 
 def main(argv: list[str], cmd_plan: Callable[[list[str]], int], cmd_run: Callable[[list[str]], int]) -> int:
@@ -80,10 +65,10 @@ def main(argv: list[str], cmd_plan: Callable[[list[str]], int], cmd_run: Callabl
         cmd_plan(common)
         print("== run ==", flush=True)   # before the run's log and bar on stderr
         code = cmd_run(common + ["--output", str(out), "--keep-columns", "topic", "--publish", "embedded"])
-    print(f"== passages nearest to {QUERY_ID}'s first, in SQL (python -m pipeline psql {out}) ==")
-    print("  " + (SQL % {"doc": f"'{QUERY_ID}'", "k": 5}).replace("\n", "\n  "))
-    for score, doc_id, index, line in nearest(out, QUERY_ID):
-        print(f"  {score:.3f}  {f'{doc_id} #{index}':<18}  {line}")
+        print(f"== search: python -m pipeline search {out} {QUERY!r} (its words and its vector) ==")
+        print(f"  {LEXICAL}")
+        for score, doc_id, index, passage in answers(out, sandbox.base_url):
+            print(f"  {score:.4f}  {f'{doc_id} #{index}':<16}  {passage}")
     print(f"report   {_picture(out)}")
     return code
 

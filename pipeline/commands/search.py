@@ -1,14 +1,17 @@
-"""`python -m pipeline search DIR "text" [-k N] [--like DOC_ID] [--to TARGET --table NAME]`:
-the chunks of the published table nearest to a text, or to a document's first chunk.
+"""`python -m pipeline search DIR "text" [--mode hybrid|vector|text] [--where COLUMN=VALUE ...] [-k N]
+[--like DOC_ID] [--to TARGET --table NAME] [--json]`: the published chunks that answer a text
+(or the nearest to a document's first chunk), each with its passage.
 
-The text is embedded through the service with the model and length the table holds (its
-record, pipeline/publish/database.py), in one request that is paid for: its cost is printed,
-and the request is kept as every run's are, a requests row in DIR/history/<search>/ with a
-record in DIR/_runs/ (mode `search`), so DIR's reconciliation and learned price account for
-it. The search holds DIR's lock meanwhile, as a run does: refused while a run writes DIR.
-`--like DOC_ID` compares with a vector the table has: nothing is paid, nothing written. DIR
-must hold a view (and, for `--to embedded`, the database `publish` made): a mistyped DIR is
-refused, never made.
+A text query is searched by both legs by default, fused by reciprocal rank
+(pipeline/publish/search.py): its vector, embedded through the service with the model and
+length the table holds (its record, pipeline/publish/database.py), in one request that is paid
+for: its cost is printed, and the request is kept as every run's are, a requests row in
+DIR/history/<search>/ with a record in DIR/_runs/ (mode `search`), so DIR's reconciliation and
+learned price account for it. The search holds DIR's lock meanwhile, as a run does: refused
+while a run writes DIR. `--mode text` searches the passages' words alone and sends nothing;
+`--like DOC_ID` compares with a vector the table has: neither pays nor writes anything. DIR must
+hold a view (and, for `--to embedded`, the database `publish` made): a mistyped DIR is refused,
+never made. `--where` is checked against the table before anything is paid.
 """
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
+import shutil
+import textwrap
 
 import psycopg
 import pyarrow as pa
@@ -24,12 +30,14 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from pipeline.commands.publish import publish_command
+from pipeline.commands.snippet import ELLIPSIS, snippet
 from pipeline.exits import EXIT_OK, JobFailed, UsageError
 from pipeline.outdir import OutputDir, layout, records, space
 from pipeline.outdir.jsonfiles import write_whole
-from pipeline.publish import checks
+from pipeline.publish import checks, filters
 from pipeline.publish import database as dbs
-from pipeline.publish.index import Index, nearest
+from pipeline.publish import search as found
+from pipeline.publish.index import Index
 from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, parse_table, reach
 from pipeline.settings.config import RunSettings
 from pipeline.settings.job import new_run_id
@@ -45,11 +53,16 @@ from transforms import schemas
 from transforms.embed.send import request_key
 from transforms.errors import one_line
 from transforms.publish.columns import CONTRACT
+from transforms.publish.load import connect
 from transforms.records import TextItem
 
 log = logging.getLogger("embedpipe")
 
 SEARCH_AGAIN = "search again"   # the lock's advice: a search refused while a run writes DIR
+PASSAGE = ("chunk_id", "text", "text_tsv")   # what NAME holds for a search to show and fuse
+CONTRACT_NAMES = {name for name, _ in CONTRACT} | set(PASSAGE)
+INDENT = 7   # a passage's lines, under its hit's
+KEPT_SHOWN = 40   # characters of a kept value on a hit's line
 
 
 def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: float | None, base_url: str) -> str:
@@ -108,36 +121,104 @@ def search(args: argparse.Namespace) -> dict:
     out.require_view()   # a mistyped DIR: refused, nothing made in it
     table = parse_table(args.table)
     settings = run_settings(opts.run_config)
+    notes: list[str] = []
     with reach(args.to, out.path) as db:
-        conn = dbs.connect(db, settings.publish)
+        conn = connect(db.url, settings.publish.connect_timeout_s, "search")
         try:
-            names = dbs.Names(dbs.schema_of(conn, db, table.schema), table.name)
-            record = dbs.load_record(conn, names) if dbs.relkind(conn, names.schema, dbs.META) else None
-            checks.check_ours(conn, names, record)
-            if record is None or dbs.relkind(conn, names.schema, names.name) is None:
-                raise UsageError(f"{names.qualified} at {db.shown} is not a table embedpipe published: publish it "
-                                 f"first: {publish_command(args.dir, args.to, args.table, opts)}")
-            kept = [name for name, _ in record.columns[len(CONTRACT):]]
-            request = None
-            if args.like is not None:
-                query = sql.SQL("SELECT embedding FROM {} WHERE doc_id = %(like)s ORDER BY chunk_index, token_start "
-                                "LIMIT 1").format(names())
-                params = {"like": args.like}
-                if conn.execute(sql.SQL("SELECT 1 FROM {} WHERE doc_id = %s").format(names()),
-                                (args.like,)).fetchone() is None:
-                    raise UsageError(f"--like {args.like}: no chunk of that document in {names.qualified}")
-            else:
-                literal, request = embed_query(out, args.text, record.model, record.dimensions, opts, settings)
-                query, params = sql.SQL("%(query)s::vector({})").format(sql.Literal(record.dimensions)), \
-                    {"query": literal}
-            rows = nearest(conn, names, Index(record.dimensions), kept, query, params, args.k, settings.publish,
-                           exclude_doc=args.like)
+            names, record, kept, config = _published(conn, db, table, args, opts)
+            given = filters.resolve(conn, names, filters.parse(args.where))   # before anything is paid
+            words = None if args.mode == "vector" else args.text
+            if words is not None and not found.words_searchable(conn, config, words):
+                notes.append(f"no word of the query is left to search the text for (only punctuation, or words "
+                             f"the text search configuration {config} leaves out): "
+                             + ("nothing found" if args.mode == "text" else "the vector leg's ranking alone"))
+                words = None
+            vector, params, request = _query_vector(conn, names, record, args, out, settings)
+            query = found.Query(args.k, vector, words, config, given, args.like)
+            rows = [] if vector is None and words is None else found.run(
+                conn, names, Index(record.dimensions), kept, query, params, settings.publish, settings.search)
+            hits = [_hit(row, kept) for row in rows]
+            lacking = _without_text(conn, names) if any(not h["text"] for h in hits) else 0
         except psycopg.Error as exc:
             raise JobFailed(f"searching {table.name} at {db.shown} failed: {one_line(exc)}") from None
         finally:
             conn.close()
-    return {"table": names.qualified, "view": record.view, "model": record.model, "query": args.like or args.text,
-            "request": request, "results": [{**r, "similarity": round(float(r["similarity"]), 6)} for r in rows]}
+    if lacking:
+        notes.append(f"{lacking:,} of {names.qualified}'s rows have no text, shown empty: their view was written "
+                     "without it (output.chunk_text: false, or before texts were kept); a `run --sync` that keeps "
+                     "texts gives them theirs at no cost, and the next publish carries them")
+    return {"table": names.qualified, "view": record.view, "model": record.model, "mode": args.mode,
+            "query": args.like or args.text, "where": [f"{c}={v}" for c, v in filters.parse(args.where)],
+            "text_search_config": config, "rrf_k": settings.search.rrf_k if args.mode == "hybrid" else None,
+            "request": request, "notes": notes, "rows_without_text": lacking, "results": hits}
+
+
+def _query_vector(conn: psycopg.Connection, names: dbs.Names, record: dbs.Record, args: argparse.Namespace,
+                  out: OutputDir, settings: RunSettings) -> tuple[sql.Composable | None, dict, dict | None]:
+    """The vector leg's query: an SQL expression of its vector, its parameters, and the paid
+    request's row (a text's, embedded now); None for --mode text."""
+    if args.like is not None:
+        if conn.execute(sql.SQL("SELECT 1 FROM {} WHERE doc_id = %s").format(names()), (args.like,)).fetchone() is None:
+            raise UsageError(f"--like {args.like}: no chunk of that document in {names.qualified}")
+        return (sql.SQL("SELECT embedding FROM {} WHERE doc_id = %(like)s ORDER BY chunk_index, token_start LIMIT 1")
+                .format(names()), {"like": args.like}, None)
+    if args.mode == "text":
+        return None, {}, None
+    literal, request = embed_query(out, args.text, record.model, record.dimensions, args.options, settings)
+    return sql.SQL("%(query)s::vector({})").format(sql.Literal(record.dimensions)), {"query": literal}, request
+
+
+def _published(conn: psycopg.Connection, db, table, args: argparse.Namespace,
+               opts: EmbedPipeOptions) -> tuple[dbs.Names, dbs.Record, list[str], str]:
+    """NAME, its record, its kept columns and its text search configuration; UsageError when
+    NAME is not a table embedpipe published, or one published before it kept the passages."""
+    names = dbs.Names(dbs.schema_of(conn, db, table.schema), table.name)
+    record = dbs.load_record(conn, names) if dbs.relkind(conn, names.schema, dbs.META) else None
+    checks.check_ours(conn, names, record)
+    again = publish_command(args.dir, args.to, args.table, opts)
+    if record is None or dbs.relkind(conn, names.schema, names.name) is None:
+        raise UsageError(f"{names.qualified} at {db.shown} is not a table embedpipe published: publish it "
+                         f"first: {again}")
+    have = filters.columns(conn, names)
+    missing = [c for c in PASSAGE if c not in have]
+    config = record.text_search
+    if missing or not config:
+        raise UsageError(f"{names.qualified} at {db.shown} was published without its passages' text search: publish "
+                         f"it again, which adds it: {again}")
+    kept = [name for name, _ in record.columns if name not in CONTRACT_NAMES and name in have]
+    return names, record, kept, config
+
+
+def _hit(row: tuple, kept: list[str]) -> dict:
+    """A row of the search (its own fields, then the passage's, then the kept columns) as one
+    hit: the kept columns under `kept`, whatever their names."""
+    own = dict(zip(found.OWN, row, strict=False))
+    shown = dict(zip(found.SHOWN, row[len(found.OWN):], strict=False))
+    values = row[len(found.OWN) + len(found.SHOWN):]
+    return {**shown, "score": round(float(own["score"]), 6),
+            "vector_rank": own["vector_rank"], "vector_score": _rounded(own["vector_score"]),
+            "text_rank": own["text_rank"], "text_score": _rounded(own["text_score"]),
+            "kept": {name: _plain(v) for name, v in zip(kept, values, strict=True)}}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 6)
+
+
+def _plain(value: object) -> object:
+    """A kept value as JSON holds it: bytes as PostgreSQL's hex, NaN and infinities as text."""
+    if isinstance(value, (bytes, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _without_text(conn: psycopg.Connection, names: dbs.Names) -> int:
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE text = ''").format(names())).fetchone()
+    return int(row[0]) if row else 0
 
 
 def render(r: dict) -> str:
@@ -146,13 +227,25 @@ def render(r: dict) -> str:
         q = r["request"]
         lines.append(f"query embedded with {r['model']}: {q['prompt_tokens']:,} tokens, {exact(q['cost_rub'])} RUB "
                      f"(request {q['request_id']}, kept in {q['recorded_in']})")
+    elif r["mode"] == "text":
+        lines.append(f"full-text search of {r['query']!r} in {r['table']} (configuration {r['text_search_config']}; "
+                     "nothing paid)")
     else:
         lines.append(f"chunks nearest to the first chunk of {r['query']} (nothing paid)")
-    for row in r["results"]:
-        extra = " ".join(f"{k}={v}" for k, v in row.items()
-                         if k not in ("doc_id", "chunk_index", "token_start", "token_end", "similarity"))
-        lines.append(f"  {row['similarity']:.3f}  {row['doc_id']}#{row['chunk_index']}  "
-                     f"tokens {row['token_start']}-{row['token_end']}  {extra}".rstrip())
+    if r["mode"] == "hybrid":
+        lines.append(f"{len(r['results'])} hits, vector and full-text legs fused by reciprocal rank (k = {r['rrf_k']}):")
+    width = max(40, shutil.get_terminal_size((100, 24)).columns - INDENT)
+    words = None if r["mode"] == "vector" and not r["request"] else r["query"]   # --like: no words
+    for n, hit in enumerate(r["results"], 1):
+        legs = "  ".join(f"{leg} " + ("-" if hit[f"{leg}_rank"] is None else
+                                      f"#{hit[f'{leg}_rank']} {hit[f'{leg}_score']:.3f}") for leg in ("vector", "text")
+                         if r["mode"] in ("hybrid", leg))
+        fused = f"  rrf {hit['score']:.4f}" if r["mode"] == "hybrid" else ""
+        kept = "".join(f"  {k}={snippet(str(v), None, KEPT_SHOWN)}" for k, v in hit["kept"].items())
+        lines.append(f"{n:>3}  {hit['doc_id']}#{hit['chunk_index']}  tokens {hit['token_start']}-{hit['token_end']}"
+                     f"{fused}  {legs}{kept}")
+        passage = snippet(hit["text"], words, 2 * width) if hit["text"] else "(no text)"
+        lines += [" " * INDENT + line for line in textwrap.wrap(passage, width, max_lines=2, placeholder=ELLIPSIS)]
     return "\n".join(lines)
 
 
@@ -166,16 +259,24 @@ def _remembered(output_dir: str) -> str:
     return url
 
 
-def main(argv: list[str]) -> int:
+def query(argv: list[str]) -> tuple[argparse.Namespace, dict] | int:
+    """The search ARGV asks for (the command's arguments): its arguments and report, or
+    argparse's exit code (it printed the usage or the help)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline search", allow_abbrev=False,
-                                     description="the published chunks nearest to a text or to a document")
+                                     description="the published chunks that answer a text, or nearest to a document")
     parser.add_argument("dir", help="the --output directory that was published")
-    parser.add_argument("text", nargs="?", help="the query, embedded with the table's model (paid)")
+    parser.add_argument("text", nargs="?", help="the query (its vector embedded with the table's model: paid)")
+    parser.add_argument("--mode", choices=found.MODES, default=None,
+                        help="hybrid (default for a text: both legs fused by reciprocal rank), vector, or text "
+                             "(the passages' words alone: nothing paid, nothing sent)")
+    parser.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE",
+                        help="only chunks whose COLUMN (a kept or contract column) equals VALUE, typed as the column "
+                             "is; repeatable: columns all apply, values of one column are alternatives")
     parser.add_argument("-k", type=int, default=10, help="how many chunks (default 10)")
     parser.add_argument("--like", metavar="DOC_ID", help="the chunks nearest to this document's first (free)")
     parser.add_argument("--to", default=EMBEDDED, help="as publish's (default embedded)")
     parser.add_argument("--table", default=DEFAULT_TABLE, help=f"as publish's (default {DEFAULT_TABLE})")
-    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout (each passage whole)")
     parser.epilog = ("A text is embedded with run's --base-url (default: the one DIR's last run used), "
                      "--api-key-file (or --api-key-secret), --account-segment, --models-config; --run-config, "
                      "--profile and Beam's filesystem options pass through.")
@@ -184,11 +285,17 @@ def main(argv: list[str]) -> int:
         return args
     if (args.text is None) == (args.like is None):
         raise UsageError("give a text to search for, or --like DOC_ID (not both)")
+    if args.like is not None and args.mode not in (None, "vector"):
+        raise UsageError(f"--like compares vectors: --mode {args.mode} needs a text to search for")
+    args.mode = args.mode or ("vector" if args.like is not None else "hybrid")
     if args.k < 1:
         raise UsageError("-k must be at least 1")
     if args.text is not None:
         if not args.text.strip():
             raise UsageError("the text to search for is empty")
+        if "\x00" in args.text:
+            raise UsageError("the text to search for holds a NUL character, which no PostgreSQL text holds")
+    if args.text is not None and args.mode != "text":
         if not args.options.base_url:
             args.options.base_url = _remembered(args.dir)
         try:
@@ -196,5 +303,15 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:
             raise UsageError(f"--base-url: {exc}") from None
     report = search(args)
+    for note in report["notes"]:
+        log.warning("%s", note)
+    return args, report
+
+
+def main(argv: list[str]) -> int:
+    done = query(argv)
+    if isinstance(done, int):
+        return done
+    args, report = done
     print(json.dumps(report, indent=2, default=str) if args.json else render(report))
     return EXIT_OK

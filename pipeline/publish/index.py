@@ -128,35 +128,5 @@ def build_indexes(conn: psycopg.Connection, names: Names, table: str, index: Ind
 
 
 def candidates(index: Index, k: int, settings: PublishSettings) -> int:
-    """How many rows a search takes from the index for K results."""
+    """How many rows a search takes from the index for K results (pipeline/publish/search.py)."""
     return k * settings.rerank_factor if index.reranks else k
-
-
-def nearest_sql(names: Names, index: Index, kept: list[str], query: sql.Composable, k: int,
-                settings: PublishSettings, exclude: bool) -> sql.Composed:
-    """The statement of nearest(): the index's candidates (ordered by the key it indexes),
-    ordered by the exact cosine of the whole vectors; EXCLUDE: without %(exclude)s's rows."""
-    columns = sql.SQL(", ").join(sql.Identifier(c) for c in ("doc_id", "chunk_index", "token_start", "token_end",
-                                                              *kept))
-    where = sql.SQL("WHERE doc_id <> %(exclude)s") if exclude else sql.SQL("")
-    q = "(SELECT q FROM query)"   # a scalar subquery: the index takes it as a constant
-    return sql.SQL("WITH query AS MATERIALIZED (SELECT ({})::vector AS q) SELECT * FROM (SELECT {}, "
-                   "1 - (embedding <=> {}) AS similarity FROM {} {} ORDER BY {} <=> {} LIMIT {}) c "
-                   "ORDER BY similarity DESC LIMIT {}").format(
-        query, columns, sql.SQL(q), names(), where, sql.SQL(index.key("embedding")), sql.SQL(index.key(q)),
-        sql.Literal(candidates(index, k, settings)), sql.Literal(k))
-
-
-def nearest(conn: psycopg.Connection, names: Names, index: Index, kept: list[str], query: sql.Composable,
-            params: dict, k: int, settings: PublishSettings, exclude_doc: str | None = None) -> list[dict]:
-    """The K rows of NAME nearest (cosine) to QUERY, an SQL expression of a vector (PARAMS its
-    values), with EXCLUDE_DOC's rows left out (nearest_sql)."""
-    statement = nearest_sql(names, index, kept, query, k, settings, exclude_doc is not None)
-    with conn.transaction():
-        conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(
-            sql.Literal(max(settings.ef_search, candidates(index, k, settings)))))
-        if exclude_doc is not None:   # the filter drops the document's own chunks: the scan goes on for k more
-            conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
-        cur = conn.execute(statement, {**params, "exclude": exclude_doc})
-        labels = [d.name for d in cur.description or ()]
-        return [dict(zip(labels, row, strict=True)) for row in cur]

@@ -126,6 +126,13 @@ class PublishSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class SearchSettings:
+    rrf_k: int = 60
+    leg_rows: int = 40
+    text_rank_rows: int = 500
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
     client: ClientSettings = ClientSettings()
     split: SplitSettings = SplitSettings()
@@ -140,6 +147,7 @@ class RunSettings:
     compare: CompareSettings = CompareSettings()
     store: StoreSettings = StoreSettings()
     publish: PublishSettings = PublishSettings()
+    search: SearchSettings = SearchSettings()
 
     def replace(self, section: str, **changes: Any) -> RunSettings:
         return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **changes)})
@@ -211,7 +219,9 @@ def parse_settings(text: str, where: str = "pipeline.yaml") -> RunSettings:
                 "publish.rerank_factor": settings.publish.rerank_factor,
                 "publish.lock_timeout_ms": settings.publish.lock_timeout_ms,
                 "publish.connect_timeout_s": settings.publish.connect_timeout_s,
-                "publish.embedded_shared_buffers_mb": settings.publish.embedded_shared_buffers_mb}
+                "publish.embedded_shared_buffers_mb": settings.publish.embedded_shared_buffers_mb,
+                "search.rrf_k": settings.search.rrf_k, "search.leg_rows": settings.search.leg_rows,
+                "search.text_rank_rows": settings.search.text_rank_rows}
     if bad := [name for name, value in positive.items() if value <= 0]:
         raise ConfigError(f"{where}: {', '.join(bad)} must be > 0")
     if settings.client.read_timeout_max_s < settings.client.read_timeout_s:

@@ -5,7 +5,8 @@ zero-latency sandbox: the bench corpus at the model's 1,536 dimensions and a lar
 each chunk with its text (their bytes with it and without it). For each, one after another in
 databases of their own: the floor, the peer, and `pipeline publish` (a child process: wall,
 peak RSS; its GIN and HNSW builds as the server shows them). Then, on the
-larger view: search p50 and recall@10 against an exact scan at several hnsw.ef_search; day 2
+larger view: search p50 and recall@10 against an exact scan at several hnsw.ef_search, and
+`search`'s modes (tests/bench/search.py); day 2
 (tests/bench/sync.py's) published, the rows its tables took (inserted + updated + deleted; a
 table created and dropped within the publish is not counted) against the chunks the views' diff
 changed, and its wall against the day-2 floor (the same rows applied by bare SQL to the floor's
@@ -24,6 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg import sql
 
+from service.sandbox.embedder import embed_batch
+from tests.bench import search as modes
 from tests.bench.corpus import SCHEMA, make_documents, write_corpus
 from tests.bench.postgres import (COLUMNS, PEER_BATCH, IndexWatch, Readers, Server, Way, build_gin, build_index,
                                   check_count, day2_floor, floor, index_settings, read_view, search, tuples_written,
@@ -85,7 +88,6 @@ def published(bench, sb, server: Server, out: Path, db: str, name: str, label: s
 
 def query_vectors(model: str, dims: int, full: int, n: int = QUERIES) -> np.ndarray:
     """Short passages of documents not in the corpus, embedded as the sandbox embeds."""
-    from service.sandbox.embedder import embed_batch
     return embed_batch(model, [d["text"][:400] for d in make_documents(n, seed=99)], dims, full)
 
 
@@ -144,6 +146,8 @@ def _section(bench, sb, server: Server, work: Path, sizes: list[int], large_dims
     efs = sorted({*EF_SEARCH, s["ef_search"]})
     queries = query_vectors(MODEL, large_dims, full)
     found = search(server, db, name, queries, efs)
+    modes.run(bench, sb, server, db, name, out, lambda texts: embed_batch(MODEL, texts, large_dims, full), queries,
+              large_dims)
 
     bench.say("  day 2 ...")
     before = read_view(out, COLUMNS)

@@ -1,6 +1,6 @@
 """`make run`'s demo: real text (the Python language reference in pydoc_data.topics), embedded
-through the sandbox, published to the embedded PostgreSQL, and a nearest-neighbour query in SQL
-whose answers a reader sees are related."""
+through the sandbox, published to the embedded PostgreSQL, and a question searched there (hybrid:
+its words and its vector) whose answers a reader sees are right, each with its passage."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,9 +11,9 @@ from pipeline import cli
 from pipeline.commands import demo
 from pipeline.corpora.python_docs import topics
 
-# The passage about "for" statements belongs with the other statements that steer a block:
-# its own section in the "compound" chapter, while, if/else, and the break/continue that loops use.
-CONTROL_FLOW = {"for", "while", "if", "else", "break", "continue", "compound"}
+# "the break statement in a loop" is answered by the break statement first, then by the loops it
+# leaves and the statements beside it: for, while, continue, and the compound statements' chapter.
+CONTROL_FLOW = {"for", "while", "break", "continue", "compound"}
 SCREEN_LINES = 40
 
 
@@ -23,7 +23,7 @@ def test_the_corpus_is_every_topic_whole():
                                                                    sorted(pydoc_topics.topics.items())]
 
 
-def test_the_demo_runs_and_its_neighbours_are_about_control_flow(reachable_tmp, capsys, monkeypatch):
+def test_the_demo_runs_and_its_search_answers_with_the_loops(reachable_tmp, capsys, monkeypatch):
     tmp_path = reachable_tmp   # the demo starts the embedded PostgreSQL, which runs as another user
     monkeypatch.setenv("EMBEDDINGS_API_KEY", "")  # the demo sets its own key: restored afterwards
     assert cli.main(["demo", "--workdir", str(tmp_path)]) == 0
@@ -34,14 +34,19 @@ def test_the_demo_runs_and_its_neighbours_are_about_control_flow(reachable_tmp, 
     done = next(i for i, line in enumerate(lines) if line.endswith("done (exit 0)"))
     assert [line.split()[0] for line in lines[done + 1:done + 6]] == ["read", "this", "view", "money", "files"]
     assert f"{tmp_path / 'out'}/current/" in lines[done + 5]
-    assert f"== passages nearest to {demo.QUERY_ID}'s first, in SQL" in printed
+    assert f"== search: python -m pipeline search {tmp_path / 'out'} {demo.QUERY!r}" in printed
+    assert demo.LEXICAL in printed   # what the sandbox's vectors are and are not, in one line
     assert lines[done + 6].startswith("published view") and "to public.embeddings at embedded" in lines[done + 6]
-    neighbours = demo.nearest(tmp_path / "out", demo.QUERY_ID)
-    found = [doc_id for _, doc_id, _, _ in neighbours]
-    assert sum(t in CONTROL_FLOW for t in found) >= 4, neighbours
-    assert "while" in found, neighbours
-    for _, doc_id, index, line in neighbours:   # each shown by its passage, from the view
-        assert f"{doc_id} #{index}" in printed and line in printed and line
+    header = next(i for i, line in enumerate(lines) if line.startswith("== search: "))
+    answers = [line.split() for line in lines[header + 2:header + 7]]
+    found = [a[1] for a in answers]
+    assert found[0] == "break" and sum(t in CONTROL_FLOW for t in found) >= 4, answers
+    passages = {(r["doc_id"], r["chunk_index"]): " ".join(r["text"].split()) for f in
+                (tmp_path / "out" / "current").glob("embeddings-*.parquet") for r in
+                pq.read_table(f, columns=["doc_id", "chunk_index", "text"]).to_pylist()}
+    for line in lines[header + 2:header + 7]:   # each shown by its passage, around the query's words
+        _, doc_id, index, shown = line.split(maxsplit=3)
+        assert shown.strip("…") in passages[(doc_id, int(index.lstrip("#")))], line
     # passages sized for search: the topics were cut, none over the demo's size
     emb = [r for f in (tmp_path / "out" / "current").glob("embeddings-*.parquet") for r in
            pq.read_table(f, columns=["doc_id", "n_tokens"]).to_pylist()]

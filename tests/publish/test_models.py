@@ -12,9 +12,10 @@ import psycopg
 from psycopg import sql
 
 from pipeline.cli import main
-from pipeline.publish.index import Index, nearest_sql
+from pipeline.publish import search as found
+from pipeline.publish.index import Index
 from pipeline.publish.names import Names
-from pipeline.settings.config import PublishSettings
+from pipeline.settings.config import PublishSettings, SearchSettings
 from service.catalog import load_models
 from tests.e2e.money_helpers import REPO, corpus_rows, start_sandbox, write_corpus
 from tests.publish.helpers import assert_same, published
@@ -45,10 +46,11 @@ def plan(url: str, table: str, dimensions: int) -> str:
     names = Names("public", table)
     like = sql.SQL("SELECT embedding FROM {} WHERE doc_id = 's-3' ORDER BY chunk_index, token_start LIMIT 1").format(
         names())
-    statement = nearest_sql(names, Index(dimensions), [], like, 5, PublishSettings(), exclude=False)
+    statement, params = found.statement(names, Index(dimensions), [], found.Query(5, like, None), PublishSettings(),
+                                        SearchSettings())
     with psycopg.connect(url) as conn:
         conn.execute("SET enable_seqscan = off")   # a dozen rows: a scan would be cheaper
-        return "\n".join(r[0] for r in conn.execute(sql.SQL("EXPLAIN {}").format(statement)))
+        return "\n".join(r[0] for r in conn.execute(sql.SQL("EXPLAIN {}").format(statement), params))
 
 
 def test_every_model_of_the_catalogue_publishes_and_searches(tmp_path, sandbox_factory, env_key, pg_url, capsys):
