@@ -6,7 +6,7 @@ UV     := $(BIN)/uv
 STAMP  := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup run test lint lock soak bench conformance sandbox airflow-test interop prism pool-up pool-down prism-test clean
+.PHONY: setup dev run test lint lock soak bench conformance sandbox airflow-test interop prism pool-up pool-down prism-test clean
 
 # .venv holds exactly a lock file (tools/lock.py says which is which): uv's `pip sync` installs
 # each package at its locked version, checks each file's sha256 against the lock, builds nothing
@@ -55,6 +55,9 @@ $(DEV_STAMP): $(STAMP) requirements-dev.lock
 	$(EDITABLE)
 	$(BIN)/python -m tools.lock check requirements-dev.lock
 	touch $(DEV_STAMP)
+
+# The lint, bench and report extras (matplotlib: report.png) in .venv, at the lock's versions.
+dev: setup $(DEV_STAMP)
 
 lint: setup $(DEV_STAMP)
 	$(BIN)/ruff check .

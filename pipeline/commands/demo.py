@@ -76,7 +76,7 @@ def main(argv: list[str], cmd_plan: Callable[[list[str]], int], cmd_run: Callabl
 def _picture(out: Path) -> str:
     """The report's picture of the run, or how to get it."""
     if not report.can_draw():
-        return "a picture of the spending needs matplotlib: pip install -e '.[report]'"
+        return "a picture of the spending needs matplotlib: make dev (pip install 'embedpipe[report]' elsewhere)"
     requests = report.load(report.current_files(str(out), "requests"), report.REQUEST_COLUMNS)
     return f"{report.write_picture(str(out), requests)} (spending over time, latency of each request)"
 

@@ -165,5 +165,5 @@ def main(argv: list[str]) -> int:
     if can_draw():
         print(f"wrote {write_picture(args.dir, requests)}")
     else:
-        print("report.png not written: matplotlib is not installed (pip install 'embedpipe[report]')")
+        print("report.png not written: matplotlib is not installed (make dev; pip install 'embedpipe[report]' elsewhere)")
     return EXIT_OK

@@ -52,7 +52,7 @@ def test_the_demo_runs_and_its_search_answers_with_the_loops(reachable_tmp, caps
            pq.read_table(f, columns=["doc_id", "n_tokens"]).to_pylist()]
     assert len(emb) > 2 * len(topics()) and max(r["n_tokens"] for r in emb) <= demo.CHUNK_TOKENS
     if importlib.util.find_spec("matplotlib") is None:
-        assert lines[-1].startswith("report") and "pip install -e '.[report]'" in lines[-1]
+        assert lines[-1].startswith("report") and "make dev" in lines[-1]
     else:
         assert lines[-1].startswith(f"report   {tmp_path / 'out' / 'report.png'}")
         assert (tmp_path / "out" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
