@@ -293,7 +293,7 @@ class ServiceTextEmbeddings(EmbeddingsManager):
         adapter = type_adapter or (dict_adapter(columns) if columns is not None else rag_adapter())
         super().__init__(type_adapter=adapter, **kwargs)
         self.columns = None if columns is None else list(columns)
-        self.where = {"model": model, "base_url": base_url, "dimensions": dimensions,
+        self.where: dict[str, Any] = {"model": model, "base_url": base_url, "dimensions": dimensions,
                       "account_segment": account_segment, "models_config": models_config, "run_config": run_config}
         self.api_key_env, self.api_key_file = api_key_env, api_key_file
         self.max_spend_rub = max_spend_rub

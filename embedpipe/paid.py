@@ -54,9 +54,9 @@ class PaidTexts:
         self._index = KeyIndex()
         self._file = tempfile.TemporaryFile(prefix="embedpipe-paid-")
         self._end = 0
-        self._open: dict[str, cf.Future] = {}
+        self._open: dict[str, cf.Future[Answer | None]] = {}
 
-    def claim(self, shas: Iterable[str]) -> tuple[dict[str, Answer], dict[str, cf.Future], list[str]]:
+    def claim(self, shas: Iterable[str]) -> tuple[dict[str, Answer], dict[str, cf.Future[Answer | None]], list[str]]:
         """SHAS -> (answers held, futures of the texts other batches are sending, texts claimed for
         the caller to send: it must `settle` or `release` each one). A future's result is the
         answer with its vector, or None: it ended without one, claim it again."""

@@ -13,6 +13,7 @@ import functools
 import json
 import struct
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +36,7 @@ def vector_payloads(column: pa.ChunkedArray | pa.Array, dimensions: int) -> list
     return [head + row.tobytes() for row in big]
 
 
-def _values(column: pa.ChunkedArray, col: Column) -> list:
+def _values(column: pa.ChunkedArray, col: Column) -> list[Any]:
     """COLUMN's values as COL's type takes them, converted by their Arrow type."""
     t = column.type
     if pa.types.is_dictionary(t):
@@ -43,7 +44,7 @@ def _values(column: pa.ChunkedArray, col: Column) -> list:
         column = column.cast(t)
     if pa.types.is_float16(t):   # as real, which holds each exactly
         column = column.cast(pa.float32())
-    values = column.to_pylist()
+    values: list[Any] = column.to_pylist()
     if col.type == "numeric" and pa.types.is_floating(t):   # cost_rub: the shortest decimal of the float
         return [None if v is None else decimal.Decimal(repr(v)) for v in values]
     if col.type == "numeric" and pa.types.is_integer(t):    # an uint64
@@ -53,7 +54,7 @@ def _values(column: pa.ChunkedArray, col: Column) -> list:
     return values
 
 
-def copy_rows(table: pa.Table, cols: Sequence[Column], dimensions: int) -> Iterator[tuple]:
+def copy_rows(table: pa.Table, cols: Sequence[Column], dimensions: int) -> Iterator[tuple[Any, ...]]:
     """TABLE's rows in the order of COLS, as psycopg's Copy.write_row takes them."""
     found = []
     for col in cols:
