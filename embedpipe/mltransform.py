@@ -45,17 +45,19 @@ from service.credentials import ENV_VAR, KeySource
 from service.tokenizer import get_encoding
 from transforms.dedupe import store as stores
 from transforms.embed.config import EmbedConfig
+from transforms.embed.send import Breaker, Outcome
 from transforms.embed.sender import Sender
 from transforms.money.apportion import apportion_micro, from_micro
 from transforms.pack import Packer
 from transforms.pending import REASONS, detail
-from transforms.read.split import Splitter
+from transforms.read.split import Chunk, Splitter
 from transforms.records import ChunkRef, TextItem
 from transforms.worker import runscoped
 from transforms.write.docvectors import token_weighted_mean
 
 COUNTERS = ("tokens", "cost_micro_rub", "requests", "retries", "failed_texts", "pending_texts", "reused_texts")
 EMPTY = "no text to embed (null, empty or not a str)"
+_Sent = tuple[Outcome, dict[str, Answer], dict[str, int]]   # a request's outcome, answers and shares
 
 
 def _element_tokens(columns: Sequence[str] | None, element: Any) -> int:
@@ -112,14 +114,7 @@ class _Service:
         todo = list(wanted)
         while todo:   # again for the texts another batch was sending and got no vector for
             held, waiting, mine = self.paid.claim(todo)
-            try:
-                stored = self._held({sha: wanted[sha] for sha in mine})
-                for sha, answer in stored.items():
-                    self.paid.settle(sha, answer)
-                sent, sent_shares = self._send([wanted[sha] for sha in mine if sha not in stored])
-            finally:   # a batch that failed leaves no claim behind: whoever waits sends them
-                for sha in mine:
-                    self.paid.release(sha)
+            stored, sent, sent_shares = self._claimed({sha: wanted[sha] for sha in mine})
             waited = {sha: future.result() for sha, future in waiting.items()}
             answers.update(held | stored | sent | {sha: a for sha, a in waited.items() if a is not None})
             shares.update(sent_shares)
@@ -140,46 +135,90 @@ class _Service:
         self.m["pending_texts"].inc(sum(r.error in REASONS for r in results))
         return results
 
-    def _send(self, chunks) -> tuple[dict[str, Answer], dict[str, int]]:
-        """CHUNKS packed into requests within the model's caps and sent together under the job's
-        adaptive limit; each text's answer settled as soon as its request is done."""
+    def _claimed(self, chunks: dict[str, Chunk]) -> tuple[dict[str, Answer], dict[str, Answer], dict[str, int]]:
+        """CHUNKS, claimed by this batch: (what the store held, what was sent, each sent text's
+        share of its request's cost). Every claim is settled or released before this returns,
+        whatever raised: a text in a request still on the wire stays claimed until that request
+        ends, so a batch waiting for it takes its answer and never pays for it again."""
+        futures: list[cf.Future[_Sent]] = []
+        unsent = set(chunks)
+        try:
+            stored = self._held(chunks)
+            for sha, answer in stored.items():
+                self.paid.settle(sha, answer)
+                unsent.discard(sha)
+            for request in self._requests([chunks[sha] for sha in chunks if sha not in stored]):
+                futures.append(self.pool.submit(self._send, request))
+                unsent.difference_update(item.text_sha256 for item in request)
+        finally:
+            for sha in unsent:   # never left: no request will settle them
+                self.paid.release(sha)
+            cf.wait(futures)     # each request settles its own texts when it ends
+        sent: dict[str, Answer] = {}
+        shares: dict[str, int] = {}
+        for future in futures:   # the first failure is raised once every request has ended
+            outcome, got, got_shares = future.result()
+            self._count(outcome)
+            sent.update(got)
+            shares.update(got_shares)
+        return stored, sent, shares
+
+    def _requests(self, chunks: Sequence[Chunk]) -> list[list[TextItem]]:
+        """CHUNKS packed into requests within the model's caps, sent together under the job's
+        adaptive limit."""
         self.sender.shared.guard.poll()   # balance, key budget: now and then, within their rate limit
         model, s = self.cfg.model, self.cfg.settings
         packer = Packer(model.max_inputs_per_request, model.request_tokens, s.pack.fill_target)
-        requests = []
+        requests: list[list[TextItem]] = []
         for c in chunks:
             ref = ChunkRef(c.text_sha256, 0, 1, 0, c.n_tokens, c.n_tokens, ())
             requests += packer.add(TextItem(c.text_sha256, c.text, c.n_tokens, (ref,)), c.n_tokens)
-        answers, shares = {}, {}
-        requests += packer.flush()
-        for request, outcome in zip(requests, self.pool.map(self.sender.run, requests), strict=True):
-            got = self._outcome(outcome, shares)
-            for item in request:
-                answers[item.text_sha256] = got[item.text_sha256]
-                self.paid.settle(item.text_sha256, answers[item.text_sha256])
-        return answers, shares
+        return requests + packer.flush()
 
-    def _outcome(self, outcome, shares: dict[str, int]) -> dict[str, Answer]:
-        """The answer to each text of one request: its vector (the mean of its pieces' when the
-        service found it too long and the runner split it), or why it has none."""
-        parts, errors = collections.defaultdict(list), {}
-        for d in outcome.deliveries:
-            for item, vector, share in zip(d.items, d.vectors, d.shares_micro, strict=True):
-                sha = item.refs[0].doc_id
-                parts[sha].append(Answer(vector, item.n_tokens, d.request_id))
-                shares[sha] = shares.get(sha, 0) + share
-                self.m["tokens"].inc(item.n_tokens)
-        for rejected in outcome.failed:
-            errors[rejected.doc_id] = (rejected.reason, rejected.detail)
-        breaker = self.sender.shared.breaker
-        for item, reason in outcome.pending:   # the budget, a 402, the breaker, a timeout: not embedded
-            errors[item.refs[0].doc_id] = (reason, detail(reason, breaker.message if reason == breaker.reason else None))
+    def _send(self, request: Sequence[TextItem]) -> _Sent:
+        """One request, on a thread of the pool: each of its texts settled with its answer as
+        soon as it ends, or released if it raised (a batch waiting for one then sends it)."""
+        settled: set[str] = set()
+        try:
+            outcome = self.sender.run(request)
+            got, shares = _answers(outcome, self.sender.shared.breaker)
+            for item in request:
+                self.paid.settle(item.text_sha256, got[item.text_sha256])
+                settled.add(item.text_sha256)
+            return outcome, got, shares
+        finally:
+            for item in request:
+                if item.text_sha256 not in settled:
+                    self.paid.release(item.text_sha256)
+
+    def _count(self, outcome: Outcome) -> None:
+        """OUTCOME in the Beam counters (on the bundle's thread: Beam counts only there)."""
+        self.m["tokens"].inc(sum(item.n_tokens for d in outcome.deliveries for item in d.items))
         self.m["requests"].inc(len(outcome.requests))
         self.m["retries"].inc(outcome.retries)
         self.m["cost_micro_rub"].inc(round(sum(r["cost_rub"] for r in outcome.requests) * 1e6))
-        got = {sha: Answer(None, 0, None, *errors[sha]) for sha in errors}
-        got.update((sha, _combined(p)) for sha, p in parts.items() if sha not in errors)
-        return got
+
+
+def _answers(outcome: Outcome, breaker: Breaker) -> tuple[dict[str, Answer], dict[str, int]]:
+    """The answer to each text of one request (its vector, the mean of its pieces' when the
+    service found it too long and the runner split it, or why it has none) and its share of
+    the cost."""
+    parts: dict[str, list[Answer]] = collections.defaultdict(list)
+    shares: dict[str, int] = {}
+    errors: dict[str, tuple[str, str | None]] = {}
+    for d in outcome.deliveries:
+        for item, vector, share in zip(d.items, d.vectors, d.shares_micro, strict=True):
+            sha = item.refs[0].doc_id
+            parts[sha].append(Answer(vector, item.n_tokens, d.request_id))
+            shares[sha] = shares.get(sha, 0) + share
+    for rejected in outcome.failed:
+        if rejected.doc_id is not None:   # the text's digest: each item's only ref (see _requests)
+            errors[rejected.doc_id] = (rejected.reason, rejected.detail)
+    for item, reason in outcome.pending:   # the budget, a 402, the breaker, a timeout: not embedded
+        errors[item.refs[0].doc_id] = (reason, detail(reason, breaker.message if reason == breaker.reason else None))
+    got = {sha: Answer(None, 0, None, *errors[sha]) for sha in errors}
+    got.update((sha, _combined(p)) for sha, p in parts.items() if sha not in errors)
+    return got, shares
 
 
 class ServiceModelHandler(ModelHandler):
@@ -257,7 +296,7 @@ class ServiceTextEmbeddings(EmbeddingsManager):
         adapter = type_adapter or (dict_adapter(columns) if columns is not None else rag_adapter())
         super().__init__(type_adapter=adapter, **kwargs)
         self.columns = None if columns is None else list(columns)
-        self.where = {"model": model, "base_url": base_url, "dimensions": dimensions,
+        self.where: dict[str, Any] = {"model": model, "base_url": base_url, "dimensions": dimensions,
                       "account_segment": account_segment, "models_config": models_config, "run_config": run_config}
         self.api_key_env, self.api_key_file = api_key_env, api_key_file
         self.max_spend_rub = max_spend_rub

@@ -5,8 +5,10 @@ another thread of the process is sending, must not be paid again. Each distinct 
 digest) is claimed by the first batch that meets it: later batches take its vector (a claim
 still open: they wait for it, after sending their own texts). Only a vector is shared, as with
 EmbedTexts's claims (transforms/dedupe/inflight.py): a text whose request ended without one
-(a dead letter, a text the budget stopped) or whose batch failed is released, and a batch
-that waited for it claims it again and sends it itself.
+(a dead letter, a text the budget stopped), raised, or never left is released, and a batch
+that waited for it claims it again and sends it itself. A claim is settled by its own request
+when that ends, never by the batch: when one request of a batch fails, a text still on the
+wire in another stays claimed, so no batch pays for it a second time meanwhile.
 
 Why a second class and not InFlightClaims: those hold rows that stream into a bundle and join
 a claim until its request leaves, and a row blocks on a text in flight. A batch here claims
@@ -52,9 +54,9 @@ class PaidTexts:
         self._index = KeyIndex()
         self._file = tempfile.TemporaryFile(prefix="embedpipe-paid-")
         self._end = 0
-        self._open: dict[str, cf.Future] = {}
+        self._open: dict[str, cf.Future[Answer | None]] = {}
 
-    def claim(self, shas: Iterable[str]) -> tuple[dict[str, Answer], dict[str, cf.Future], list[str]]:
+    def claim(self, shas: Iterable[str]) -> tuple[dict[str, Answer], dict[str, cf.Future[Answer | None]], list[str]]:
         """SHAS -> (answers held, futures of the texts other batches are sending, texts claimed for
         the caller to send: it must `settle` or `release` each one). A future's result is the
         answer with its vector, or None: it ended without one, claim it again."""
@@ -86,7 +88,7 @@ class PaidTexts:
             future.set_result(answer if answer.vector is not None else None)
 
     def release(self, sha: str) -> None:
-        """SHA's batch failed before its answer (if it is still claimed): whoever waits claims it again."""
+        """SHA's request raised, or never left (if SHA is still claimed): a batch waiting for it claims it again."""
         with self._lock:
             future = self._open.pop(sha, None)
         if future is not None:

@@ -50,7 +50,7 @@ def items_embedded(items: Sequence[Any], results: Sequence[Embedded]) -> list[An
     return list(items)
 
 
-def _as_dict(row: Any) -> dict | None:
+def _as_dict(row: Any) -> dict[str, Any] | None:
     """A dict, or a beam.Row as one (MLTransform takes both); None for anything else."""
     if isinstance(row, dict):
         return row
@@ -76,12 +76,12 @@ def dicts_embedded(columns: Sequence[str], rows: Sequence[Any], results: Sequenc
     return out
 
 
-def rag_adapter() -> EmbeddingTypeAdapter:
+def rag_adapter() -> EmbeddingTypeAdapter[Any, Any]:
     """For Beam's ml.rag items (EmbeddableItem, Chunk): embedding and metadata filled in."""
     return EmbeddingTypeAdapter(input_fn=item_texts, output_fn=items_embedded)
 
 
-def dict_adapter(columns: Sequence[str]) -> EmbeddingTypeAdapter:
+def dict_adapter(columns: Sequence[str]) -> EmbeddingTypeAdapter[Any, Any]:
     columns = list(columns)
     return EmbeddingTypeAdapter(input_fn=functools.partial(dict_texts, columns),
                                 output_fn=functools.partial(dicts_embedded, columns))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from collections.abc import Sequence
 
 import apache_beam as beam
@@ -75,7 +75,7 @@ class EmbedTexts(beam.PTransform):
         if max_spend_rub is not None and not max_spend_rub >= 0:
             raise ValueError("max_spend_rub must be an amount >= 0")
         self._keys = KeySource(file=api_key_file, env_var=api_key_env)
-        self._where = {"model": model, "base_url": base_url, "dimensions": dimensions,
+        self._where: dict[str, Any] = {"model": model, "base_url": base_url, "dimensions": dimensions,
                        "account_segment": account_segment, "models_config": models_config, "run_config": run_config}
         self._max_spend, self._fields = max_spend_rub, (id_field, text_field)
         self._stores = (store, tuple(read_stores))

@@ -61,9 +61,6 @@ class Pending(enum.StrEnum):
                      "sent again by the next run")
 
 
-BUDGET, BALANCE, UNAUTHORIZED, FORBIDDEN = Pending.BUDGET, Pending.BALANCE, Pending.UNAUTHORIZED, Pending.FORBIDDEN
-UNAVAILABLE, PREFLIGHT, INVALID = Pending.UNAVAILABLE, Pending.PREFLIGHT, Pending.INVALID
-TIMED_OUT, STORE_CHANGED = Pending.TIMED_OUT, Pending.STORE_CHANGED
 REASONS: dict[str, Pending] = {r.value: r for r in Pending}   # by name: what files and summary.json hold
 
 

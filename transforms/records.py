@@ -3,7 +3,7 @@ Beam's FastPrimitivesCoder takes them (it pickles them: values that cross a shuf
 that, which is why the steps before the GroupByKey work on whole tables and documents)."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class ChunkRef(NamedTuple):
@@ -14,7 +14,7 @@ class ChunkRef(NamedTuple):
     token_start: int
     token_end: int
     n_tokens: int
-    kept: tuple  # values of --keep-columns, in that order
+    kept: tuple[Any, ...]  # values of --keep-columns, in that order
 
 
 class TextItem(NamedTuple):
@@ -22,7 +22,7 @@ class TextItem(NamedTuple):
     text_sha256: str
     text: str
     n_tokens: int
-    refs: tuple  # of ChunkRef
+    refs: tuple[ChunkRef, ...]
     claim: int = 0  # the library's: the bundle whose claim it is (transforms/dedupe/inflight.py); 0: none
 
 
@@ -32,16 +32,16 @@ class StoredItem(NamedTuple):
     text_sha256: str
     text: str
     n_tokens: int
-    refs: tuple  # of ChunkRef
+    refs: tuple[ChunkRef, ...]
 
 
-class Request(tuple):
+class Request(tuple[Any, ...]):
     """The TextItems of one embeddings request (transforms/worker/coders.py sizes it cheaply), or
     StoredItems to take from the store."""
     __slots__ = ()
 
 
-class Row(dict):
+class Row(dict[str, Any]):
     """A row of the library's outputs: a plain dict, typed so that its PCollections get a coder
     that sizes a row from its fields (transforms/worker/coders.py) instead of pickling it."""
 

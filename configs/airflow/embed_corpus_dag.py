@@ -113,7 +113,7 @@ def _stream(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
     with tempfile.TemporaryFile("w+", encoding="utf-8") as stdout:
         proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, errors="replace")
         try:
-            for line in proc.stderr:
+            for line in proc.stderr or ():   # a pipe: always there
                 log.info("%s", line.rstrip())
             code = proc.wait()
         except BaseException:
@@ -219,7 +219,7 @@ def embed() -> dict:
         if not continues or (figures.get("current") or {}).get("pending"):
             log.warning("partial: the budget ran out; the unsent chunks are pending in %s and the next "
                         "scheduled run sends them", p["output"])
-        if continues:
+        if continues and switch is not None:
             log.warning("partial: the switch to %s is not complete; the next scheduled run continues it",
                         switch["to"]["model"])
         return {"outcome": "partial", "exit_code": code, **figures}

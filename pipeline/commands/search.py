@@ -23,6 +23,7 @@ import logging
 import math
 import shutil
 import textwrap
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -65,7 +66,7 @@ INDENT = 7   # a passage's lines, under its hit's
 KEPT_SHOWN = 40   # characters of a kept value on a hit's line
 
 
-def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: float | None, base_url: str) -> str:
+def _record_request(out: OutputDir, search_id: str, row: dict[str, Any], balance_before: float | None, base_url: str) -> str:
     """The query's request as a run's: history/<search>/requests-*.parquet (written whole, then
     renamed: a later commit and the reconciliation read every such file) and _runs/<search>.json."""
     records.record_start(out.path, search_id, row["model"], records.SEARCH, {"balance": balance_before},
@@ -77,7 +78,7 @@ def _record_request(out: OutputDir, search_id: str, row: dict, balance_before: f
 
 
 def embed_query(out: OutputDir, text: str, model: str, dimensions: int, opts: EmbedPipeOptions,
-                settings: RunSettings) -> tuple[str, dict]:
+                settings: RunSettings) -> tuple[str, dict[str, Any]]:
     """TEXT's vector as an SQL literal of pgvector, and its request row, recorded in DIR while
     the search holds DIR's lock (a run writing DIR refuses it before anything is paid)."""
     spec = get_model(catalogue(opts.models_config), model)
@@ -87,7 +88,7 @@ def embed_query(out: OutputDir, text: str, model: str, dimensions: int, opts: Em
     search_id = new_run_id()
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     request_id = request_key(search_id, model, asked, [TextItem(digest, text, 0, ())])
-    row: dict | None = None
+    row: dict[str, Any] | None = None
     try:
         with out.lock(search_id, settings.lock, again=SEARCH_AGAIN):
             started = dt.datetime.now(dt.UTC)
@@ -115,7 +116,7 @@ def embed_query(out: OutputDir, text: str, model: str, dimensions: int, opts: Em
     return "[" + ",".join(repr(float(x)) for x in vector) + "]", row
 
 
-def search(args: argparse.Namespace) -> dict:
+def search(args: argparse.Namespace) -> dict[str, Any]:
     opts: EmbedPipeOptions = args.options
     out = OutputDir(args.dir)
     out.require_view()   # a mistyped DIR: refused, nothing made in it
@@ -221,7 +222,7 @@ def _without_text(conn: psycopg.Connection, names: dbs.Names) -> int:
     return int(row[0]) if row else 0
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     lines = []
     if r["request"]:
         q = r["request"]

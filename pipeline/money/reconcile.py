@@ -85,7 +85,7 @@ def _subset(target: int, costs: list[int]) -> list[int] | None:
     return chosen
 
 
-def split_gaps(points: list[Point], candidates: list[Candidate]) -> dict:
+def split_gaps(points: list[Point], candidates: list[Candidate]) -> dict[str, Any]:
     """Walk the known points in balance order and name each gap between two of them: filled
     exactly by eligible candidates (lost), fitting none (others), or open (ambiguous); a
     balance that rose between two points is a top-up (rises)."""
@@ -117,12 +117,13 @@ def split_gaps(points: list[Point], candidates: list[Candidate]) -> dict:
     return {"lost": lost, "others": others, "ambiguous": ambiguous, "rises": rises, "unmatched": unmatched}
 
 
-def _price(answered: list[dict], catalogue: float) -> float:
+def _price(answered: list[dict[str, Any]], catalogue: float) -> float:
     """RUB per token as billed: the catalogue's when it reproduces every bill to the
     micro-rouble, else the shortest price per 1M tokens (fewest decimals) that does (a bill
     that rounds half a micro-rouble tells a round price from one a hair off it), else the
     ratio of the largest bill, and a lost request may not match its gap."""
-    billed = [(r["total_tokens"], to_micro(r["cost_rub"])) for r in answered if r["total_tokens"]]
+    billed: list[tuple[int, int]] = [(r["total_tokens"], to_micro(r["cost_rub"]))
+                                     for r in answered if r["total_tokens"]]
     if not billed:
         return catalogue
     per_1m = (max((c - 0.5) / t for t, c in billed) + min((c + 0.5) / t for t, c in billed)) / 2
@@ -133,7 +134,8 @@ def _price(answered: list[dict], catalogue: float) -> float:
     return cost / tokens / 1e6
 
 
-def _unanswered(requests: dict[str, dict], intents: list[dict], records: list[dict]) -> list[dict]:
+def _unanswered(requests: dict[str, dict[str, Any]], intents: list[dict[str, Any]],
+                records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Requests sent without an answer the job saw: each intent without a 200 (attempts from
     its error row, else 1), and what finished runs kept of theirs."""
     found = [r for rec in records for r in rec.get("unanswered", ())]
@@ -144,11 +146,11 @@ def _unanswered(requests: dict[str, dict], intents: list[dict], records: list[di
     return found
 
 
-def _prices(answered: list[dict], records: list[dict], catalogue: Mapping[str, float],
+def _prices(answered: list[dict[str, Any]], records: list[dict[str, Any]], catalogue: Mapping[str, float],
             default: float) -> dict[str | None, float]:
     """RUB per token as billed, per run id: its model's answers and catalogue price (under
     None, for a run whose record names no model: every answer, the command's price)."""
-    by_model: dict[str, list[dict]] = {}
+    by_model: dict[str, list[dict[str, Any]]] = {}
     for r in answered:
         by_model.setdefault(r["model"], []).append(r)
     models = {rec["run_id"]: rec.get("model") for rec in records}
@@ -159,7 +161,7 @@ def _prices(answered: list[dict], records: list[dict], catalogue: Mapping[str, f
     return prices
 
 
-def _candidates(requests: list[dict], unanswered: list[dict],
+def _candidates(requests: list[dict[str, Any]], unanswered: list[dict[str, Any]],
                 prices: dict[str | None, float]) -> tuple[list[Candidate], int]:
     """(own charges never seen, intents torn by a kill: written before their request left, so
     a torn one was never sent). PRICES: RUB per token by run id (_prices)."""
@@ -175,7 +177,7 @@ def _candidates(requests: list[dict], unanswered: list[dict],
     return out, torn
 
 
-def _gap_notes(split: dict, torn: int, unexplained: int) -> list[str]:
+def _gap_notes(split: dict[str, Any], torn: int, unexplained: int) -> list[str]:
     notes = []
     if split["others"]:
         notes.append(f"{from_micro(split['others']):.6f} RUB were billed on the account between this job's own "
@@ -195,8 +197,9 @@ def _gap_notes(split: dict, torn: int, unexplained: int) -> list[str]:
     return notes
 
 
-def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict], rows_by_request: dict[str, int],
-              account_after: dict, catalogue: Mapping[str, float], catalogue_price: float) -> dict:
+def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict[str, Any]],
+              rows_by_request: dict[str, int], account_after: dict[str, Any], catalogue: Mapping[str, float],
+              catalogue_price: float) -> dict[str, Any]:
     """The reconciliation over DIR's whole history, from every request row in DIR (REQUESTS)
     and the rows' cost per request id; `unanswered` lists the requests of this command's runs
     (RUN_IDS: a switch has two) sent without an answer, which record_finish keeps once the

@@ -31,6 +31,7 @@ from pipeline.outdir.jsonfiles import write_json
 from pipeline.outdir.lock import RUN_AGAIN, OutputLock
 from pipeline.outdir.view import View
 from pipeline.settings.config import LockSettings
+from transforms.files import delete_each
 from transforms.money import journal
 from transforms.read.parquet import read_tables, row_count
 from transforms.write.transform import Codec
@@ -40,13 +41,6 @@ log = logging.getLogger("embedpipe")
 # A run's file at the top of DIR: how outputs were laid out before the current view existed.
 _EARLIER_LAYOUT = re.compile(
     r"^(?:embeddings|requests|failed|pending|documents)-(\d{8}T\d{6}Z-[0-9a-f]{6})-.*\.parquet$")
-
-
-def _delete_quietly(paths: list[str]) -> None:
-    try:
-        FileSystems.delete(paths)
-    except Exception:  # never created, or gone already
-        pass
 
 
 def _make_dirs(path: str) -> None:
@@ -143,7 +137,7 @@ class OutputDir:
                 raise
             raise UsageError(f"--output {self.path}: not writable ({exc})") from None
         finally:
-            _delete_quietly([probe])
+            delete_each([probe])   # one left is a leftover: the next run removes it (leftovers.py)
 
     def lock(self, run_id: str, settings: LockSettings, again: str = RUN_AGAIN) -> OutputLock:
         return OutputLock(self.path, run_id, settings, again)
@@ -192,7 +186,9 @@ class OutputDir:
         try:
             served = views.load(self.path, self.slot)
             if served is None or served.view != view_id:
-                _delete_quietly([m.path for r in FileSystems.match(patterns) for m in r.metadata_list])
+                left = delete_each([m.path for r in FileSystems.match(patterns) for m in r.metadata_list])
+                if left:
+                    raise left[0][1]
         except Exception as exc:   # the failure to report is the commit's; the next run's start retries
             log.warning("could not remove the files of a failed commit in %s: %s", self.path, exc)
 

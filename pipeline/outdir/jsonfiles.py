@@ -10,6 +10,8 @@ from typing import IO, Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.files import delete_each
+
 TEMP = ".tmp-"   # PATH.tmp-<uuid>: a file being written, renamed to PATH once whole
 
 
@@ -21,10 +23,7 @@ def write_whole(path: str, write: Callable[[IO[bytes]], object]) -> None:
             write(fh)
         FileSystems.rename([temp], [path])   # replaces PATH in one step (os.rename; a copy on object stores)
     except BaseException:
-        try:
-            FileSystems.delete([temp])
-        except Exception:   # never created, or the store refuses: the failure to report is the write's
-            pass
+        delete_each([temp])   # one left: the failure to report is the write's, the next run removes it
         raise
 
 

@@ -25,6 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.outdir import layout, records
 from pipeline.outdir.jsonfiles import TEMP
+from transforms.files import delete_each
 from transforms.money import journal
 from transforms.read.parquet import read_tables
 from transforms.worker import progress
@@ -39,15 +40,9 @@ def _match(pattern: str) -> list[FileMetadata]:
 
 
 def _delete(paths: list[str]) -> None:
-    """One by one, each at most a warning: a leftover that stays is not worth the run."""
-    for path in paths:
-        try:
-            if os.path.islink(path):   # a link a commit was placing (view.py): never its target
-                os.remove(path)
-            else:
-                FileSystems.delete([path])
-        except Exception as exc:
-            log.warning("could not remove %s, left by an earlier run: %s", path, exc)
+    """Each at most a warning: a leftover that stays is not worth the run."""
+    for path, exc in delete_each(paths):
+        log.warning("could not remove %s, left by an earlier run: %s", path, exc)
 
 
 def _run_of(path: str, base: str) -> str:

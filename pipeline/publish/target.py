@@ -58,7 +58,7 @@ class Database:
     shown: str    # for messages: host, port, database and user only
 
 
-def shown(params: dict) -> str:
+def shown(params: dict[str, Any]) -> str:
     user = f"{params['user']}@" if params.get("user") else ""
     host = params.get("host") or ""
     port = f":{params['port']}" if params.get("port") else ""

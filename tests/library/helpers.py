@@ -5,11 +5,23 @@ import pickle
 from pathlib import Path
 
 import apache_beam as beam
+import yaml
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.runner import make_runner
+from service.catalog import load_models
 
 MODEL = "text-embedding-3-small"
+MODEL_FIELDS = ("max_input_tokens", "tokenizer", "safety_factor", "max_inputs_per_request", "max_tokens_per_request",
+                "dimensions", "supports_dimensions", "price_rub_per_1m_tokens")
+
+
+def models_config(where: Path, **changed) -> str:
+    """A catalogue file in WHERE holding MODEL as the shipped one has it, with CHANGED fields."""
+    spec = load_models()[MODEL]
+    path = where / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS}, **changed}}}))
+    return str(path)
 
 
 def _dump(values, path: str) -> None:

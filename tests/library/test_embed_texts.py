@@ -15,17 +15,14 @@ import pytest
 import yaml
 
 import embedpipe
-from service.catalog import load_models
 from service.credentials import MissingApiKeyError
 from service.sandbox.store import read_ledger
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows
 from tests.e2e.test_runners import job_endpoint  # noqa: F401  (the job service fixture)
-from tests.library.helpers import MODEL, collected, micro, run_pipeline
+from tests.library.helpers import MODEL, collected, micro, models_config, run_pipeline
 
 KINDS = ("embeddings", "failed", "pending", "requests")
-MODEL_FIELDS = ("max_input_tokens", "tokenizer", "safety_factor", "max_inputs_per_request", "max_tokens_per_request",
-                "dimensions", "supports_dimensions", "price_rub_per_1m_tokens")
 BAD = ["not a dict", 42, {"text": "a row without an id field"}, {"id": "no-text"}, {"id": "int-text", "text": 7},
        {"id": 3.5, "text": "a float id"}]
 
@@ -143,16 +140,13 @@ def test_transient_faults_are_retried_and_nothing_is_paid_twice(sandbox_factory,
     faults = tmp_path / "faults.yaml"
     faults.write_text(yaml.safe_dump({"seed": 7, "rate_500": 0.15, "rate_503": 0.1}))
     sb = sandbox_factory(key=SANDBOX_KEY, balance=1000.0, args=["--faults", str(faults)])
-    spec = load_models()[MODEL]
-    models = tmp_path / "models.yaml"   # 4 inputs a request: 40 rows are 10 requests
-    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
-                                                         "max_inputs_per_request": 4}}}))
+    models = models_config(tmp_path, max_inputs_per_request=4)   # 40 rows are 10 requests
     settings = tmp_path / "pipeline.yaml"
     settings.write_text(yaml.safe_dump({"client": {"initial_backoff_s": 0.01, "max_backoff_s": 0.05}}))
     rows = [{"id": f"d{i}", "text": f"document {i}"} for i in range(40)]
 
     def build(p):
-        result = p | beam.Create(rows) | embedpipe.EmbedTexts(MODEL, sb.base_url, models_config=str(models),
+        result = p | beam.Create(rows) | embedpipe.EmbedTexts(MODEL, sb.base_url, models_config=models,
                                                               run_config=str(settings))
         return {kind: getattr(result, kind) for kind in KINDS}
     result = run_pipeline(build, tmp_path)
@@ -193,12 +187,8 @@ def test_passages_sized_by_the_run_config_and_their_text_left_out_on_request(san
 def test_a_text_the_service_finds_too_long_is_split_again(sandbox, key_env, tmp_path):
     """The client believes the model takes 20000 tokens, the sandbox 8191: the 9000-token chunk
     draws an over-length 400 and is re-split; its pieces keep its chunk_index, in token order."""
-    spec = load_models()[MODEL]
-    models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
-                                                         "max_input_tokens": 20000}}}))
     rows = [{"id": "long", "text": "word " * 9000}, {"id": "short", "text": "a short one"}]
-    out = _run(tmp_path, rows, sandbox, models_config=str(models))
+    out = _run(tmp_path, rows, sandbox, models_config=models_config(tmp_path, max_input_tokens=20000))
     pieces = sorted((r["token_start"], r["token_end"], r["chunk_index"]) for r in out["embeddings"]
                     if r["doc_id"] == "long")
     assert len(pieces) >= 2 and {p[2] for p in pieces} == {0} and pieces[0][0] == 0
@@ -222,14 +212,11 @@ def test_two_local_worker_processes_pay_each_text_once(sandbox, key_env, tmp_pat
 def test_a_text_that_comes_again_after_its_answer_is_not_paid_again(sandbox, key_env, tmp_path):
     """Without a store: the pipeline's own (a temporary directory) holds what it paid, so a
     repeat long after its text's request was answered takes the vector from there."""
-    spec = load_models()[MODEL]
-    models = tmp_path / "models.yaml"   # 4 inputs a request: the repeat comes 10 requests later
-    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
-                                                         "max_inputs_per_request": 4}}}))
+    models = models_config(tmp_path, max_inputs_per_request=4)   # the repeat comes 10 requests later
     rows = ([{"id": "first", "text": "a text that comes again"}]
             + [{"id": f"d{i}", "text": f"filler document {i}"} for i in range(40)]
             + [{"id": "again", "text": "a text that comes again"}])
-    out = _run(tmp_path, rows, sandbox, models_config=str(models))
+    out = _run(tmp_path, rows, sandbox, models_config=models)
     paid = [sha for c in sandbox.ledger() for sha in c["input_sha256"]]
     assert len(paid) == len(set(paid)) == 41
     first, again = ([r for r in out["embeddings"] if r["doc_id"] == d][0] for d in ("first", "again"))
@@ -250,15 +237,12 @@ def _rows_until_billed(seed, db: str, n: int):
 
 
 def test_the_first_request_leaves_before_the_input_ends(sandbox, key_env, tmp_path):
-    spec = load_models()[MODEL]
-    models = tmp_path / "models.yaml"   # 4 inputs a request: 300 rows fill many
-    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
-                                                         "max_inputs_per_request": 4}}}))
+    models = models_config(tmp_path, max_inputs_per_request=4)   # 300 rows fill many requests
 
     def build(p):
         result = (p | beam.Create([None], reshuffle=False)
                   | beam.FlatMap(_rows_until_billed, str(sandbox.db), 600)
-                  | embedpipe.EmbedTexts(MODEL, sandbox.base_url, models_config=str(models)))
+                  | embedpipe.EmbedTexts(MODEL, sandbox.base_url, models_config=models))
         return {kind: getattr(result, kind) for kind in KINDS}
     run_pipeline(build, tmp_path)
     out = collected(tmp_path, *KINDS)

@@ -11,10 +11,9 @@ import threading
 import pytest
 import yaml
 
-from service.catalog import load_models
 from tests.conftest import SANDBOX_KEY, fill
-from tests.library.bundles import MODEL, Processor, library_fns, paid_texts, rows_of, text_sha
-from tests.library.test_embed_texts import MODEL_FIELDS
+from tests.library.bundles import Processor, library_fns, paid_texts, rows_of, text_sha
+from tests.library.helpers import models_config
 
 
 @pytest.fixture(autouse=True)
@@ -29,15 +28,12 @@ def test_a_row_waits_for_a_request_that_outlasts_any_bound_of_one_request(sandbo
     refusals could take (0.5 + 2 x 2 + 0.5 s): the row of its first text waits for all of them
     and takes the vector from the store, paid once."""
     sb = sandbox_factory(key=SANDBOX_KEY, balance=1000.0, args=["--latency-ms", "1000"])
-    spec = load_models()[MODEL]
-    models, settings = tmp_path / "models.yaml", tmp_path / "pipeline.yaml"
-    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
-                                                         "max_input_tokens": 20000}}}))
+    models, settings = models_config(tmp_path, max_input_tokens=20000), tmp_path / "pipeline.yaml"
     settings.write_text(yaml.safe_dump({"client": {"max_total_s": 0.5, "read_timeout_s": 2.0,
                                                    "read_timeout_max_s": 2.0},
                                         "embed": {"max_refused_s": 0.5}}))
     rows = [{"id": f"d{i}", "text": f"text number {i}"} for i in range(31)] + [{"id": "long", "text": "word " * 9000}]
-    fns, _ = library_fns(sb.base_url, str(tmp_path / "store"), models_config=str(models), run_config=str(settings),
+    fns, _ = library_fns(sb.base_url, str(tmp_path / "store"), models_config=models, run_config=str(settings),
                          max_inputs=32)
     bundle = Processor(fns).bundle()
     bundle.push(rows)                                   # 32 inputs: the request leaves

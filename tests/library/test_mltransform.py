@@ -27,7 +27,8 @@ from service.credentials import KeySource, MissingApiKeyError
 from service.tokenizer import get_encoding
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows, read_kind, run, write_corpus
-from tests.library.helpers import MODEL, collected, micro, run_pipeline
+from tests.library.bundles import paid_texts, text_sha
+from tests.library.helpers import MODEL, collected, micro, models_config, run_pipeline
 from transforms.write.docvectors import token_weighted_mean
 
 
@@ -351,3 +352,51 @@ def test_the_store_is_listed_as_often_as_the_run_config_says(sandbox, key_env, t
     manager = embedpipe.ServiceTextEmbeddings(["text"], MODEL, sandbox.base_url, store=str(tmp_path / "store"),
                                               run_config=str(settings))
     assert manager.job().embed.store.refresh_s == 7.0
+
+
+def test_a_batch_whose_request_failed_keeps_its_texts_on_the_wire_claimed(sandbox, key_env, tmp_path):
+    """Batch A sends three requests (one text each): two raise, the third, carrying SHARED, is
+    still on the wire. Batch B, waiting for SHARED, takes its vector when that request ends: the
+    failures release only their own texts, and SHARED is billed once."""
+    failing, shared, last = "a text whose request fails", "a text both batches have", "another that fails"
+    service = _Service(embedpipe.ServiceTextEmbeddings(
+        ["text"], MODEL, sandbox.base_url, models_config=models_config(tmp_path, max_inputs_per_request=1)).job())
+    send, claim, release = service.sender.run, service.paid.claim, service.paid.release
+    a_claimed, b_claimed, b_claimed_again, last_released = (threading.Event() for _ in range(4))
+    b_waits: list = []
+
+    def run(request):
+        text = request[0].text
+        if text in (failing, last):
+            assert b_claimed.wait(10)
+            raise RuntimeError(f"batch A's request of {text!r} fails")
+        if text == shared and not b_claimed_again.is_set():
+            assert last_released.wait(10)   # both failures are over, and whatever they released is
+            if b_waits[0].done():           # SHARED was released while on the wire: B sends it too
+                assert b_claimed_again.wait(10)
+        return send(request)
+
+    def claiming(shas):
+        got = claim(shas)
+        a_claimed.set()
+        if text_sha(shared) in got[1]:
+            b_waits.append(got[1][text_sha(shared)])
+            b_claimed.set()
+        elif text_sha(shared) in got[2] and b_waits:
+            b_claimed_again.set()
+        return got
+
+    def releasing(sha):
+        release(sha)
+        if sha == text_sha(last):
+            last_released.set()
+    service.sender.run, service.paid.claim, service.paid.release = run, claiming, releasing
+    a_failed = []
+    a = threading.Thread(target=lambda: a_failed.append(pytest.raises(RuntimeError, service.embed,
+                                                                      [failing, shared, last])))
+    a.start()
+    assert a_claimed.wait(10)
+    b = service.embed([shared, "a text of batch B"])
+    a.join(10)
+    assert a_failed and all(r.vector is not None for r in b), [r.error for r in b]
+    assert paid_texts(sandbox)[text_sha(shared)] == 1

@@ -12,7 +12,7 @@ import embedpipe
 from embedpipe.rag import ERROR
 from tests.conftest import SANDBOX_KEY
 from tests.library.helpers import MODEL, collected, run_pipeline
-from transforms.pending import TIMED_OUT
+from transforms.pending import Pending
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_a_text_whose_request_timed_out_is_pending_not_failed_and_not_called_uns
     found = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("embedpipe"))["counters"]
     counters = {c.key.metric.name: c.committed for c in found}
     assert len(out) == 3 and all(c.embedding is None for c in out)
-    assert {c.metadata[ERROR] for c in out} == {TIMED_OUT}
+    assert {c.metadata[ERROR] for c in out} == {Pending.TIMED_OUT}
     assert counters["pending_texts"] == 3 and counters["failed_texts"] == 0
     details = {c.metadata[f"{ERROR}_detail"] for c in out}
     assert not any(d.startswith("not sent") for d in details) and all("may have been billed" in d for d in details)

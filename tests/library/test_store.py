@@ -19,12 +19,10 @@ import yaml
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import embedpipe
-from service.catalog import load_models
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import corpus_rows, run, write_corpus
 from tests.e2e.test_object_stores import S3
-from tests.library.helpers import MODEL, collected, micro, run_pipeline
-from tests.library.test_embed_texts import MODEL_FIELDS
+from tests.library.helpers import MODEL, collected, micro, models_config, run_pipeline
 from tests.side_venv import REPO
 from transforms.dedupe.compaction import compact
 from transforms.dedupe.store import SCOPE, PaidStore, StoreSpec
@@ -46,11 +44,7 @@ def _docs(n: int, day: int = 1, changed: int = 0) -> list[dict]:
 
 def _small_requests(tmp_path) -> str:
     """A catalogue whose model takes 4 inputs a request: many requests from a few documents."""
-    spec = load_models()[MODEL]
-    models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": {MODEL: {**{k: getattr(spec, k) for k in MODEL_FIELDS},
-                                                         "max_inputs_per_request": 4}}}))
-    return str(models)
+    return models_config(tmp_path, max_inputs_per_request=4)
 
 
 def _run(where, rows, sandbox, *argv, fail_once: str | None = None, **kwargs) -> dict:

@@ -90,16 +90,14 @@ def test_an_attempt_without_an_answer_counts_as_spent_at_its_worst_case_until_th
     assert g.reserve_prefix([1])[0] == 0
 
 
-def test_a_balance_that_shows_as_much_spent_covers_the_attempts_without_an_answer():
-    """The balance and the worst case are not added: what fell covers the worst case (the
-    charge, or others' spending, which the guard counts as the run's anyway)."""
+def test_attempts_without_an_answer_count_on_top_of_what_the_balance_shows():
+    """The balance falls by every charge to the account: what it shows fallen may be another
+    worker's spending, while this worker's attempt is still to be billed. The two add up."""
     g = _guard(spendable=1.0)
     n, r = g.reserve_prefix([200_000])
     g.settle(r, cost_rub=None, balance_after=None, unanswered=1)   # 0.4 at worst
-    for balance, left in ((99.9, 600_000), (99.6, 600_000), (99.3, 300_000)):
-        g.observe_account(balance=balance, key_budget=None)
-        assert g.reserve_prefix([left // 2]) == (1, left)
-        g.settle(left, cost_rub=None, balance_after=None)
+    g.observe_account(balance=99.5, key_budget=None)               # 0.5 spent by others (or 0.4 of it ours)
+    assert g.reserve_prefix([50_000, 1]) == (1, 100_000)            # 1.0 - 0.5 - 0.4
 
 
 def test_the_retry_of_an_attempt_without_an_answer_goes_only_while_the_budget_holds_it():
@@ -117,3 +115,12 @@ def test_a_cap_counts_attempts_without_an_answer_too():
     n, r = g.reserve_prefix([200_000])
     g.settle(r, cost_rub=None, balance_after=None, unanswered=1)
     assert g.reserve_prefix([150_000, 150_000, 1]) == (2, 600_000)   # 0.6 left under the cap
+
+
+def test_a_cap_counts_attempts_without_an_answer_on_top_of_what_the_balance_fell_by():
+    from transforms.money.caps import DAILY_CAP, CapUsage
+    g = _guard(spendable=50.0, caps=[CapUsage(DAILY_CAP, 1.0, 0.0, 100.0)])
+    n, r = g.reserve_prefix([200_000])
+    g.settle(r, cost_rub=None, balance_after=None, unanswered=1)   # 0.4 at worst
+    g.observe_account(balance=99.5, key_budget=None)               # others spent 0.5 meanwhile
+    assert g.reserve_prefix([50_000, 1]) == (1, 100_000)            # 0.1 left under the cap

@@ -23,7 +23,7 @@ from transforms.embed.ratelimit import OK, ConcurrencyLimiter
 from transforms.embed.send import Breaker, RequestRunner, request_key, resplit
 from transforms.money import journal
 from transforms.money.budget import BudgetGuard
-from transforms.pending import BUDGET, UNAVAILABLE
+from transforms.pending import Pending
 from transforms.read.split import SplitConfig, Splitter
 from transforms.records import ChunkRef, TextItem
 
@@ -177,7 +177,7 @@ def test_a_request_refused_for_longer_than_max_refused_s_is_pending_while_others
         stop.set()
         answering.join()
     holder.join()
-    assert breaker.reason is None and [reason for _, reason in out.pending] == [UNAVAILABLE]
+    assert breaker.reason is None and [reason for _, reason in out.pending] == [Pending.UNAVAILABLE]
     assert [r["status"] for r in out.requests] == [429]
 
 
@@ -187,9 +187,9 @@ def test_a_process_refused_for_longer_than_max_refused_s_stops_sending(sandbox_f
     runner, breaker = _refused_runner(sb, max_refused_s=0.5)
     out = runner.run([_item("kept out for good")])
     holder.join()
-    assert breaker.reason == UNAVAILABLE and "no answer for over 0.5 s" in breaker.message
+    assert breaker.reason == Pending.UNAVAILABLE and "no answer for over 0.5 s" in breaker.message
     assert "429" in breaker.message
-    assert [reason for _, reason in out.pending] == [UNAVAILABLE] and not out.deliveries
+    assert [reason for _, reason in out.pending] == [Pending.UNAVAILABLE] and not out.deliveries
 
 
 def test_a_request_that_waited_for_its_place_while_the_client_fell_back_to_float_is_paid_once():
@@ -259,5 +259,5 @@ def test_an_attempt_without_an_answer_counts_as_spent_and_its_retry_goes_only_if
     _idle(sb)
     charged = sum(row["cost_rub"] for row in sb.ledger())
     assert charged <= 0.001, f"{charged} RUB charged under a cap of 0.001"
-    assert [reason for _, reason in first.pending] == [BUDGET] and first.timed_out == timed_out
-    assert [reason for _, reason in second.pending] == [BUDGET] and len(sb.ledger()) == 1
+    assert [reason for _, reason in first.pending] == [Pending.BUDGET] and first.timed_out == timed_out
+    assert [reason for _, reason in second.pending] == [Pending.BUDGET] and len(sb.ledger()) == 1

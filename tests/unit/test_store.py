@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import shutil
+import subprocess
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -129,3 +131,49 @@ def test_compaction_refuses_a_cli_output_dir_and_touches_nothing(tmp_path, marke
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "output DIR of the CLI" in err and "nothing was changed" in err
     assert _tree(tmp_path / "out") == before
+
+
+@pytest.mark.parametrize("location", ["stores/day[1]", "stores/*", "stores/day?"])
+def test_a_location_read_as_a_pattern_is_refused(tmp_path, location):
+    """Beam lists `day[1]/...` as `day1/...`: another store's texts, or none, and never its own."""
+    where = str(tmp_path / location)
+    for call in (lambda: spec(where), lambda: spec(str(tmp_path / "store"), [where]), lambda: compact(where)):
+        with pytest.raises(StoreError, match=r"read as a pattern"):
+            call()
+
+
+@pytest.fixture
+def read_only_folder():
+    """Call with a folder: it becomes a tmpfs of its own (root may mount one), made read-only by
+    calling what is returned once its files are written. Unmounted at teardown."""
+    mounts = []
+
+    def make(folder) -> Callable[[], None]:
+        folder.mkdir(parents=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], capture_output=True,
+                              text=True)
+        if done.returncode:
+            pytest.skip(f"a tmpfs cannot be mounted here ({done.stderr.strip() or done.returncode})")
+        mounts.append(folder)
+        return lambda: subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+
+    yield make
+    for folder in mounts:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_compaction_that_cannot_remove_some_merged_entries_removes_the_others_and_says_so(
+        tmp_path, read_only_folder, capsys):
+    """One run's entries sit on a read-only filesystem: every other merged entry goes, the texts
+    stay findable, and the command says so in one line (exit 2), no traceback."""
+    root = tmp_path / "store"
+    freeze = read_only_folder(root / "_journal" / "run2")
+    one = PaidStore(StoreSpec(str(root)), MODEL, DIMS)
+    for run_id, texts in (("run1", ["alpha"]), ("run2", ["beta"]), ("run3", ["gamma"])):
+        _put(one, run_id, f"r-{run_id}", texts)
+    freeze()
+    assert compact_main([str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "of the files merged could not be removed" in err, err
+    assert [p.parent.name for p in root.glob("_journal/*/*.parquet")] == ["run2"]
+    assert PaidStore(StoreSpec(str(root)), MODEL, DIMS).size == 3

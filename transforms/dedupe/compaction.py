@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.dedupe.store import COMPACTED, StoreError, cli_output_dir, listing, missing
+from transforms.dedupe.store import COMPACTED, StoreError, cli_output_dir, listing, plain
+from transforms.files import delete_each, missing
 from transforms.money import journal
 from transforms.read.parquet import open_parquet, parquet_file
 from transforms.schemas import required
@@ -94,23 +95,13 @@ class _Writers:
         return len(self._open)
 
 
-def _delete(paths: list[str]) -> None:
-    """Delete what exists of PATHS (another compaction may have removed some)."""
-    for path in paths:
-        try:
-            FileSystems.delete([path])
-        except Exception as exc:
-            if not missing(exc):
-                raise
-
-
 def compact(store: str, small_bytes: int = SMALL_BYTES) -> Compaction:
     """Merge STORE's journal entries (and its compacted files under SMALL_BYTES) into one file
     per model and length. Safe beside running pipelines: the new file is whole (renamed) before
     anything it holds is deleted, an entry written meanwhile is not touched, and a reader that
     finds a file gone lists the store again. Intents of merged entries go with them. A CLI
     output DIR: a StoreError, nothing touched."""
-    if cli_output_dir(store):
+    if cli_output_dir(plain(store, "path")):
         raise StoreError(f"{store} is an output DIR of the CLI, not a store of paid texts: its journal is the "
                          "CLI's to read (run --resume), so it is not compacted; nothing was changed")
     files = [m for r in FileSystems.match([FileSystems.join(store, COMPACTED, "*.parquet")]) for m in r.metadata_list]
@@ -137,8 +128,12 @@ def compact(store: str, small_bytes: int = SMALL_BYTES) -> Compaction:
             continue
         merged.append(path)
     written = writers.close()
-    _delete(merged_files + merged + [p[:-len(".parquet")] + journal.INTENT_SUFFIX for p in merged])
+    left = delete_each(merged_files + merged + [p[:-len(".parquet")] + journal.INTENT_SUFFIX for p in merged])
     for folder in {FileSystems.split(p)[0] for p in merged}:   # a local disk keeps empty directories
         if os.path.isdir(folder) and not os.listdir(folder):
             os.rmdir(folder)
+    if left:
+        failed, why = left[0]
+        raise StoreError(f"{store}: compacted (the texts are read from {COMPACTED}/), but {len(left)} of the files "
+                         f"merged could not be removed ({failed}: {why}): compact again once they can be")
     return Compaction(len(merged), len(merged_files), written, writers.texts)

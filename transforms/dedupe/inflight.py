@@ -34,7 +34,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms.dedupe.store import PaidStore, StoreSpec
-from transforms.pending import STORE_CHANGED, Pending   # the store lost a text between its lookup and its read
+from transforms.pending import Pending
 from transforms.records import ChunkRef, Request, StoredItem, TextItem
 from transforms.worker import coders, runscoped  # noqa: F401  (coders: the coder of Request, pa.Table)
 from transforms.worker.keyindex import key16
@@ -168,5 +168,5 @@ def stored_outcome(store: PaidStore, batch: Sequence[StoredItem]) -> tuple[list[
     found = store.lookup([i.text_sha256 for i in batch])
     hits = [TextItem(*i) for i in batch if i.text_sha256 in found]
     vectors = np.stack([found[i.text_sha256].vector for i in hits]) if hits else np.empty((0, store.dims), "<f4")
-    lost = [(TextItem(*i), STORE_CHANGED) for i in batch if i.text_sha256 not in found]
+    lost = [(TextItem(*i), Pending.STORE_CHANGED) for i in batch if i.text_sha256 not in found]
     return hits, vectors, [found[i.text_sha256].request_id for i in hits], lost

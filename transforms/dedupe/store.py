@@ -43,6 +43,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.dedupe.known import read_vectors
+from transforms.files import missing
 from transforms.money import journal
 from transforms.read.parquet import open_parquet, parquet_file
 from transforms.worker import runscoped
@@ -52,6 +53,7 @@ COMPACTED = "_compacted"
 SCOPE = "paid-store"      # the process-wide objects' scope (transforms/worker/runscoped.py)
 # An output DIR of the CLI, its first run's start included (pipeline/outdir/layout.py): read, never written
 CLI_MARKERS = ("_current.json", "summary.json", "_lock.json", "_runs/*", "history/*/*")
+GLOB_CHARS = "*?["   # Beam's filesystems list a location as a pattern: with these, other files or none
 
 
 class StoreError(Exception):
@@ -81,9 +83,20 @@ def cli_output_dir(location: str) -> bool:
     return any(result.metadata_list for result in FileSystems.match(patterns, limits=[1] * len(patterns)))
 
 
+def plain(location: str, name: str = "store") -> str:
+    """LOCATION, refused when Beam's filesystems would read it as a pattern."""
+    if any(c in location for c in GLOB_CHARS):
+        raise StoreError(f"{name}={location}: a location with * ? or [ in its name is read as a pattern by Beam's "
+                         "filesystems (another location's files, or none): give one without them")
+    return location
+
+
 def spec(store: str | None, read: Sequence[str] = (), refresh_s: float = 60.0) -> StoreSpec:
-    """The store a transform is given, checked in the driver: a CLI output DIR is read only."""
-    if store and cli_output_dir(store):
+    """The store a transform is given, checked in the driver: a location read as a pattern is
+    refused, a CLI output DIR is read only."""
+    for location in read:
+        plain(location, "read_stores")
+    if store and cli_output_dir(plain(store)):
         raise StoreError(f"store={store} is an output DIR of the CLI: give it in read_stores= to take its "
                          f"vectors, and another location as store=")
     return StoreSpec(store or None, tuple(read), refresh_s=refresh_s)
@@ -142,13 +155,6 @@ def _entry_rows(path: str, model: str, dims: int):
         table = parquet.read(columns=["text_sha256", "n_tokens"])
     for row, (sha, n) in enumerate(zip(table.column("text_sha256").to_pylist(), table.column("n_tokens").to_pylist(), strict=True)):
         yield 0, row, sha, request["request_id"], n
-
-
-def missing(exc: Exception) -> bool:
-    """Whether EXC says a file is not there (each filesystem words it its own way)."""
-    text = str(exc).lower()
-    return isinstance(exc, FileNotFoundError) or any(w in text for w in ("not found", "no such", "no files found",
-                                                                         "404", "does not exist"))
 
 
 class PaidStore:

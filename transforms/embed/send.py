@@ -38,7 +38,7 @@ from transforms.embed.quota import TokenBucketLimiter
 from transforms.embed.ratelimit import IGNORED, OK, RATE_LIMITED, ConcurrencyLimiter
 from transforms.money.apportion import apportion_micro, from_micro, to_micro
 from transforms.money.budget import BudgetGuard
-from transforms.pending import BALANCE, BUDGET, FORBIDDEN, INVALID, TIMED_OUT, UNAUTHORIZED, UNAVAILABLE, Pending
+from transforms.pending import Pending
 from transforms.read.split import MIN_MAX_TOKENS, Splitter
 from transforms.records import Rejected, TextItem
 
@@ -178,7 +178,7 @@ class RequestRunner:
             out.requests.append(entry[0])
             return []
         n, reservation = self._guard.reserve_prefix([i.n_tokens for i in batch])
-        out.pending += [(i, self._guard.stop_reason or BUDGET) for i in batch[n:]]
+        out.pending += [(i, self._guard.stop_reason or Pending.BUDGET) for i in batch[n:]]
         if n == 0:
             return []
         if n < len(batch):
@@ -192,7 +192,7 @@ class RequestRunner:
         except _Stopped:  # the breaker tripped or spending stopped while this one waited its turn (or its retry's)
             self._guard.settle(reservation, None, None)   # what its attempts may cost is counted already
             out.timed_out += unanswered.timed_out
-            out.pending += [(i, self._breaker.reason or self._guard.stop_reason or BUDGET) for i in batch]
+            out.pending += [(i, self._breaker.reason or self._guard.stop_reason or Pending.BUDGET) for i in batch]
             return []
         except errors.EmbeddingsError as exc:
             billed = getattr(exc, "usage", None)  # a malformed 200 was still billed
@@ -224,7 +224,7 @@ class RequestRunner:
                       f"expected {self._expected_dims} (request {request_id}, billed)")
             for item in batch:
                 out.failed += rejections(item, "wrong_dimensions", detail)
-            self._breaker.trip(INVALID, detail)  # every later answer would be paid for and thrown away
+            self._breaker.trip(Pending.INVALID, detail)  # every later answer would be paid for and thrown away
             return []
         total = to_micro(result.usage.cost_rub or 0.0)  # a server that reports no cost: lineage is 0
         delivery = Delivery(request_id, batch, result.vectors,
@@ -305,32 +305,34 @@ class RequestRunner:
                 return [batch[:half], batch[half:]]
             out.failed += rejections(batch[0], "bad_request", exc.message)
             if self._same_refusals.count(exc.message) >= SAME_REFUSALS_TO_STOP:
-                self._breaker.trip(INVALID, f"the service refuses input after input with: {exc.message}")
+                self._breaker.trip(Pending.INVALID, f"the service refuses input after input with: {exc.message}")
         elif isinstance(exc, (errors.AuthenticationError, errors.PermissionDeniedError)):
-            reason = UNAUTHORIZED if isinstance(exc, errors.AuthenticationError) else FORBIDDEN
+            reason = Pending.UNAUTHORIZED if isinstance(exc, errors.AuthenticationError) else Pending.FORBIDDEN
             self._breaker.trip(reason, exc.message)
             out.pending += [(i, reason) for i in batch]
         elif isinstance(exc, errors.InsufficientBalanceError):
-            self._guard.stop(BALANCE)
-            out.pending += [(i, BALANCE) for i in batch]
+            self._guard.stop(Pending.BALANCE)
+            out.pending += [(i, Pending.BALANCE) for i in batch]
         elif isinstance(exc, errors.InvalidResponseError):  # the service's fault, and maybe billed
             for item in batch:
                 out.failed += rejections(item, "invalid_response", exc.message)
-            self._breaker.trip(INVALID, exc.message)
+            self._breaker.trip(Pending.INVALID, exc.message)
         elif isinstance(exc, errors.APITimeoutError) and exc.timed_out_attempts:
             ceiling = self._client.retry.read_timeout_max_s
-            self._breaker.trip(TIMED_OUT, f"no answer within the read timeout, the last wait {ceiling:g} s "
-                                          "(client.read_timeout_max_s): the service is slower than that; "
-                                          f"{exc.timed_out_attempts} attempt{'s' * (exc.timed_out_attempts != 1)} "
-                                          "of one request timed out after sending and may have been billed")
-            out.pending += [(i, TIMED_OUT) for i in batch]
+            self._breaker.trip(Pending.TIMED_OUT,
+                               f"no answer within the read timeout, the last wait {ceiling:g} s "
+                               "(client.read_timeout_max_s): the service is slower than that; "
+                               f"{exc.timed_out_attempts} attempt{'s' * (exc.timed_out_attempts != 1)} "
+                               "of one request timed out after sending and may have been billed")
+            out.pending += [(i, Pending.TIMED_OUT) for i in batch]
         elif isinstance(exc, errors.RateLimitError) and self._answered_lately():
-            out.pending += [(i, UNAVAILABLE) for i in batch]   # refused this long on its own: the others go on
+            out.pending += [(i, Pending.UNAVAILABLE) for i in batch]   # refused this long on its own: the others go on
         elif exc.retryable:
             refused = isinstance(exc, errors.RateLimitError) and self._concurrency is not None
-            self._breaker.trip(UNAVAILABLE, f"no answer for over {self._max_refused_s:g} s, every request refused "
-                                            f"(HTTP 429): {exc.message}" if refused else exc.message)
-            out.pending += [(i, UNAVAILABLE) for i in batch]
+            self._breaker.trip(Pending.UNAVAILABLE,
+                               f"no answer for over {self._max_refused_s:g} s, every request refused "
+                               f"(HTTP 429): {exc.message}" if refused else exc.message)
+            out.pending += [(i, Pending.UNAVAILABLE) for i in batch]
         else:  # 404, 413 and other permanent statuses: this batch cannot succeed as sent
             if len(batch) > 1:
                 return [batch[:half], batch[half:]]

@@ -30,7 +30,7 @@ from transforms.embed.config import EmbedConfig
 from transforms.embed.send import Outcome
 from transforms.embed.sender import Sender
 from transforms.money.lineage import embeddings_table, pending_table
-from transforms.pending import PREFLIGHT
+from transforms.pending import Pending
 from transforms.records import Request, StoredItem
 from transforms.worker import coders, collector  # noqa: F401  (coders: the coder of pa.Table)
 from transforms.worker.progress import Progress
@@ -77,7 +77,7 @@ class _EmbedDoFn(beam.DoFn):
         if not self._cfg.budget.fits:  # the preflight said no (and no --allow-partial): send nothing
             request, sent = self._seal(request)
             self._settle(sent)
-            yield from self._emit(Outcome(pending=[(item, PREFLIGHT) for item in request]))
+            yield from self._emit(Outcome(pending=[(item, Pending.PREFLIGHT) for item in request]))
             return
         self._shared.guard.poll()  # balance, key budget, stats: now and then, within their rate limit
         # Answers are written out as soon as this thread comes by: each holds its vectors until

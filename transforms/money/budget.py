@@ -1,18 +1,22 @@
 """The in-run budget guard: reserve a request's worst-case cost before it is sent.
 
 Workers share no coordinator. The account balance that every embeddings response carries
-(`usage.balance`) is the shared counter: each worker's view of what the run has spent is
-`balance_before - lowest balance seen`, plus its own requests still in flight. A worker
-cannot see the other workers' in-flight requests, so the run can overshoot its cap by at
-most (in-flight requests per worker x workers x the largest request's cost, twice for a
-request whose attempt timed out: it and its retry may be billed after any balance the others
-read). All money is held in integer micro-roubles (1e-6 RUB), the service's billing precision.
+(`usage.balance`) is the shared counter: a worker counts as spent what the balance fell by
+since the run began, plus its own requests in flight and its own attempts without an answer.
+Money is held in integer micro-roubles (1e-6 RUB), the service's billing precision.
 
-An attempt sent without an answer (a read timeout, a broken connection, a 5xx) may have been
-billed, a timed-out one perhaps only after the balances read since: it counts as spent at its
-request's worst case until the balance shows at least as much spent (what this worker's answers
-cost and such attempts could have cost). Its retry is another attempt the service may bill: it
-goes only while the room still holds it (`unanswered`).
+An attempt sent without an answer (a read timeout, a broken connection, a 5xx) may be billed
+after any balance read since (the service bills work it finishes after the client left): it
+counts at its request's worst case on top of what the balance shows, for the guard's life. No
+reading can show it billed, as the balance falls by every charge to the account and this
+worker's late charge looks like another's (one billed already counts twice: rows left pending
+a little early under a cap, never more spent). Its retry goes only while the room holds it too.
+
+The bound: a worker sends only what fits under the cap beside all it knows of, so a worker
+alone never exceeds it. The run exceeds it by at most what the other workers are billed after
+the last balance the last worker to send read: per other worker, its requests in flight (each
+at most the largest request's worst case) and its attempts without an answer billed late
+(tests/unit/test_budget_shared.py).
 
 The worst case of a request is tokens x price x margin. Until a response has shown the real
 price, the margin covers a wrong price estimate too (`margin`); afterwards only the client's
@@ -72,25 +76,28 @@ class BudgetGuard:
     def worst_case(self, n_tokens: int) -> int:
         return worst_case_micro(n_tokens, self._price, self._margin)
 
-    def _charged(self) -> int:
-        """What this worker may have been billed: its answers' costs and the worst case of each
-        attempt without one."""
-        return self._settled + self._unanswered
-
     def _spent(self) -> int:
+        """What the run may have been billed, as far as this worker can know: what the balance
+        shows (its own answers' costs at least), and the worst case of each of its attempts
+        without an answer, which the balance may not show yet."""
         seen = 0 if self._before is None or self._lowest_balance is None else self._before - self._lowest_balance
-        return max(seen, self._charged())
+        return max(seen, self._settled) + self._unanswered
+
+    def _cap_room(self, cap: CapUsage) -> int:
+        """The room under CAP; a reading of the statistics may show an attempt without an
+        answer: counted twice then, as with the balance."""
+        return cap.room(self._settled) - self._unanswered - self._in_flight
 
     def _room(self) -> float:
         room = math.inf if self._cap is None else self._cap - self._spent() - self._in_flight
         if self._key_budget is not None:
             room = min(room, self._key_budget - self._in_flight)
-        for cap in self._caps:   # a reading of the statistics may show an unanswered attempt: counted twice then
-            room = min(room, cap.room(self._charged()) - self._in_flight)
+        for cap in self._caps:
+            room = min(room, self._cap_room(cap))
         return room
 
     def _short_under_a_cap(self, need: int) -> bool:
-        return any(cap.room(self._charged()) - self._in_flight < need for cap in self._caps)
+        return any(self._cap_room(cap) < need for cap in self._caps)
 
     def reserve_prefix(self, token_counts: Sequence[int]) -> tuple[int, int]:
         """Reserve the worst case of the longest prefix of TOKEN_COUNTS that fits: (items,

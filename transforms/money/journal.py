@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.files import delete_each
 from transforms.read.parquet import read_whole
 from transforms.schemas import required
 
@@ -119,11 +120,8 @@ def _local(path: str) -> bool:
 
 
 def _remove(path: str) -> None:
-    """Best effort: a partial file of a write that failed."""
-    try:
-        FileSystems.delete([path])
-    except Exception:  # never written, or the store refuses: the next run's clean-up removes it
-        pass
+    """Best effort: a partial file of a write that failed (one left: the next run's clean-up removes it)."""
+    delete_each([path])
 
 
 def entry_vectors(table: pa.Table) -> np.ndarray:

@@ -44,7 +44,7 @@ class Load(NamedTuple):
     connect_timeout_s: float
 
     @property
-    def copy_types(self) -> list:
+    def copy_types(self) -> list[int | str]:
         return [self.vector_oid if c.copy_type == "vector" else c.copy_type for c in self.columns]
 
 
@@ -81,7 +81,7 @@ def load_task(conn: psycopg.Connection, load: Load, task: Task) -> int:
             copy.set_types(load.copy_types)
             for row in copy_rows(table, load.columns, load.dimensions):
                 copy.write_row(row)
-    return table.num_rows
+    return int(table.num_rows)
 
 
 class LoadFailed(RuntimeError):

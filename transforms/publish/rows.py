@@ -14,6 +14,7 @@ import functools
 import json
 import struct
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +38,7 @@ def vector_payloads(column: pa.ChunkedArray | pa.Array, dimensions: int) -> list
     return [head + row.tobytes() for row in big]
 
 
-def _values(column: pa.ChunkedArray, col: Column) -> list:
+def _values(column: pa.ChunkedArray, col: Column) -> list[Any]:
     """COLUMN's values as COL's type takes them, converted by their Arrow type."""
     t = column.type
     if pa.types.is_dictionary(t):
@@ -47,7 +48,7 @@ def _values(column: pa.ChunkedArray, col: Column) -> list:
         column = column.cast(pa.float32())
     if col.type == "real[]" and pa.types.is_float16(t.value_type):
         column = column.cast(pa.list_(pa.float32()))
-    values = column.to_pylist()
+    values: list[Any] = column.to_pylist()
     if col.type == "numeric" and pa.types.is_floating(t):   # cost_rub: the shortest decimal of the float
         return [None if v is None else decimal.Decimal(repr(v)) for v in values]
     if col.type == "numeric" and pa.types.is_integer(t):    # an uint64
@@ -57,7 +58,7 @@ def _values(column: pa.ChunkedArray, col: Column) -> list:
     return values
 
 
-def copy_rows(table: pa.Table, cols: Sequence[Column], dimensions: int) -> Iterator[tuple]:
+def copy_rows(table: pa.Table, cols: Sequence[Column], dimensions: int) -> Iterator[tuple[Any, ...]]:
     """TABLE's rows in the order of COLS, as psycopg's Copy.write_row takes them."""
     found = []
     for col in cols:
