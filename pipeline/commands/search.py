@@ -39,7 +39,7 @@ from pipeline.publish import checks, filters
 from pipeline.publish import database as dbs
 from pipeline.publish import search as found
 from pipeline.publish.index import Index
-from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, parse_table, reach
+from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, Database, TableName, parse_table, reach
 from pipeline.settings.config import RunSettings
 from pipeline.settings.job import new_run_id
 from pipeline.settings.options import EmbedPipeOptions, command_args
@@ -66,7 +66,8 @@ INDENT = 7   # a passage's lines, under its hit's
 KEPT_SHOWN = 40   # characters of a kept value on a hit's line
 
 
-def _record_request(out: OutputDir, search_id: str, row: dict[str, Any], balance_before: float | None, base_url: str) -> str:
+def _record_request(out: OutputDir, search_id: str, row: dict[str, Any], balance_before: float | None,
+                    base_url: str) -> str:
     """The query's request as a run's: history/<search>/requests-*.parquet (written whole, then
     renamed: a later commit and the reconciliation read every such file) and _runs/<search>.json."""
     records.record_start(out.path, search_id, row["model"], records.SEARCH, {"balance": balance_before},
@@ -155,7 +156,8 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _query_vector(conn: psycopg.Connection, names: dbs.Names, record: dbs.Record, args: argparse.Namespace,
-                  out: OutputDir, settings: RunSettings) -> tuple[sql.Composable | None, dict, dict | None]:
+                  out: OutputDir, settings: RunSettings) -> tuple[sql.Composable | None, dict[str, Any],
+                                                                 dict[str, Any] | None]:
     """The vector leg's query: an SQL expression of its vector, its parameters, and the paid
     request's row (a text's, embedded now); None for --mode text."""
     if args.like is not None:
@@ -169,7 +171,7 @@ def _query_vector(conn: psycopg.Connection, names: dbs.Names, record: dbs.Record
     return sql.SQL("%(query)s::vector({})").format(sql.Literal(record.dimensions)), {"query": literal}, request
 
 
-def _published(conn: psycopg.Connection, db, table, args: argparse.Namespace,
+def _published(conn: psycopg.Connection, db: Database, table: TableName, args: argparse.Namespace,
                opts: EmbedPipeOptions) -> tuple[dbs.Names, dbs.Record, list[str], str]:
     """NAME, its record, its kept columns and its text search configuration; UsageError when
     NAME is not a table embedpipe published, or one published before it kept the passages."""
@@ -190,7 +192,7 @@ def _published(conn: psycopg.Connection, db, table, args: argparse.Namespace,
     return names, record, kept, config
 
 
-def _hit(row: tuple, kept: list[str]) -> dict:
+def _hit(row: tuple[Any, ...], kept: list[str]) -> dict[str, Any]:
     """A row of the search (its own fields, then the passage's, then the kept columns) as one
     hit: the kept columns under `kept`, whatever their names."""
     own = dict(zip(found.OWN, row, strict=False))
@@ -260,7 +262,7 @@ def _remembered(output_dir: str) -> str:
     return url
 
 
-def query(argv: list[str]) -> tuple[argparse.Namespace, dict] | int:
+def query(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]] | int:
     """The search ARGV asks for (the command's arguments): its arguments and report, or
     argparse's exit code (it printed the usage or the help)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline search", allow_abbrev=False,

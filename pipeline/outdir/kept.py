@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from pipeline.outdir import layout
 from transforms.read.parquet import open_parquet, parquet_file
+
+if TYPE_CHECKING:
+    from pipeline.outdir.view import View
 
 KINDS = ("embeddings", "pending", "staged-embeddings")   # the files whose rows carry the kept columns
 _UNITS = ("s", "ms", "us", "ns")
@@ -66,12 +70,12 @@ def _unit(a: str, b: str, to_ns: bool) -> str | None:
 
 
 def _binary(t: pa.DataType) -> bool:
-    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or \
-        pa.types.is_binary_view(t)
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or
+                pa.types.is_binary_view(t))
 
 
 def _list_like(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
 
 
 def _field(a: pa.Field, b: pa.Field) -> pa.Field | None:
@@ -155,7 +159,7 @@ def file_fields(path: str, names: Sequence[str]) -> tuple[pa.Field, ...]:
     return tuple(schema.field(n) for n in names)
 
 
-def view_fields(output_dir: str, view) -> tuple[pa.Field, ...]:
+def view_fields(output_dir: str, view: View) -> tuple[pa.Field, ...]:
     """The kept fields of VIEW (pipeline/outdir/view.py): its manifest's, else the join of its files'."""
     if view.kept_types:
         return decode(view.kept_types)
@@ -167,7 +171,7 @@ def view_fields(output_dir: str, view) -> tuple[pa.Field, ...]:
     return found if found is not None else tuple(pa.field(n, pa.null()) for n in view.kept)
 
 
-def stale_files(output_dir: str, previous, fields: Sequence[pa.Field]) -> frozenset[str]:
+def stale_files(output_dir: str, previous: View, fields: Sequence[pa.Field]) -> frozenset[str]:
     """The files of PREVIOUS (a view with FIELDS' kept columns; relative paths) whose kept
     columns are of other types than FIELDS: what a commit casts."""
     paths = [p for kind in KINDS for p in previous.paths(kind)]
@@ -178,4 +182,4 @@ def stale_files(output_dir: str, previous, fields: Sequence[pa.Field]) -> frozen
 
 def serialized(fields: Sequence[pa.Field]) -> bytes:
     """FIELDS as a rewrite task carries them (transforms/write/rewrite.py: Task.cast_to)."""
-    return pa.schema(list(fields)).serialize().to_pybytes()
+    return bytes(pa.schema(list(fields)).serialize().to_pybytes())

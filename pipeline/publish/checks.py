@@ -66,7 +66,7 @@ def text_search_config(conn: psycopg.Connection, db: Database, config: str) -> s
         raise UsageError(f"publish.text_search_config {config!r} is not a text search configuration of the server at "
                          f"{db.shown} (it has {', '.join(have)}): set one of them in the --run-config file "
                          "(nothing was changed)")
-    return found
+    return str(found)
 
 
 def shared_tables(conn: psycopg.Connection, db: Database, schema: str, wait_s: float,

@@ -41,7 +41,7 @@ SOCKET_PREFIX = "embedpipe-pg-"
 _LEFTOVER = ".init-"            # DATA's name, then this: a make's directory beside DATA
 _POLL_S = 0.05
 # The servers this process started (Popen), to be reaped: a stopped one is no zombie of ours.
-_CHILDREN: dict[int, subprocess.Popen] = {}
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 HBA = ("# embedpipe: over the private Unix socket only, the server's own user and root (peer: the kernel\n"
        "# names who connects), as any role (pg_ident.conf's map)\n"
        "local all all peer map=embedpipe\n")

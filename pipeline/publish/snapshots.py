@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import psycopg
 
@@ -60,5 +61,5 @@ def wait_for_older_snapshots(conn: psycopg.Connection, names: Names, settings: P
     return round(time.monotonic() - started, 3)
 
 
-def _listed(held: dict) -> str:
+def _listed(held: dict[int, tuple[Any, str, str]]) -> str:
     return ", ".join(f"{pid} ({user}, {app})" for pid, (_, user, app) in sorted(held.items()))

@@ -15,6 +15,7 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import pq
