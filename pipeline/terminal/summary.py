@@ -43,9 +43,9 @@ def advice_level(report: dict[str, Any]) -> int:
 
 
 def switch_names(switch: dict[str, Any]) -> tuple[str, str]:
-    """(from, to) of a switch as a reader tells them apart: the models, with their chunks when
-    those differ (a switch to other chunks of the same model)."""
-    chunks = switch["from"].get("chunk_tokens") != switch["to"].get("chunk_tokens")
+    """(from, to) of a switch as a reader tells them apart: the models, with their chunks in a
+    switch to other chunks of the same model (between models, the names tell them apart)."""
+    chunks = switch["from"]["model"] == switch["to"]["model"]
 
     def name(side: dict[str, Any]) -> str:
         return f"{side['model']} ({side['chunk_tokens']:,}-token chunks)" if chunks and side.get("chunk_tokens") \
