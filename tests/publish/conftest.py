@@ -2,12 +2,14 @@
 (days); and a server without pgvector. The server with it is tests/postgres.py's."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import pytest
 import yaml
 
 from pipeline.publish.embedded import installed
+from service.sandbox.launcher import SandboxProcess
 from tests.conftest import SANDBOX_KEY, reachable_dir
 from tests.e2e.money_helpers import MODEL, corpus_rows, ledger, run, start_sandbox, write_corpus, write_models
 from tests.postgres import serving
@@ -35,14 +37,29 @@ def env_key(monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
 
 
+@pytest.fixture(scope="session")
+def day1_made(tmp_path_factory):
+    """The run day1 copies, made once a test process: its sandbox serves the session (a DIR
+    remembers the service of its last run)."""
+    where = tmp_path_factory.mktemp("day1")
+    models = write_models(where / "models.yaml")
+    sandbox = SandboxProcess(where / "sandbox.db", key=SANDBOX_KEY, balance=100.0,
+                             args=["--models", str(models)]).start()
+    corpus = write_corpus(where / "corpus.parquet", corpus_rows(n_short=40, n_long=2))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
+        assert run(corpus, where / "out", sandbox, models) == 0
+    yield where / "out"
+    sandbox.stop()
+
+
 @pytest.fixture
-def day1(tmp_path, reachable_tmp, sandbox_factory, env_key):
-    """A DIR after one run: a few dozen chunks of 32 dimensions, a failed row."""
-    models = write_models(tmp_path / "models.yaml")
-    sandbox = start_sandbox(sandbox_factory, models)
-    corpus = write_corpus(tmp_path / "corpus.parquet", corpus_rows(n_short=40, n_long=2))
+def day1(day1_made, tmp_path, reachable_tmp, env_key):
+    """A DIR after one run: a few dozen chunks of 32 dimensions, a failed row (a copy of
+    day1_made's: each test changes its own); its models in tmp_path/models.yaml."""
+    shutil.copy(day1_made.parent / "models.yaml", tmp_path / "models.yaml")
     out = reachable_tmp / "out"
-    assert run(corpus, out, sandbox, models) == 0
+    shutil.copytree(day1_made, out, symlinks=True)
     return out
 
 
