@@ -128,7 +128,7 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
         conn = connect(db.url, settings.publish.connect_timeout_s, "search")
         try:
             names, record, kept, config = _published(conn, db, table, args, opts)
-            given = filters.resolve(conn, names, filters.parse(args.where))   # before anything is paid
+            given = filters.resolve(conn, names, args.where)   # before anything is paid
             words = None if args.mode == "vector" else args.text
             if words is not None and not found.words_searchable(conn, config, words):
                 notes.append(f"no word of the query is left to search the text for (only punctuation, or words "
@@ -150,7 +150,7 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
                      "without it (output.chunk_text: false, or before texts were kept); a `run --sync` that keeps "
                      "texts gives them theirs at no cost, and the next publish carries them")
     return {"table": names.qualified, "view": record.view, "model": record.model, "mode": args.mode,
-            "query": args.like or args.text, "where": [f"{c}={v}" for c, v in filters.parse(args.where)],
+            "query": args.like or args.text, "where": list(args.where),
             "text_search_config": config, "rrf_k": settings.search.rrf_k if args.mode == "hybrid" else None,
             "request": request, "notes": notes, "rows_without_text": lacking, "results": hits}
 
