@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from pipeline.commands.publish import publish_command
-from pipeline.commands.snippet import ELLIPSIS, snippet
+from pipeline.commands.snippet import ELLIPSIS, snippet, visible
 from pipeline.exits import EXIT_OK, JobFailed, UsageError
 from pipeline.outdir import OutputDir, layout, records, space
 from pipeline.outdir.jsonfiles import write_whole
@@ -47,9 +47,10 @@ from pipeline.settings.steps import catalogue, run_settings, service_config
 from pipeline.terminal import hints
 from pipeline.terminal.figures import exact
 from service import errors
-from service.catalog import get_model
+from service.catalog import ModelSpec, get_model
 from service.client import check_base_url
 from service.credentials import KeySource
+from service.tokenizer import ENCODING_NAME, get_encoding
 from transforms import schemas
 from transforms.embed.send import request_key
 from transforms.errors import one_line
@@ -83,6 +84,7 @@ def embed_query(out: OutputDir, text: str, model: str, dimensions: int, opts: Em
     """TEXT's vector as an SQL literal of pgvector, and its request row, recorded in DIR while
     the search holds DIR's lock (a run writing DIR refuses it before anything is paid)."""
     spec = get_model(catalogue(opts.models_config), model)
+    _check_length(text, spec)
     asked = None if spec.dimensions == dimensions else dimensions
     service = service_config(settings, spec, opts.base_url, opts.account_segment,
                              KeySource(file=opts.api_key_file, secret=opts.api_key_secret), asked)
@@ -117,6 +119,16 @@ def embed_query(out: OutputDir, text: str, model: str, dimensions: int, opts: Em
     return "[" + ",".join(repr(float(x)) for x in vector) + "]", row
 
 
+def _check_length(text: str, spec: ModelSpec) -> None:
+    """UsageError for a query longer than one input of SPEC's model, counted as the run counts
+    its chunks: the service would refuse it (unbilled, but in a traceback-shaped HTTP 400)."""
+    tokens = len(get_encoding().encode_ordinary(text))
+    if tokens > spec.chunk_tokens:
+        raise UsageError(f"the text to search for is {tokens:,} tokens ({ENCODING_NAME}, as a run counts), more than "
+                         f"the {spec.chunk_tokens:,} one input of {spec.name} takes: shorten it, or search its words "
+                         "alone with --mode text (nothing sent)")
+
+
 def search(args: argparse.Namespace) -> dict[str, Any]:
     opts: EmbedPipeOptions = args.options
     out = OutputDir(args.dir)
@@ -125,7 +137,10 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
     settings = run_settings(opts.run_config)
     notes: list[str] = []
     with reach(args.to, out.path) as db:
-        conn = connect(db.url, settings.publish.connect_timeout_s, "search")
+        try:
+            conn = connect(db.url, settings.publish.connect_timeout_s, "search")
+        except psycopg.OperationalError as exc:
+            raise JobFailed(f"could not connect to the database at {db.shown}: {one_line(exc)}") from None
         try:
             names, record, kept, config = _published(conn, db, table, args, opts)
             given = filters.resolve(conn, names, args.where)   # before anything is paid
@@ -262,6 +277,22 @@ def _remembered(output_dir: str) -> str:
     return url
 
 
+def _check_utf8(args: argparse.Namespace) -> None:
+    """UsageError naming an argument that is not UTF-8 (Python holds its bytes as surrogates):
+    the database and the service take UTF-8 alone."""
+    given = [("the text to search for", args.text), ("--like", args.like), ("--table", args.table),
+             *(("--where", w) for w in args.where), ("--to", args.to)]
+    for name, value in given:
+        try:
+            (value or "").encode("utf-8")
+        except UnicodeEncodeError:
+            # --to's value may hold a password: named, never shown
+            shown = "" if name == "--to" else " " + visible(
+                str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+            raise UsageError(f"{name}{shown} is not valid UTF-8: give it in UTF-8 (a terminal or locale of another "
+                             "encoding sends its own bytes)") from None
+
+
 def query(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]] | int:
     """The search ARGV asks for (the command's arguments): its arguments and report, or
     argparse's exit code (it printed the usage or the help)."""
@@ -283,9 +314,16 @@ def query(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]] | int:
     parser.epilog = ("A text is embedded with run's --base-url (default: the one DIR's last run used), "
                      "--api-key-file (or --api-key-secret), --account-segment, --models-config; --run-config, "
                      "--profile and Beam's filesystem options pass through.")
+    # `--` ends the options: the text after it may begin with `-` (websearch's "leave this word out")
+    argv, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = command_args(parser, argv)
     if isinstance(args, int):
         return args
+    if after:
+        if len(after) > 1 or args.text is not None:
+            raise UsageError("give the text to search for once: after `--`, or before it, not both")
+        args.text = after[0]
+    _check_utf8(args)
     if (args.text is None) == (args.like is None):
         raise UsageError("give a text to search for, or --like DOC_ID (not both)")
     if args.like is not None and args.mode not in (None, "vector"):
