@@ -65,6 +65,7 @@ PASSAGE = ("chunk_id", "text", "text_tsv")   # what NAME holds for a search to s
 CONTRACT_NAMES = {name for name, _ in CONTRACT} | set(PASSAGE)
 INDENT = 7   # a passage's lines, under its hit's
 KEPT_SHOWN = 40   # characters of a kept value on a hit's line
+QUERY_SHOWN = 80   # characters of the query on the header line (--json has it whole)
 
 
 def _record_request(out: OutputDir, search_id: str, row: dict[str, Any], balance_before: float | None,
@@ -155,7 +156,10 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
             rows = [] if vector is None and words is None else found.run(
                 conn, names, Index(record.dimensions), kept, query, params, settings.publish, settings.search)
             hits = [_hit(row, kept) for row in rows]
-            lacking = _without_text(conn, names) if any(not h["text"] for h in hits) else 0
+            # the text leg never matches a row without text: count those (a scan of NAME, ~80 ms
+            # on 200,000 rows) where they may be why it found fewer than k, or where one is shown
+            short = words is not None and sum(h["text_rank"] is not None for h in hits) < args.k
+            lacking = _without_text(conn, names) if short or any(not h["text"] for h in hits) else 0
         except psycopg.Error as exc:
             raise JobFailed(f"searching {table.name} at {db.shown} failed: {one_line(exc)}") from None
         finally:
@@ -166,7 +170,8 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
                      "texts gives them theirs at no cost, and the next publish carries them")
     return {"table": names.qualified, "view": record.view, "model": record.model, "mode": args.mode,
             "query": args.like or args.text, "where": list(args.where),
-            "text_search_config": config, "rrf_k": settings.search.rrf_k if args.mode == "hybrid" else None,
+            "text_search_config": config,
+            "rrf_k": settings.search.rrf_k if args.mode == "hybrid" and words is not None else None,   # None: not fused
             "request": request, "notes": notes, "rows_without_text": lacking, "results": hits}
 
 
@@ -246,25 +251,40 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"query embedded with {r['model']}: {q['prompt_tokens']:,} tokens, {exact(q['cost_rub'])} RUB "
                      f"(request {q['request_id']}, kept in {q['recorded_in']})")
     elif r["mode"] == "text":
-        lines.append(f"full-text search of {r['query']!r} in {r['table']} (configuration {r['text_search_config']}; "
-                     "nothing paid)")
+        lines.append(f"full-text search of '{_shown(r['query'])}' in {r['table']} (configuration "
+                     f"{r['text_search_config']}; nothing paid)")
     else:
-        lines.append(f"chunks nearest to the first chunk of {r['query']} (nothing paid)")
-    if r["mode"] == "hybrid":
+        lines.append(f"chunks nearest to the first chunk of {_shown(r['query'])} (nothing paid)")
+    fused = r["rrf_k"] is not None
+    if fused:
         lines.append(f"{len(r['results'])} hits, vector and full-text legs fused by reciprocal rank (k = {r['rrf_k']}):")
+    elif r["mode"] == "hybrid":
+        lines.append(f"{len(r['results'])} hits, by the vector leg alone (no word of the query to search the text for):")
     width = max(40, shutil.get_terminal_size((100, 24)).columns - INDENT)
     words = None if r["mode"] == "vector" and not r["request"] else r["query"]   # --like: no words
     for n, hit in enumerate(r["results"], 1):
         legs = "  ".join(f"{leg} " + ("-" if hit[f"{leg}_rank"] is None else
                                       f"#{hit[f'{leg}_rank']} {hit[f'{leg}_score']:.3f}") for leg in ("vector", "text")
                          if r["mode"] in ("hybrid", leg))
-        fused = f"  rrf {hit['score']:.4f}" if r["mode"] == "hybrid" else ""
-        kept = "".join(f"  {k}={snippet(str(v), None, KEPT_SHOWN)}" for k, v in hit["kept"].items())
-        lines.append(f"{n:>3}  {hit['doc_id']}#{hit['chunk_index']}  tokens {hit['token_start']}-{hit['token_end']}"
-                     f"{fused}  {legs}{kept}")
+        rrf = f"  rrf {hit['score']:.4f}" if fused else ""
+        kept = "".join(f"  {visible(k)}={snippet(_text_of(v), None, KEPT_SHOWN)}" for k, v in hit["kept"].items())
+        lines.append(f"{n:>3}  {visible(hit['doc_id'])}#{hit['chunk_index']}  tokens {hit['token_start']}-"
+                     f"{hit['token_end']}{rrf}  {legs}{kept}")
         passage = snippet(hit["text"], words, 2 * width) if hit["text"] else "(no text)"
         lines += [" " * INDENT + line for line in textwrap.wrap(passage, width, max_lines=2, placeholder=ELLIPSIS)]
     return "\n".join(lines)
+
+
+def _text_of(value: object) -> str:
+    """A kept value as JSON reads it (a list, an object, true, null), a number, date or text as it is."""
+    if isinstance(value, (list, dict, bool)) or value is None:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
+
+
+def _shown(query: str) -> str:
+    """QUERY on the header line: escaped, and shortened past QUERY_SHOWN characters."""
+    return visible(query if len(query) <= QUERY_SHOWN else query[:QUERY_SHOWN - 1] + ELLIPSIS)
 
 
 def _remembered(output_dir: str) -> str:

@@ -6,12 +6,13 @@ traceback, and nothing paid for a refusal."""
 from __future__ import annotations
 
 import json
+import logging
 
 import yaml
 
 from pipeline.cli import main
 from tests.e2e.money_helpers import MODEL
-from tests.publish.helpers import publish
+from tests.publish.helpers import publish, view_rows
 from tests.publish.searching import passages, published_passages, search_json, write_passages
 
 ESC = "hello \x1b[2J\x1b]0;pwned\x07 evilword here"
@@ -40,6 +41,19 @@ def printed(capsys, days, url: str, *args: str) -> str:
 
 def errors(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_controls_and_bidi_overrides_are_shown_escaped_and_kept_whole_in_json(days, pg_url, capsys):
+    published_hostile(days, pg_url)
+    shown = printed(capsys, days, pg_url, "evilword", "--mode", "text")
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "hello \\x1b[2J\\x1b]0;pwned\\x07 evilword" in shown and "tag=\\x1b[31mred" in shown
+    assert "\\u202egnp.exe\\u202c" in shown
+    assert 'tags=["x", "y"]' in shown   # a kept list as JSON, as --json has it
+    report = search_json(capsys, days, pg_url, "evilword", "--mode", "text")
+    texts = {r["doc_id"]: r for r in report["results"]}
+    assert texts["esc"]["text"] == ESC and texts["bidi"]["text"] == BIDI
+    assert texts["esc"]["kept"]["tag"] == "\x1b[31mred" and texts["esc"]["kept"]["tags"] == ["x", "y"]
 
 
 def test_a_column_whose_name_holds_an_equals_sign_is_filtered_on(days, pg_url, capsys):
@@ -80,6 +94,8 @@ def test_a_query_over_the_models_limit_is_refused_before_any_request(days, pg_ur
         lines = errors(caplog)
         assert len(lines) == 1 and f"tokens (cl100k_base, as a run counts), more than the {limit:,}" in lines[0], lines
     assert len(days.sandbox_ledger()) == charges
+    header = printed(capsys, days, pg_url, long_query, "--mode", "text").splitlines()[0]
+    assert len(header) < 200 and "budget0 budget1" in header   # shortened on the screen
     assert search_json(capsys, days, pg_url, long_query, "--mode", "text")["query"] == long_query
 
 
@@ -103,3 +119,21 @@ def test_an_unreachable_database_is_one_line(days, pg_url, caplog):
         assert main(["search", str(days.out), *args, "--to", "postgresql://nouser@127.0.0.1:1/x"]) == 1
         lines = errors(caplog)
         assert len(lines) == 1 and lines[0].startswith("could not connect to the database at "), lines
+
+
+def test_rows_without_text_are_counted_when_the_text_leg_finds_nothing(days, pg_url, capsys, caplog):
+    corpus = write_passages(days.out.parent / "bare.parquet", passages(20))
+    assert days.run_file(corpus, "--no-chunk-text") == 0
+    assert publish(days.out, pg_url) == 0
+    caplog.set_level(logging.WARNING)
+    report = search_json(capsys, days, pg_url, "budget", "--mode", "text")
+    rows = len(view_rows(days.out))
+    assert report["results"] == [] and report["rows_without_text"] == rows
+    assert any(f"{rows:,} of public.embeddings's rows have no text" in n for n in report["notes"])
+
+
+def test_hybrid_without_searchable_words_says_the_vector_leg_ranked_alone(days, pg_url, capsys):
+    published_passages(days, pg_url)
+    shown = printed(capsys, days, pg_url, "!!! ???", "-k", "3")
+    assert "by the vector leg alone" in shown and "reciprocal rank" not in shown and "rrf" not in shown
+    assert search_json(capsys, days, pg_url, "!!! ???", "-k", "3")["rrf_k"] is None
