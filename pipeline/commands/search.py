@@ -336,7 +336,13 @@ def query(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]] | int:
                      "--profile and Beam's filesystem options pass through.")
     # `--` ends the options: the text after it may begin with `-` (websearch's "leave this word out")
     argv, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = command_args(parser, argv)
+    try:
+        args = command_args(parser, argv)
+    except UsageError as exc:
+        if str(exc).startswith("unknown option"):   # perhaps a query such as `-draft`
+            raise UsageError(f"{exc} (a text to search for that begins with '-' goes after '--': "
+                             "python -m pipeline search DIR [options] -- TEXT)") from None
+        raise
     if isinstance(args, int):
         return args
     if after:

@@ -110,6 +110,9 @@ def test_a_query_may_begin_with_a_dash_after_double_dash(days, pg_url, capsys, c
     caplog.clear()
     assert main(["search", str(days.out), "a", "--mode", "text", "--to", pg_url, "--", "b"]) == 2
     assert "give the text to search for once" in errors(caplog)[0]
+    caplog.clear()
+    assert main(["search", str(days.out), "-pwned", "--mode", "text", "--to", pg_url]) == 2
+    assert errors(caplog)[0].endswith("goes after '--': python -m pipeline search DIR [options] -- TEXT)")
 
 
 def test_an_unreachable_database_is_one_line(days, pg_url, caplog):
