@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from pipeline.commands.publish import publish_command
-from pipeline.commands.snippet import ELLIPSIS, snippet
+from pipeline.commands.snippet import ELLIPSIS, snippet, visible
 from pipeline.exits import EXIT_OK, JobFailed, UsageError
 from pipeline.outdir import OutputDir, layout, records, space
 from pipeline.outdir.jsonfiles import write_whole
@@ -47,9 +47,10 @@ from pipeline.settings.steps import catalogue, run_settings, service_config
 from pipeline.terminal import hints
 from pipeline.terminal.figures import exact
 from service import errors
-from service.catalog import get_model
+from service.catalog import ModelSpec, get_model
 from service.client import check_base_url
 from service.credentials import KeySource
+from service.tokenizer import ENCODING_NAME, get_encoding
 from transforms import schemas
 from transforms.embed.send import request_key
 from transforms.errors import one_line
@@ -64,6 +65,7 @@ PASSAGE = ("chunk_id", "text", "text_tsv")   # what NAME holds for a search to s
 CONTRACT_NAMES = {name for name, _ in CONTRACT} | set(PASSAGE)
 INDENT = 7   # a passage's lines, under its hit's
 KEPT_SHOWN = 40   # characters of a kept value on a hit's line
+QUERY_SHOWN = 80   # characters of the query on the header line (--json has it whole)
 
 
 def _record_request(out: OutputDir, search_id: str, row: dict[str, Any], balance_before: float | None,
@@ -83,6 +85,7 @@ def embed_query(out: OutputDir, text: str, model: str, dimensions: int, opts: Em
     """TEXT's vector as an SQL literal of pgvector, and its request row, recorded in DIR while
     the search holds DIR's lock (a run writing DIR refuses it before anything is paid)."""
     spec = get_model(catalogue(opts.models_config), model)
+    _check_length(text, spec)
     asked = None if spec.dimensions == dimensions else dimensions
     service = service_config(settings, spec, opts.base_url, opts.account_segment,
                              KeySource(file=opts.api_key_file, secret=opts.api_key_secret), asked)
@@ -117,6 +120,16 @@ def embed_query(out: OutputDir, text: str, model: str, dimensions: int, opts: Em
     return "[" + ",".join(repr(float(x)) for x in vector) + "]", row
 
 
+def _check_length(text: str, spec: ModelSpec) -> None:
+    """UsageError for a query longer than one input of SPEC's model, counted as the run counts
+    its chunks: the service would refuse it (unbilled, but in a traceback-shaped HTTP 400)."""
+    tokens = len(get_encoding().encode_ordinary(text))
+    if tokens > spec.chunk_tokens:
+        raise UsageError(f"the text to search for is {tokens:,} tokens ({ENCODING_NAME}, as a run counts), more than "
+                         f"the {spec.chunk_tokens:,} one input of {spec.name} takes: shorten it, or search its words "
+                         "alone with --mode text (nothing sent)")
+
+
 def search(args: argparse.Namespace) -> dict[str, Any]:
     opts: EmbedPipeOptions = args.options
     out = OutputDir(args.dir)
@@ -125,10 +138,13 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
     settings = run_settings(opts.run_config)
     notes: list[str] = []
     with reach(args.to, out.path) as db:
-        conn = connect(db.url, settings.publish.connect_timeout_s, "search")
+        try:
+            conn = connect(db.url, settings.publish.connect_timeout_s, "search")
+        except psycopg.OperationalError as exc:
+            raise JobFailed(f"could not connect to the database at {db.shown}: {one_line(exc)}") from None
         try:
             names, record, kept, config = _published(conn, db, table, args, opts)
-            given = filters.resolve(conn, names, filters.parse(args.where))   # before anything is paid
+            given = filters.resolve(conn, names, args.where)   # before anything is paid
             words = None if args.mode == "vector" else args.text
             if words is not None and not found.words_searchable(conn, config, words):
                 notes.append(f"no word of the query is left to search the text for (only punctuation, or words "
@@ -140,7 +156,10 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
             rows = [] if vector is None and words is None else found.run(
                 conn, names, Index(record.dimensions), kept, query, params, settings.publish, settings.search)
             hits = [_hit(row, kept) for row in rows]
-            lacking = _without_text(conn, names) if any(not h["text"] for h in hits) else 0
+            # the text leg never matches a row without text: count those (a scan of NAME, ~80 ms
+            # on 200,000 rows) where they may be why it found fewer than k, or where one is shown
+            short = words is not None and sum(h["text_rank"] is not None for h in hits) < args.k
+            lacking = _without_text(conn, names) if short or any(not h["text"] for h in hits) else 0
         except psycopg.Error as exc:
             raise JobFailed(f"searching {table.name} at {db.shown} failed: {one_line(exc)}") from None
         finally:
@@ -150,8 +169,9 @@ def search(args: argparse.Namespace) -> dict[str, Any]:
                      "without it (output.chunk_text: false, or before texts were kept); a `run --sync` that keeps "
                      "texts gives them theirs at no cost, and the next publish carries them")
     return {"table": names.qualified, "view": record.view, "model": record.model, "mode": args.mode,
-            "query": args.like or args.text, "where": [f"{c}={v}" for c, v in filters.parse(args.where)],
-            "text_search_config": config, "rrf_k": settings.search.rrf_k if args.mode == "hybrid" else None,
+            "query": args.like or args.text, "where": list(args.where),
+            "text_search_config": config,
+            "rrf_k": settings.search.rrf_k if args.mode == "hybrid" and words is not None else None,   # None: not fused
             "request": request, "notes": notes, "rows_without_text": lacking, "results": hits}
 
 
@@ -231,25 +251,40 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"query embedded with {r['model']}: {q['prompt_tokens']:,} tokens, {exact(q['cost_rub'])} RUB "
                      f"(request {q['request_id']}, kept in {q['recorded_in']})")
     elif r["mode"] == "text":
-        lines.append(f"full-text search of {r['query']!r} in {r['table']} (configuration {r['text_search_config']}; "
-                     "nothing paid)")
+        lines.append(f"full-text search of '{_shown(r['query'])}' in {r['table']} (configuration "
+                     f"{r['text_search_config']}; nothing paid)")
     else:
-        lines.append(f"chunks nearest to the first chunk of {r['query']} (nothing paid)")
-    if r["mode"] == "hybrid":
+        lines.append(f"chunks nearest to the first chunk of {_shown(r['query'])} (nothing paid)")
+    fused = r["rrf_k"] is not None
+    if fused:
         lines.append(f"{len(r['results'])} hits, vector and full-text legs fused by reciprocal rank (k = {r['rrf_k']}):")
+    elif r["mode"] == "hybrid":
+        lines.append(f"{len(r['results'])} hits, by the vector leg alone (no word of the query to search the text for):")
     width = max(40, shutil.get_terminal_size((100, 24)).columns - INDENT)
     words = None if r["mode"] == "vector" and not r["request"] else r["query"]   # --like: no words
     for n, hit in enumerate(r["results"], 1):
         legs = "  ".join(f"{leg} " + ("-" if hit[f"{leg}_rank"] is None else
                                       f"#{hit[f'{leg}_rank']} {hit[f'{leg}_score']:.3f}") for leg in ("vector", "text")
                          if r["mode"] in ("hybrid", leg))
-        fused = f"  rrf {hit['score']:.4f}" if r["mode"] == "hybrid" else ""
-        kept = "".join(f"  {k}={snippet(str(v), None, KEPT_SHOWN)}" for k, v in hit["kept"].items())
-        lines.append(f"{n:>3}  {hit['doc_id']}#{hit['chunk_index']}  tokens {hit['token_start']}-{hit['token_end']}"
-                     f"{fused}  {legs}{kept}")
+        rrf = f"  rrf {hit['score']:.4f}" if fused else ""
+        kept = "".join(f"  {visible(k)}={snippet(_text_of(v), None, KEPT_SHOWN)}" for k, v in hit["kept"].items())
+        lines.append(f"{n:>3}  {visible(hit['doc_id'])}#{hit['chunk_index']}  tokens {hit['token_start']}-"
+                     f"{hit['token_end']}{rrf}  {legs}{kept}")
         passage = snippet(hit["text"], words, 2 * width) if hit["text"] else "(no text)"
         lines += [" " * INDENT + line for line in textwrap.wrap(passage, width, max_lines=2, placeholder=ELLIPSIS)]
     return "\n".join(lines)
+
+
+def _text_of(value: object) -> str:
+    """A kept value as JSON reads it (a list, an object, true, null), a number, date or text as it is."""
+    if isinstance(value, (list, dict, bool)) or value is None:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)
+
+
+def _shown(query: str) -> str:
+    """QUERY on the header line: escaped, and shortened past QUERY_SHOWN characters."""
+    return visible(query if len(query) <= QUERY_SHOWN else query[:QUERY_SHOWN - 1] + ELLIPSIS)
 
 
 def _remembered(output_dir: str) -> str:
@@ -260,6 +295,22 @@ def _remembered(output_dir: str) -> str:
                          "recorded none), or --like DOC_ID, which pays nothing")
     log.info("the query goes to %s, the service of %s's last run (--base-url to choose another)", url, output_dir)
     return url
+
+
+def _check_utf8(args: argparse.Namespace) -> None:
+    """UsageError naming an argument that is not UTF-8 (Python holds its bytes as surrogates):
+    the database and the service take UTF-8 alone."""
+    given = [("the text to search for", args.text), ("--like", args.like), ("--table", args.table),
+             *(("--where", w) for w in args.where), ("--to", args.to)]
+    for name, value in given:
+        try:
+            (value or "").encode("utf-8")
+        except UnicodeEncodeError:
+            # --to's value may hold a password: named, never shown
+            shown = "" if name == "--to" else " " + visible(
+                str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
+            raise UsageError(f"{name}{shown} is not valid UTF-8: give it in UTF-8 (a terminal or locale of another "
+                             "encoding sends its own bytes)") from None
 
 
 def query(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]] | int:
@@ -283,9 +334,22 @@ def query(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]] | int:
     parser.epilog = ("A text is embedded with run's --base-url (default: the one DIR's last run used), "
                      "--api-key-file (or --api-key-secret), --account-segment, --models-config; --run-config, "
                      "--profile and Beam's filesystem options pass through.")
-    args = command_args(parser, argv)
+    # `--` ends the options: the text after it may begin with `-` (websearch's "leave this word out")
+    argv, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    try:
+        args = command_args(parser, argv)
+    except UsageError as exc:
+        if str(exc).startswith("unknown option"):   # perhaps a query such as `-draft`
+            raise UsageError(f"{exc} (a text to search for that begins with '-' goes after '--': "
+                             "python -m pipeline search DIR [options] -- TEXT)") from None
+        raise
     if isinstance(args, int):
         return args
+    if after:
+        if len(after) > 1 or args.text is not None:
+            raise UsageError("give the text to search for once: after `--`, or before it, not both")
+        args.text = after[0]
+    _check_utf8(args)
     if (args.text is None) == (args.like is None):
         raise UsageError("give a text to search for, or --like DOC_ID (not both)")
     if args.like is not None and args.mode not in (None, "vector"):

@@ -5,7 +5,9 @@ begins with the other and the shorter has at least PREFIX characters (`search`, 
 close to what a stemming text search configuration matches), or, in scripts written without
 spaces (Chinese, Japanese, Korean), when it contains the query's word. The window holds the most
 distinct query words it can, a word the passage holds often counting less (`the`), with a little
-of what precedes the first; it is cut at spaces, and an ellipsis marks each cut end.
+of what precedes the first; it is cut at spaces, and an ellipsis marks each cut end. Control
+characters and bidi overrides are shown escaped (`visible`): a passage is the corpus's text, and
+a terminal would obey them.
 """
 from __future__ import annotations
 
@@ -15,6 +17,14 @@ PREFIX = 4
 ELLIPSIS = "…"
 _WORD = re.compile(r"\w+")
 _LEAD = 0.2   # share of the window before its first match
+# C0, DEL and C1 controls (a terminal's escapes), and the bidi embeddings, overrides and isolates
+# (which reorder what follows them on the screen)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """TEXT with each control character and bidi override shown as its escape (\\x1b, \\u202e)."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
 
 
 def _unspaced(word: str) -> bool:
@@ -33,8 +43,8 @@ def _matches(token: str, words: list[str]) -> int | None:
 
 
 def snippet(passage: str, query: str | None, width: int) -> str:
-    """PASSAGE (whitespace folded) in at most WIDTH characters around QUERY's words."""
-    flat = " ".join(passage.split())
+    """PASSAGE (whitespace folded, controls escaped) in at most WIDTH characters around QUERY's words."""
+    flat = visible(" ".join(passage.split()))
     if len(flat) <= width:
         return flat
     words = [w.casefold() for w in _WORD.findall(query or "")]

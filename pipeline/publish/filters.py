@@ -1,7 +1,8 @@
 """`search --where COLUMN=VALUE`: the column one of NAME's, its value typed by the column's type as
 the catalogue names it, checked by the server before anything is paid, and bound as a parameter.
 
-Values of one column are alternatives (COLUMN IN (...)); columns are all required (AND). The
+A column's name may hold `=` itself: COLUMN is the longest part before an `=` that names one of
+NAME's columns (the part before the first `=` when none does). Values of one column are alternatives (COLUMN IN (...)); columns are all required (AND). The
 server parses each value as it would the column's own literal (`'2026-01-01'::date`,
 `'{"a": 1}'::jsonb`), so whatever it accepts for the type is accepted here, and nothing of the
 value is ever part of the statement's text.
@@ -9,6 +10,7 @@ value is ever part of the statement's text.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Collection
 
 import psycopg
 from psycopg import sql
@@ -19,11 +21,15 @@ from pipeline.publish.search import UNFILTERED, Filter
 from transforms.errors import one_line
 
 
-def parse(items: list[str]) -> list[tuple[str, str]]:
-    """COLUMN=VALUE items as (column, value): split at the first '='."""
+def parse(items: list[str], names: Collection[str] = ()) -> list[tuple[str, str]]:
+    """COLUMN=VALUE items as (column, value): split at the last '=' whose prefix is one of NAMES,
+    else at the first."""
     out = []
     for item in items:
         column, sep, value = item.partition("=")
+        cuts = [i for i, ch in enumerate(item) if ch == "=" and item[:i] in names]
+        if cuts:
+            column, value = item[:cuts[-1]], item[cuts[-1] + 1:]
         if not sep or not column:
             raise UsageError(f"--where {item}: give COLUMN=VALUE (a column of the table, then '=', then its value)")
         if "\x00" in item:
@@ -40,16 +46,22 @@ def columns(conn: psycopg.Connection, names: Names) -> dict[str, str]:
     return {name: type_ for name, type_ in rows}
 
 
-def resolve(conn: psycopg.Connection, names: Names, given: list[tuple[str, str]]) -> tuple[Filter, ...]:
-    """GIVEN's columns checked against NAME's, each value cast by the server to its column's type
-    (in a transaction rolled back: it reads nothing). UsageError naming a column NAME lacks, or a
-    value and the type it is not a value of."""
+def _nearest(column: str, usable: list[str]) -> list[str]:
+    """The column of USABLE that COLUMN likely meant: equal ignoring case, or close to it."""
+    folded = {c.casefold(): c for c in usable}
+    return [folded[c] for c in difflib.get_close_matches(column.casefold(), list(folded), n=1)]
+
+
+def resolve(conn: psycopg.Connection, names: Names, items: list[str]) -> tuple[Filter, ...]:
+    """ITEMS (COLUMN=VALUE) with their columns checked against NAME's, each value cast by the
+    server to its column's type (in a transaction rolled back: it reads nothing). UsageError
+    naming a column NAME lacks, or a value and the type it is not a value of."""
     types = columns(conn, names)
     usable = [c for c in types if c not in UNFILTERED]
     values: dict[str, list[str]] = {}
-    for column, value in given:
+    for column, value in parse(items, types):
         if column not in usable:
-            close = difflib.get_close_matches(column, usable, n=1)
+            close = _nearest(column, usable)
             why = "has no column" if column not in types else "takes no --where on its column"
             raise UsageError(f"--where {column}=...: {names.qualified} {why} {column}"
                              + (f" (did you mean {close[0]}?)" if close else "") + f"; its columns: {', '.join(usable)}")

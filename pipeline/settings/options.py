@@ -75,7 +75,7 @@ def split_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[
     while i < len(argv):
         arg = argv[i]
         name = arg.split("=", 1)[0]
-        if not arg.startswith("-") or name in own or arg == "-":
+        if not arg.startswith("-") or name in own or arg == "-" or " " in name:   # a space: a value, as argparse reads it
             to, takes = mine, own.get(name, False)
         else:
             to, takes = flags, beam.get(name, False)

@@ -46,6 +46,8 @@ def test_unknown_columns_and_values_of_another_type_are_refused_before_anything_
     charges = len(days.sandbox_ledger())
     refused = {
         "lnag=en": "has no column lnag (did you mean lang?)",
+        "LANG=en": "has no column LANG (did you mean lang?)",
+        "Doc_ID=x": "has no column Doc_ID (did you mean doc_id?)",
         "embedding=[1]": "takes no --where on its column embedding",
         "chunk_index=abc": "'abc': not a value of chunk_index's type integer",
         "day=yesterday'; DROP TABLE embeddings; --": "not a value of day's type date",
