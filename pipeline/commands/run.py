@@ -257,7 +257,8 @@ def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bo
               writes: _Writes) -> tuple[dict[str, int], dict, float]:
     """PART's job, then its slot's next view: (the job's counters, its figures, seconds the commit took)."""
     job, out, s = part.job, part.out, part.job.settings
-    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict(), hints.remembered(job.service.base_url))
+    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict(), hints.remembered(job.service.base_url),
+                     job.chunking._asdict())
     budget = Budget(account.balance, spendable, part.price, part.margin, 1 / job.model.safety_factor,
                     s.budget.balance_poll_s, fits)
     metrics, figures = _run_job(job, out, part.info, part.before, part.scan, budget)
