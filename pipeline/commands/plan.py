@@ -7,6 +7,7 @@ import pyarrow.compute as pc
 
 from pipeline.checks import switching
 from pipeline.checks.inputs import InputInfo, inspect_input
+from pipeline.checks.nul import warn_nul
 from pipeline.checks.prior import check_kept, check_model, prior, removed
 from pipeline.checks.scan import Scan, scan_input
 from pipeline.commands.run import client_for
@@ -34,7 +35,9 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
     if account is None:
         with client_for(job) as client:
             account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
-    scan = scan or scan_input(info, opts.id_column, opts.text_column)
+    if scan is None:
+        scan = scan_input(info, opts.id_column, opts.text_column)
+        warn_nul(info, opts.id_column, opts.text_column, job.chunk_text)
     out = OutputDir(opts.output) if opts.output else None
     decision = switching.decide(job, out, act=False) if out and not compare else switching.Decision(None)
     if decision.switching is None or out is None:
@@ -122,6 +125,7 @@ def plan_models(jobs: list[Job]) -> list[dict[str, Any]]:
     with client_for(first) as client:
         account = acct.read_account(client, need_stats=bool(first.caps.by_name()))
     scan = scan_input(info, first.opts.id_column, first.opts.text_column)  # the same for every model
+    warn_nul(info, first.opts.id_column, first.opts.text_column, first.chunk_text)
     return [plan(job, info, account, scan, compare=True) for job in jobs]
 
 

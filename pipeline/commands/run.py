@@ -22,6 +22,7 @@ from pipeline import graph
 from pipeline.checks import reading, switching, workers
 from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.prior import Prior, check_kept, pending_input, prior, removed
+from pipeline.checks.nul import warn_nul
 from pipeline.checks.scan import Scan, scan_input, scan_pending
 from pipeline.commands import summary
 from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed, UsageError
@@ -244,6 +245,8 @@ def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | 
         info = check_kept(job, out, inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
                           if opts.input else pending_input(before, out))
         scan = scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files)
+        if opts.input:
+            warn_nul(info, opts.id_column, opts.text_column, job.chunk_text)
     else:   # a switch's target: the day's input, against the target's view
         info = check_kept(job, out, info)
     missing = removed(before, scan.ids) if opts.input else pa.array([], pa.string())
