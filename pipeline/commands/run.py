@@ -355,7 +355,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
         report["switch"]["run"]["commit_s"] = target_commit_s   # its view's commit, and the switch
     out.write_summary(report)
     if report["changes"].get(REWRITTEN):
-        log.info(_rewritten(out, served.job, report["changes"][REWRITTEN]))
+        log.info(_rewritten(out, served.job, report["changes"][REWRITTEN], served.before.view))
     for run_id in (job.run_id, *others):
         out.record_finish(run_id, after.as_dict(),
                           [u for u in report["reconciliation"]["unanswered"] if u["run_id"] == run_id])
@@ -369,17 +369,21 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
     return report["exit_code"], report
 
 
-def _rewritten(out: OutputDir, job: Job, documents: int) -> str:
+def _rewritten(out: OutputDir, job: Job, documents: int, previous: View | None) -> str:
     """One line on the documents whose rows this run wrote again only to add their text (or
-    leave it out): a view written before rows carried it."""
+    leave it out), after PREVIOUS: a view written without it (a manifest that records its files
+    without text), or before rows carried it (one that does not)."""
     changes = pa.concat_tables(read_tables(out.history_files("changes", job.run_id), ["doc_id", "change"]))
     ids = changes.filter(pc.equal(changes.column("change"), REWRITTEN)).column("doc_id").combine_chunks()
     rows = sum(pc.sum(pc.is_in(t.column("doc_id"), value_set=ids)).as_py() or 0
                for t in read_tables(out.history_files("embeddings", job.run_id), ["doc_id"]))
     what = f"{rows:,} rows of {documents:,} unchanged documents"
     if job.chunk_text:
-        return f"gave {what} their text, their vectors reused (rows written before rows carried it)"
-    return f"left the text out of {what}, their vectors reused (output.chunk_text: false)"
+        why = ("rows written with --no-chunk-text or output.chunk_text: false" if previous and
+               previous.textless is not None else "rows written before rows carried it")
+        return f"gave {what} their text, their vectors reused ({why})"
+    setting = "--no-chunk-text" if job.opts.no_chunk_text else "output.chunk_text: false"
+    return f"left the text out of {what}, their vectors reused ({setting})"
 
 
 def _price_of(out: OutputDir, job: Job, model: str) -> float:
