@@ -76,6 +76,7 @@ def test_no_chunk_text_leaves_it_out_and_a_later_run_puts_it_back_paying_nothing
     s = summary(out)
     assert s["changes"]["rewritten"] == len(SCRIPTS) == s["changes"]["unchanged"]
     assert s["current"]["without_text"] == 0 and assert_passages(out, SCRIPTS) == rows
+    assert s["requests"] == 0 and s["reused"] == s["embedded"] == rows   # no vector paid again
     assert f"gave {rows:,} rows of {len(SCRIPTS)} unchanged documents their text, their vectors reused (rows " \
            "written with --no-chunk-text" in caplog.text
     # a part without it: those rows' text is null, in the same schema as the others
