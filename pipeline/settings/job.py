@@ -184,7 +184,10 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
     try:  # the steps' own checks, made here so that a bad number is a usage error, not a crash
         steps.split_config(settings, model)
     except ValueError as exc:
-        raise UsageError(f"split settings: {exc}") from None
+        message = str(exc)
+        if opts.overlap_tokens is not None and message.startswith("overlap_tokens "):   # the flag, not the key
+            raise UsageError("--overlap-tokens " + message.removeprefix("overlap_tokens ")) from None
+        raise UsageError(f"split settings: {message}") from None
     try:
         check_base_url(opts.base_url)
     except ValueError as exc:
