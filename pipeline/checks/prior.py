@@ -93,10 +93,14 @@ def _check_journal(job: Job, out: OutputDir, paths: Sequence[str]) -> None:
         if chunking.boundary_window != job.chunking.boundary_window:
             flags += f" and split.boundary_window {chunking.boundary_window:g} in --config"
         flag = "" if job.mode == FRESH else f"--{job.mode}: "
+        served = out.view and (out.view.model, out.view.dimensions) == (job.model.name, job.dimensions) and \
+            view_chunking(out.view, job.model, job.chunking)
+        resume = (f"pass --sync --switch-model {flags} to resume the switch to them it was building" if served
+                  and served != chunking else f"pass {flags} to resume it, then change the chunks with --sync "
+                  "--switch-model")
         raise UsageError(f"{flag}--output {out.path} holds the journal of interrupted run {run_id}, paid for and "
                          f"not yet written, which cut {describe(chunking)}; this run cuts {describe(job.chunking)} "
-                         f"and would find none of those answers: pass {flags} to resume it, then change the chunks "
-                         "with --sync --switch-model, or use another --output directory")
+                         f"and would find none of those answers: {resume}, or use another --output directory")
 
 
 def check_model(job: Job, out: OutputDir) -> None:
