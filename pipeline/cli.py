@@ -27,15 +27,16 @@ import threading
 from typing import Any
 
 from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
-from pipeline.settings.job import model_names, resolve
+from pipeline.settings.job import catalogue, chunk_tokens_refusal, model_names, resolve
 from pipeline.settings.options import EmbedPipeOptions, all_options_parser, command_options
 from pipeline.terminal import OWN_LOGGERS
 from pipeline.terminal import summary as short
 from pipeline.terminal import usage
 from service import errors
-from service.catalog import ConfigError
+from service.catalog import ConfigError, get_model
 from service.credentials import MissingApiKeyError
 from service.tokenizer import TokenizerError
+from transforms.read.split import MIN_MAX_TOKENS
 
 log = logging.getLogger("embedpipe")
 
@@ -124,10 +125,18 @@ def cmd_plan(argv: list[str]) -> int:
 
 
 def _plan_models(opts: EmbedPipeOptions, names: list[str]) -> int:
-    """`plan --model all|a,b`: exit 0 when at least one model fits, 3 when none does."""
+    """`plan --model all|a,b`: exit 0 when at least one model fits, 3 when none does. A model
+    that cannot take --chunk-tokens is not planned, and does not fit; when none can, exit 2."""
     from pipeline.commands.plan import plan_models, render_comparison
-    jobs = [resolve(opts, need_output=False, model_name=name) for name in names]
-    results = plan_models(jobs)
+    models = catalogue(opts)
+    refused = {name: why for name in names if opts.chunk_tokens is not None
+               and (why := chunk_tokens_refusal(opts.chunk_tokens, get_model(models, name))) is not None}
+    if len(refused) == len(names):
+        raise UsageError(f"--chunk-tokens {opts.chunk_tokens} fits none of the models: " + "; ".join(
+            f"{name} takes {MIN_MAX_TOKENS} to {models[name].chunk_tokens}" for name in names))
+    jobs = [resolve(opts, need_output=False, model_name=name) for name in names if name not in refused]
+    planned = {p["model"]: p for p in plan_models(jobs)}
+    results = [planned.get(name) or {"model": name, "fits": False, "not_planned": refused[name]} for name in names]
     print(json.dumps(results, indent=2) if opts.json else render_comparison(results, jobs))
     return EXIT_OK if any(r["fits"] for r in results) else EXIT_DOES_NOT_FIT
 

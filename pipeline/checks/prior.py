@@ -17,11 +17,12 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.checks.chunking import describe, view_chunking
 from pipeline.checks.inputs import InputInfo
 from pipeline.exits import UsageError
-from pipeline.outdir import OutputDir
+from pipeline.outdir import OutputDir, records
 from pipeline.outdir.kept import Mismatch, unify, view_fields
 from pipeline.outdir.view import View
 from pipeline.settings.job import FRESH, SYNC, Job
 from transforms.dedupe.known import KNOWN_COLUMNS
+from transforms.read.changes import Chunking
 from transforms.read.parquet import open_parquet, parquet_file, read_tables
 
 log = logging.getLogger("embedpipe")
@@ -77,10 +78,37 @@ def _check_view(view: View, job: Job, out: OutputDir) -> None:
                     list(view.kept) or "none", list(job.keep_columns) or "none", same)
 
 
+def _check_journal(job: Job, out: OutputDir, paths: Sequence[str]) -> None:
+    """The answers a killed run journaled are found again by their chunks' text: cut otherwise,
+    none matches, and all it paid is lost. Runs recorded before records kept their chunking
+    are not known, so not refused; a switch builds another chunking on purpose."""
+    if job.switching:
+        return
+    runs = {FileSystems.split(FileSystems.split(p)[0])[1] for p in paths}
+    for run_id in sorted(runs):
+        chunking = Chunking.from_dict((records.read_record(out.path, run_id) or {}).get("chunking"))
+        if chunking is None or chunking == job.chunking:
+            continue
+        flags = f"--chunk-tokens {chunking.chunk_tokens} --overlap-tokens {chunking.overlap_tokens}"
+        if chunking.boundary_window != job.chunking.boundary_window:
+            flags += f" and split.boundary_window {chunking.boundary_window:g} in --config"
+        flag = "" if job.mode == FRESH else f"--{job.mode}: "
+        served = out.view and (out.view.model, out.view.dimensions) == (job.model.name, job.dimensions) and \
+            view_chunking(out.view, job.model, job.chunking)
+        resume = (f"pass --sync --switch-model {flags} to resume the switch to them it was building" if served
+                  and served != chunking else f"pass {flags} to resume it, then change the chunks with --sync "
+                  "--switch-model")
+        raise UsageError(f"{flag}--output {out.path} holds the journal of interrupted run {run_id}, paid for and "
+                         f"not yet written, which cut {describe(chunking)}; this run cuts {describe(job.chunking)} "
+                         f"and would find none of those answers: {resume}, or use another --output directory")
+
+
 def check_model(job: Job, out: OutputDir) -> None:
-    """`plan` refuses what `run` would: another model than the view's, without --switch-model."""
+    """`plan` refuses what `run` would: another model than the view's, without --switch-model,
+    or a killed run's journal under other chunks."""
     if out.view is not None and out.holds_results():
         _check_view(out.view, job, out)
+    _check_journal(job, out, out.journal_entries(job.model.name, job.dimensions)[0])
 
 
 def check_kept(job: Job, out: OutputDir | None, info: InputInfo) -> InputInfo:
@@ -137,6 +165,8 @@ def prior(job: Job, out: OutputDir | None, *, checked: bool = True) -> Prior:
         raise UsageError(f"--resume without --input sends the pending rows of a run's results, and --output "
                          f"{out.path} holds none: pass --input")
     journal, journal_requests = out.journal_entries(job.model.name, job.dimensions)
+    if checked:
+        _check_journal(job, out, journal)
     return Prior(view, out.join(view.docindex) if view and view.docindex else None,
                  tuple(out.join(p) for p in view.paths("pending")) if view and not job.opts.input else (),
                  tuple(out.history_files("embeddings") + known), tuple(journal), tuple(journal_requests))

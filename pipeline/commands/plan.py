@@ -7,6 +7,7 @@ import pyarrow.compute as pc
 
 from pipeline.checks import switching
 from pipeline.checks.inputs import InputInfo, inspect_input
+from pipeline.checks.nul import warn_nul
 from pipeline.checks.prior import check_kept, check_model, prior, removed
 from pipeline.checks.scan import Scan, scan_input
 from pipeline.commands.run import client_for
@@ -34,7 +35,9 @@ def plan(job: Job, info: InputInfo | None = None, account: acct.Account | None =
     if account is None:
         with client_for(job) as client:
             account = acct.read_account(client, need_stats=bool(job.caps.by_name()))
-    scan = scan or scan_input(info, opts.id_column, opts.text_column)
+    if scan is None:
+        scan = scan_input(info, opts.id_column, opts.text_column)
+        warn_nul(info, opts.id_column, opts.text_column, job.chunk_text)
     out = OutputDir(opts.output) if opts.output else None
     decision = switching.decide(job, out, act=False) if out and not compare else switching.Decision(None)
     if decision.switching is None or out is None:
@@ -122,6 +125,7 @@ def plan_models(jobs: list[Job]) -> list[dict[str, Any]]:
     with client_for(first) as client:
         account = acct.read_account(client, need_stats=bool(first.caps.by_name()))
     scan = scan_input(info, first.opts.id_column, first.opts.text_column)  # the same for every model
+    warn_nul(info, first.opts.id_column, first.opts.text_column, first.chunk_text)
     return [plan(job, info, account, scan, compare=True) for job in jobs]
 
 
@@ -136,17 +140,20 @@ def render_comparison(plans: list[dict[str, Any]], jobs: list[Job]) -> str:
     tokenizer may count more is planned with (factor = its safety factor: chunks are cut at
     max_input_tokens x factor, and the worst case divides by it)."""
     factor = {job.model.name: job.model.safety_factor for job in jobs}
-    rows = []
-    for p in sorted(plans, key=lambda p: (p["estimated_cost_rub"], p["model"])):
+    rows, unplanned = [], [p for p in plans if "not_planned" in p]
+    planned = [p for p in plans if "not_planned" not in p]
+    for p in sorted(planned, key=lambda p: (p["estimated_cost_rub"], p["model"])):
         per_1k = p["estimated_cost_rub"] * 1000 / p["documents"] if p["documents"] else 0.0
         values = {**p, "safety_factor": factor[p["model"]], "rub_per_1k_documents": per_1k}
         rows.append([("yes" if v else "NO") if isinstance(v, bool) else fmt.format(v)
                      for _, key, fmt in COMPARE for v in [values[key]]])
+    rows += [[p["model"], *["-"] * (len(COMPARE) - 2), "NO"] for p in unplanned]
     cells = [[title for title, _, _ in COMPARE]] + rows
     widths = [max(len(r[i]) for r in cells) for i in range(len(COMPARE))]
     table = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
              for r in cells]
-    first = plans[0]
+    first = planned[0]
     return "\n".join(table + ["", f"{first['files']} files, {first['documents']} documents; spendable "
-                                   f"{first['spendable_rub']:.6f} RUB; fits: the worst case within it"])
+                                   f"{first['spendable_rub']:.6f} RUB; fits: the worst case within it"]
+                      + [f"{p['model']}: not planned: {p['not_planned']}" for p in unplanned])
 

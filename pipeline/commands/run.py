@@ -22,6 +22,7 @@ from pipeline import graph
 from pipeline.checks import reading, switching, workers
 from pipeline.checks.inputs import InputInfo, inspect_input
 from pipeline.checks.prior import Prior, check_kept, pending_input, prior, removed
+from pipeline.checks.nul import warn_nul
 from pipeline.checks.scan import Scan, scan_input, scan_pending
 from pipeline.commands import summary
 from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed, UsageError
@@ -244,6 +245,8 @@ def _part(job: Job, out: OutputDir, info: InputInfo | None = None, scan: Scan | 
         info = check_kept(job, out, inspect_input(opts.input, opts.id_column, opts.text_column, job.keep_columns)
                           if opts.input else pending_input(before, out))
         scan = scan_input(info, opts.id_column, opts.text_column) if opts.input else scan_pending(info.files)
+        if opts.input:
+            warn_nul(info, opts.id_column, opts.text_column, job.chunk_text)
     else:   # a switch's target: the day's input, against the target's view
         info = check_kept(job, out, info)
     missing = removed(before, scan.ids) if opts.input else pa.array([], pa.string())
@@ -257,7 +260,8 @@ def _run_part(part: _Part, account: acct.Account, spendable: Spendable, fits: bo
               writes: _Writes) -> tuple[dict[str, int], dict, float]:
     """PART's job, then its slot's next view: (the job's counters, its figures, seconds the commit took)."""
     job, out, s = part.job, part.out, part.job.settings
-    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict(), hints.remembered(job.service.base_url))
+    out.record_start(job.run_id, job.model.name, job.mode, account.as_dict(), hints.remembered(job.service.base_url),
+                     job.chunking._asdict())
     budget = Budget(account.balance, spendable, part.price, part.margin, 1 / job.model.safety_factor,
                     s.budget.balance_poll_s, fits)
     metrics, figures = _run_job(job, out, part.info, part.before, part.scan, budget)
@@ -351,7 +355,7 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
         report["switch"]["run"]["commit_s"] = target_commit_s   # its view's commit, and the switch
     out.write_summary(report)
     if report["changes"].get(REWRITTEN):
-        log.info(_rewritten(out, served.job, report["changes"][REWRITTEN]))
+        log.info(_rewritten(out, served.job, report["changes"][REWRITTEN], served.before.view))
     for run_id in (job.run_id, *others):
         out.record_finish(run_id, after.as_dict(),
                           [u for u in report["reconciliation"]["unanswered"] if u["run_id"] == run_id])
@@ -365,17 +369,21 @@ def _execute(job: Job, out: OutputDir, started: dt.datetime, writes: _Writes) ->
     return report["exit_code"], report
 
 
-def _rewritten(out: OutputDir, job: Job, documents: int) -> str:
+def _rewritten(out: OutputDir, job: Job, documents: int, previous: View | None) -> str:
     """One line on the documents whose rows this run wrote again only to add their text (or
-    leave it out): a view written before rows carried it."""
+    leave it out), after PREVIOUS: a view written without it (a manifest that records its files
+    without text), or before rows carried it (one that does not)."""
     changes = pa.concat_tables(read_tables(out.history_files("changes", job.run_id), ["doc_id", "change"]))
     ids = changes.filter(pc.equal(changes.column("change"), REWRITTEN)).column("doc_id").combine_chunks()
     rows = sum(pc.sum(pc.is_in(t.column("doc_id"), value_set=ids)).as_py() or 0
                for t in read_tables(out.history_files("embeddings", job.run_id), ["doc_id"]))
     what = f"{rows:,} rows of {documents:,} unchanged documents"
     if job.chunk_text:
-        return f"gave {what} their text, their vectors reused (rows written before rows carried it)"
-    return f"left the text out of {what}, their vectors reused (output.chunk_text: false)"
+        why = ("rows written with --no-chunk-text or output.chunk_text: false" if previous and
+               previous.textless is not None else "rows written before rows carried it")
+        return f"gave {what} their text, their vectors reused ({why})"
+    setting = "--no-chunk-text" if job.opts.no_chunk_text else "output.chunk_text: false"
+    return f"left the text out of {what}, their vectors reused ({setting})"
 
 
 def _price_of(out: OutputDir, job: Job, model: str) -> float:

@@ -121,8 +121,12 @@ def run_figures(out: OutputDir, run_id: str) -> dict:
     carried_micro = _sum_micro(carried, "cost_rub")
     pending_reasons = _reasons(pending)
     embedded, n_failed, n_pending = (sum(t.num_rows for t in ts) for ts in (emb, failed, pending))
+    # a row whose vector an earlier run paid for keeps that run's request id (and costs 0)
+    paid_here = pa.chunked_array([t.column("request_id") for t in req], pa.string()).combine_chunks()
+    reused = sum(pc.sum(pc.invert(pc.is_in(t.column("request_id"), value_set=paid_here))).as_py() or 0 for t in emb)
     return {
-        "run_id": run_id, "chunks": embedded + n_failed + n_pending, "embedded": embedded, "failed": n_failed,
+        "run_id": run_id, "chunks": embedded + n_failed + n_pending, "embedded": embedded, "reused": reused,
+        "failed": n_failed,
         "pending": n_pending, "failed_reasons": _reasons(failed), "pending_reasons": pending_reasons,
         "requests": sum(t.num_rows for t in req),
         "requests_answered": sum(pc.sum(pc.equal(t.column("status"), 200)).as_py() or 0 for t in req),

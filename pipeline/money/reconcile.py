@@ -224,9 +224,16 @@ def reconcile(output_dir: str, *, run_ids: Collection[str], requests: list[dict[
              "rows_minus_requests_rub": from_micro(rows_micro - req_micro), "unanswered": mine,
              "searches": {"count": len(searches), "rub": from_micro(search_micro)}}
     notes = []
-    if without_rows:
-        notes.append(f"{len(without_rows)} requests were billed {from_micro(lost_known):.6f} RUB but their "
-                     "answers were not delivered (dead-lettered after billing, e.g. vectors of the wrong length)")
+    # a killed run never finished: its journaled answers reach rows only through a later run's input
+    killed = {r["run_id"] for r in records if "finished_at" not in r and r["run_id"] not in run_ids}
+    for journaled, why in ((False, "were not delivered (dead-lettered after billing, e.g. vectors of the wrong "
+                                   "length)"),
+                           (True, "were journaled by a killed run for texts no later input had (documents "
+                                  "edited or removed before the run that resumed it)")):
+        these = [r for r in without_rows if (r["run_id"] in killed) == journaled]
+        if these:
+            rub = sum(to_micro(r["cost_rub"] or 0) - rows_by_request.get(r["request_id"], 0) for r in these)
+            notes.append(f"{len(these)} requests were billed {from_micro(rub):.6f} RUB but their answers {why}")
     first = records[0] if records else {}
     before, after = first.get("balance"), account_after.get("balance")
     lost: dict[str, Any] = {"count": len(without_rows), "rub": from_micro(lost_known),

@@ -143,8 +143,8 @@ class OutputDir:
         return OutputLock(self.path, run_id, settings, again)
 
     def record_start(self, run_id: str, model: str, mode: str, account: dict[str, Any],
-                     base_url: str | None = None) -> None:
-        records.record_start(self.path, run_id, model, mode, account, base_url)
+                     base_url: str | None = None, chunking: dict[str, Any] | None = None) -> None:
+        records.record_start(self.path, run_id, model, mode, account, base_url, chunking)
 
     def record_finish(self, run_id: str, account_after: dict[str, Any], unanswered: list[dict[str, Any]]) -> None:
         records.record_finish(self.path, run_id, account_after, unanswered)

@@ -20,13 +20,19 @@ def _path(output_dir: str, run_id: str) -> str:
 
 
 def record_start(output_dir: str, run_id: str, model: str, mode: str, account: dict[str, Any],
-                 base_url: str | None = None) -> None:
+                 base_url: str | None = None, chunking: dict[str, Any] | None = None) -> None:
     """Durable before the run's first paid request: DIR's reconciliation starts here. BASE_URL:
-    the service's, as DIR may keep it (pipeline/terminal/hints.remembered), for `search`."""
+    the service's, as DIR may keep it (pipeline/terminal/hints.remembered), for `search`.
+    CHUNKING: what cut the texts it pays for, which a --resume of its journal must cut alike."""
     write_json(_path(output_dir, run_id), {
         "run_id": run_id, "model": model, "mode": mode, "host": socket.gethostname(), "pid": os.getpid(),
         "started_at": dt.datetime.now(dt.UTC).isoformat(), **account,
-        **({"base_url": base_url} if base_url else {})})
+        **({"base_url": base_url} if base_url else {}), **({"chunking": chunking} if chunking else {})})
+
+
+def read_record(output_dir: str, run_id: str) -> dict[str, Any] | None:
+    record: dict[str, Any] | None = read_json(_path(output_dir, run_id))
+    return record
 
 
 def record_finish(output_dir: str, run_id: str, account_after: dict[str, Any],

@@ -81,7 +81,7 @@ def check_values(tasks: list[Task], cols: list[Column]) -> int:
     """Every value TASKS would write fits its column (transforms/publish/values.py): the columns
     that may hold one that does not, read before anything is written; Unpublishable if not.
     The bytes of their longest document id."""
-    names, longest = values.scanned(cols), 0
+    names, longest, found = values.scanned(cols), 0, values.Faults()
     for path, group in itertools.groupby(tasks, key=lambda t: t.path):
         with open_parquet(path) as fh:
             parquet = parquet_file(fh)
@@ -89,9 +89,10 @@ def check_values(tasks: list[Task], cols: list[Column]) -> int:
             for task in group:
                 table = select(parquet.read_row_group(task.group, columns=read),
                                None if task.rows is None else np.frombuffer(task.rows, dtype=np.int32))
-                if (refusal := values.refusal(table, cols)) is not None:
-                    raise Unpublishable(refusal)
+                values.faults(table, cols, found)
                 longest = max(longest, values.longest_id(table))
+    if (refusal := values.refusal(found, cols)) is not None:
+        raise Unpublishable(refusal)
     return longest
 
 

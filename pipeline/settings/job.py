@@ -136,6 +136,14 @@ def model_names(opts: EmbedPipeOptions) -> list[str] | None:
     return names
 
 
+def chunk_tokens_refusal(chunk_tokens: int, model: ModelSpec) -> str | None:
+    """Why MODEL cannot take chunks of CHUNK_TOKENS, or None."""
+    if MIN_MAX_TOKENS <= chunk_tokens <= model.chunk_tokens:
+        return None
+    return (f"--chunk-tokens must be between {MIN_MAX_TOKENS} and {model.chunk_tokens} for {model.name} (its "
+            f"max_input_tokens x safety_factor), got {chunk_tokens}")
+
+
 def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None = None) -> Job:
     missing = [flag for flag, value in (("--model", opts.model), ("--base-url", opts.base_url)) if not value]
     if not opts.input and not (need_output and opts.resume):  # run --resume can take DIR's pending rows
@@ -156,9 +164,8 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
     if opts.overlap_tokens is not None:
         settings = settings.replace("split", overlap_tokens=opts.overlap_tokens)
     if opts.chunk_tokens is not None:
-        if not MIN_MAX_TOKENS <= opts.chunk_tokens <= model.chunk_tokens:
-            raise UsageError(f"--chunk-tokens must be between {MIN_MAX_TOKENS} and {model.chunk_tokens} for "
-                             f"{model.name} (its max_input_tokens x safety_factor), got {opts.chunk_tokens}")
+        if (refused := chunk_tokens_refusal(opts.chunk_tokens, model)) is not None:
+            raise UsageError(refused)
         settings = settings.replace("split", chunk_tokens=opts.chunk_tokens)
     if opts.no_chunk_text:
         settings = settings.replace("output", chunk_text=False)
@@ -177,7 +184,10 @@ def resolve(opts: EmbedPipeOptions, *, need_output: bool, model_name: str | None
     try:  # the steps' own checks, made here so that a bad number is a usage error, not a crash
         steps.split_config(settings, model)
     except ValueError as exc:
-        raise UsageError(f"split settings: {exc}") from None
+        message = str(exc)
+        if opts.overlap_tokens is not None and message.startswith("overlap_tokens "):   # the flag, not the key
+            raise UsageError("--overlap-tokens " + message.removeprefix("overlap_tokens ")) from None
+        raise UsageError(f"split settings: {message}") from None
     try:
         check_base_url(opts.base_url)
     except ValueError as exc:

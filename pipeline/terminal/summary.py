@@ -84,7 +84,7 @@ def lines(report: dict[str, Any], output: str, next_step: str | None = None) -> 
     staged = f", {view['staged']:,} staged" if view.get("staged") else ""
     rows = [f"run {report['run_id']} ({_serves(report)}): {status} (exit {code})",
             _row("read", read),
-            _row("this run", f"{report['embedded']:,} chunks embedded, {report['failed']:,} failed"
+            _row("this run", f"{_embedded(report)}, {report['failed']:,} failed"
                              f"{_why(report['failed_reasons'])}, {report['pending']:,} pending"
                              f"{_why(report['pending_reasons'])}"),
             _row("view", f"{view['documents']:,} documents, {view['chunks']:,} chunks: {view['embedded']:,} "
@@ -96,6 +96,14 @@ def lines(report: dict[str, Any], output: str, next_step: str | None = None) -> 
     if report.get("switch"):
         rows.insert(4, _row("switch", _switch(report["switch"])))
     return rows + ([_row("next", next_step)] if next_step else [])
+
+
+def _embedded(report: dict[str, Any]) -> str:
+    """Rows this run's requests embedded, and those whose vectors earlier runs paid for (reused:
+    known texts, or rows written again for their text)."""
+    reused = report.get("reused") or 0
+    line = f"{report['embedded'] - reused:,} chunks embedded"
+    return line + f", {reused:,} reused (paid before)" if reused else line
 
 
 def _serves(report: dict[str, Any]) -> str:

@@ -176,3 +176,17 @@ def test_a_model_name_a_letter_off_is_named_with_the_nearest(tmp_path):
     done = cli("plan", "--input", str(corpus), "--model", "text-embedding-3-smal", "--base-url", "http://127.0.0.1:9/v1")
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "unknown model 'text-embedding-3-smal' (did you mean 'text-embedding-3-small'?); known: " in done.stderr
+
+
+def test_an_overlap_given_as_a_flag_is_named_by_its_flag(tmp_path):
+    """The flag the user typed, not the config key; one set in a config keeps the key's name."""
+    corpus = write_corpus(tmp_path / "corpus.parquet")
+    base = ("plan", "--input", str(corpus), "--model", "text-embedding-3-small", "--base-url", "http://127.0.0.1:9/v1",
+            "--chunk-tokens", "40")
+    done = cli(*base, "--overlap-tokens", "20")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "--overlap-tokens must be between 0 and a quarter of the chunk's 40 tokens (10), got 20" in done.stderr
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("split:\n  overlap_tokens: 20\n")
+    done = cli(*base, "--run-config", str(config))
+    assert done.returncode == 2 and "split settings: overlap_tokens must be between" in done.stderr, done.stderr

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.corpora.sample import write_sample_corpus
@@ -79,3 +81,24 @@ def test_estimate_matches_the_run_and_a_price_is_learned(tmp_path, sandbox_facto
     assert learned["estimated_cost_rub"] == 0 and learned["requests"] == 0
     assert learned["changes"]["unchanged"] == guessed["changes"]["added"] > 0
     assert len(ledger(sb)) == len(charges)
+
+
+def test_plan_warns_of_nuls_that_publish_would_refuse(tmp_path, sandbox_factory):
+    """A NUL in a text or an id: one line on stderr naming how many documents and the first,
+    the plan itself unchanged on stdout. Under --no-chunk-text the text is not published, so a
+    NUL there is not named."""
+    models = write_models(tmp_path / "models.yaml")
+    sb = start_sandbox(sandbox_factory, models, balance=100.0)
+    path = tmp_path / "nul.parquet"
+    pq.write_table(pa.table({"id": ["a", "b\x00", "c", "d"], "text": ["fine", "fine too", "a \x00 b", "ok"]}), path)
+    argv = [sys.executable, "-m", "pipeline", "plan", "--input", str(path), "--model", MODEL,
+            "--base-url", sb.base_url, "--models-config", str(models), "--json"]
+    env = {**os.environ, "EMBEDDINGS_API_KEY": SANDBOX_KEY}
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["fits"] is True
+    lines = [line for line in proc.stderr.splitlines() if "NUL" in line]
+    assert len(lines) == 1 and "2 documents: 'b\\x00', 'c'" in lines[0], proc.stderr
+    proc = subprocess.run([*argv, "--no-chunk-text"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if "NUL" in line]
+    assert len(lines) == 1 and "of document 'b\\x00';" in lines[0], proc.stderr
+    assert ledger(sb) == []

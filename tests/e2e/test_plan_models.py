@@ -75,3 +75,24 @@ def test_a_learned_price_belongs_to_its_own_model(setup, tmp_path, monkeypatch):
     done = plan(corpus, sb, models, f"{MODEL},{OTHER}", "--json", "--output", str(out))
     sources = {p["model"]: p["price_source"] for p in json.loads(done.stdout)}
     assert sources == {MODEL: "learned from earlier requests", OTHER: "configs/models.yaml estimate"}
+
+
+def test_models_that_cannot_take_the_chunk_size_are_marked_not_fitting(setup):
+    """--chunk-tokens over some models' limit: the others are planned, those marked as not
+    fitting with why; no model taking it at all is a usage error."""
+    corpus, models, sb = setup
+    done = plan(corpus, sb, models, "all", "--chunk-tokens", "1000", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    every = {p["model"]: p for p in json.loads(done.stdout)}
+    assert list(every) == list(parse_models(models.read_text(), str(models)))
+    assert every[MODEL]["fits"] is False and "between 4 and 512 for " + MODEL in every[MODEL]["not_planned"]
+    assert every[OTHER]["fits"] is True and every[OTHER]["chunks"] > 0 and "not_planned" not in every[OTHER]
+    table = plan(corpus, sb, models, f"{OTHER},{MODEL}", "--chunk-tokens", "1000")
+    assert table.returncode == 0, table.stderr[-2000:]
+    row = next(r.split() for r in table.stdout.splitlines() if r.split()[:1] == [MODEL])
+    assert row[-1] == "NO" and f"{MODEL}: not planned: --chunk-tokens must be between" in table.stdout
+    alone = plan(corpus, sb, models, MODEL, "--chunk-tokens", "1000")
+    assert alone.returncode == 2 and "between 4 and 512" in alone.stderr
+    none = plan(corpus, sb, models, f"{OTHER},{MODEL}", "--chunk-tokens", "100000")
+    assert none.returncode == 2 and "fits none of the models" in none.stderr, none.stderr[-2000:]
+    assert ledger(sb) == []

@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.cli import main
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.money_helpers import (MODEL, assert_every_row_once, billed_twice, corpus_rows, current, journal_files,
                                      kill_once_journaled, ledger, micro, run, start_sandbox, summary, write_corpus,
@@ -183,4 +185,67 @@ def test_resume_knows_chunks_the_service_made_us_split(tmp_path, sandbox_factory
     assert run(corpus, out, sb, models, "--resume", *WAYS[way]) == 0
     print(f"\nresume after re-split: {len(ledger(sb)) - len(paid)} more charges")
     assert ledger(sb) == paid
+    assert_every_row_once(out, rows)
+
+
+def test_resume_under_other_chunks_is_refused_before_paying(tmp_path, sandbox_factory, env_key, caplog):
+    """A journal's answers are found by their chunks' text: a --resume that cuts otherwise would
+    find none and pay for all again. Refused before any request, naming the journal's chunking;
+    the command it names resumes the journal with nothing paid twice."""
+    rows = corpus_rows(n_short=120, n_long=2)
+    corpus, models, out, slow = kill_midway(tmp_path, sandbox_factory, rows)
+    sb = start_sandbox(sandbox_factory, models, db=slow.db)
+    before = ledger(sb)
+    caplog.clear()
+    assert run(corpus, out, sb, models, "--resume", "--chunk-tokens", "16") == 2
+    assert ledger(sb) == before
+    err = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(err) == 1 and "interrupted run" in err[0], err
+    flags = re.search(r"pass (--chunk-tokens \d+ --overlap-tokens \d+) to resume it", err[0])
+    assert flags and "this run cuts 16-token chunks (--chunk-tokens 16)" in err[0], err
+    # plan refuses as the run does
+    assert main(["plan", "--input", str(corpus), "--output", str(out), "--model", MODEL, "--base-url", sb.base_url,
+                 "--models-config", str(models), "--resume", "--chunk-tokens", "16"]) == 2
+    assert run(corpus, out, sb, models, "--resume", *flags[1].split()) == 0
+    assert billed_twice(ledger(sb)) == {}
+    assert summary(out)["reconciliation"]["carried_over_from_journal_rub"] > 0
+    assert_every_row_once(out, rows)
+
+
+def test_journaled_answers_no_input_has_are_named_as_such(tmp_path, sandbox_factory, env_key):
+    """Documents edited between the kill and the --resume: what the killed run paid for their
+    old texts reaches no row. The reconciliation says so, not that answers were dead-lettered."""
+    rows = corpus_rows(n_short=120, n_long=2)
+    corpus, models, out, slow = kill_midway(tmp_path, sandbox_factory, rows)
+    journaled = {sha for _, shares in read_journal(out).values() for sha in shares}
+    edited = [{**r, "text": f"{r['text']} edited"} if r["text"] and
+              hashlib.sha256(r["text"].encode()).hexdigest() in journaled else r for r in rows]
+    sb = start_sandbox(sandbox_factory, models, db=slow.db)
+    assert run(write_corpus(tmp_path / "edited.parquet", edited), out, sb, models, "--resume") == 0
+    notes = summary(out)["reconciliation"]["notes"]
+    assert any("journaled by a killed run for texts no later input had" in n for n in notes), notes
+    assert not any("dead-lettered" in n for n in notes), notes
+
+
+def test_a_killed_switch_to_other_chunks_is_resumed_by_the_switch_the_refusal_names(tmp_path, sandbox_factory,
+                                                                                    env_key, caplog):
+    """Killed while building a switch's view of other chunks: a plain --sync under the view's
+    chunks would pay for those answers again. Refused, naming the switch that resumes them."""
+    rows = corpus_rows(n_short=120, n_long=2)
+    corpus, models = write_corpus(tmp_path / "corpus.parquet", rows), write_models(tmp_path / "models.yaml")
+    out = tmp_path / "out"
+    slow = start_sandbox(sandbox_factory, models, args=["--latency-ms", str(LATENCY_MS)])
+    assert run(corpus, out, start_sandbox(sandbox_factory, models, db=slow.db), models) == 0
+    kill_once_journaled(corpus, out, slow, models, tmp_path / "job.log", JOURNALED_BEFORE_KILL,
+                        "--sync", "--switch-model", "--chunk-tokens", "64")
+    sb = start_sandbox(sandbox_factory, models, db=slow.db)
+    before = ledger(sb)
+    caplog.clear()
+    assert run(corpus, out, sb, models, "--sync") == 2
+    assert ledger(sb) == before
+    err = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    flags = re.search(r"pass (--sync --switch-model --chunk-tokens 64 --overlap-tokens 0) to resume the switch", err[0])
+    assert len(err) == 1 and flags, err
+    assert run(corpus, out, sb, models, *flags[1].split()) == 0
+    assert billed_twice(ledger(sb)) == {}
     assert_every_row_once(out, rows)

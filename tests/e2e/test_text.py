@@ -76,7 +76,9 @@ def test_no_chunk_text_leaves_it_out_and_a_later_run_puts_it_back_paying_nothing
     s = summary(out)
     assert s["changes"]["rewritten"] == len(SCRIPTS) == s["changes"]["unchanged"]
     assert s["current"]["without_text"] == 0 and assert_passages(out, SCRIPTS) == rows
-    assert f"gave {rows:,} rows of {len(SCRIPTS)} unchanged documents their text" in caplog.text
+    assert s["requests"] == 0 and s["reused"] == s["embedded"] == rows   # no vector paid again
+    assert f"gave {rows:,} rows of {len(SCRIPTS)} unchanged documents their text, their vectors reused (rows " \
+           "written with --no-chunk-text" in caplog.text
     # a part without it: those rows' text is null, in the same schema as the others
     part = write(tmp_path / "part.parquet", {d: SCRIPTS[d] for d in ("zh", "ru")})
     assert run(part, out, sandbox, "--chunk-tokens", "40", "--resume", "--no-chunk-text") == 0
@@ -86,8 +88,10 @@ def test_no_chunk_text_leaves_it_out_and_a_later_run_puts_it_back_paying_nothing
     assert {r["doc_id"] for r in emb if r["text"] is None} == {"zh", "ru"}
     assert summary(out)["current"]["without_text"] == sum(r["text"] is None for r in emb)
     # and out of every row: null in every row (the column stays, one schema, once some rows had it)
+    caplog.clear()
     assert run(corpus, out, sandbox, "--chunk-tokens", "40", "--sync", "--no-chunk-text") == 0
     assert len(ledger(sandbox.db)) == paid and summary(out)["current"]["without_text"] == rows
+    assert "their vectors reused (--no-chunk-text)" in caplog.text
     schemas = {tuple(pq.read_schema(f).names) for f in (out / "current").glob("embeddings-*.parquet")}
     assert len(schemas) == 1 and all(r["text"] is None for r in current_rows(out, "embeddings"))
 

@@ -278,3 +278,30 @@ def test_a_database_that_lower_cases_ascii_only_is_told(day1, pg_server, pg_url,
     finally:
         with psycopg.connect(url_of(pg_server, "postgres"), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
+
+
+def test_every_document_with_a_nul_is_named_at_once_and_the_run_warned(days, pg_url, tmp_path, caplog):
+    """NULs in texts, an id and a kept string of several documents: the run says so in one line
+    before it pays (count and the first ids), and publish refuses naming every column and how
+    many documents, not the first document only (one fix of the input, not one a publish)."""
+    rows = corpus_rows(n_short=10, n_long=0)[:-1]
+    rows += [{"id": f"nul-{i}", "text": f"text {i} with a \x00 inside"} for i in range(5)]
+    rows.append({"id": "id\x00nul", "text": "a fine text of a document whose id is not"})
+    data = {"id": [r["id"] for r in rows], "text": [r["text"] for r in rows],
+            "note": ["kept \x00 nul" if r["id"] == rows[0]["id"] else "fine" for r in rows]}
+    pq.write_table(pa.table(data), tmp_path / "nul.parquet")
+    caplog.clear()
+    assert days.run_file(tmp_path / "nul.parquet", "--keep-columns", "note") == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "NUL" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0], warned
+    assert f"7 documents, the first: {rows[0]['id']!r}, 'nul-0', 'nul-1'" in warned[0], warned
+    assert "`publish` will refuse them" in warned[0]
+
+    caplog.clear()
+    assert publish(days.out, pg_url) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    assert "the chunk's text holds a NUL character (5 documents, the first: 'nul-0', 'nul-1', 'nul-2')" in errors[0]
+    assert "the document id holds a NUL character (document 'id\\x00nul')" in errors[0], errors
+    assert f"kept column note holds a NUL character (document {rows[0]['id']!r})" in errors[0], errors
+    assert data_tables(pg_url) == []

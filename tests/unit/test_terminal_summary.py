@@ -65,6 +65,15 @@ def test_a_sync_run_shows_the_changes_with_thousands_separators():
                                        "4 staged")
 
 
+def test_rows_whose_vectors_were_paid_before_are_not_called_embedded():
+    """A --sync that only gave rows their text, or reused known texts, sent nothing: its rows
+    are reused, as summary.json counts them, not embedded."""
+    lines = rendered(report(embedded=98, reused=98, requests=0))
+    assert "0 chunks embedded, 98 reused (paid before), 0 failed, 0 pending" in row(lines, "this")
+    lines = rendered(report(embedded=100, reused=40))
+    assert "60 chunks embedded, 40 reused (paid before), 0 failed" in row(lines, "this")
+
+
 def test_exit_1_names_the_cause_and_the_command_that_continues():
     doc = report(exit_code=1, embedded=100, pending=254, pending_reasons={"unauthorized": 254})
     lines = rendered(doc)

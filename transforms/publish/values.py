@@ -8,7 +8,8 @@ A column's type holds every value of its Arrow type (transforms/publish/columns.
 - NaN or an infinity inside a nested value (`jsonb` numbers are decimals; a list of floats is a
   float array, which holds them).
 The publish reads the columns that may hold one (never the vectors) of the rows it is about to
-write, and refuses in one line naming the column and the first document that has one. A text
+write, all of them, and refuses in one line naming each column, how many documents have one
+and the first few: one fix of the input, not one a document. A text
 is searched for a NUL in its bytes as they are in memory (a few ms for 100 MB): the texts of
 a whole view are read at a build.
 """
@@ -65,38 +66,71 @@ def _nul_byte(leaf: pa.Array) -> bool:
 def _fault(leaf: pa.Array) -> str | None:
     t = leaf.type
     if (pa.types.is_string(t) or pa.types.is_large_string(t)) and _nul_byte(leaf):
-        return "a NUL character"
+        return NUL
     if pa.types.is_floating(t) and pc.any(pc.invert(pc.is_finite(leaf))).as_py():
         return "NaN or an infinity"
     return None
 
 
-def _row_with(column: pa.Array, fault: str) -> int:
-    """The first row of COLUMN whose value holds FAULT (found one row at a time: a refusal's
-    path only)."""
-    for i in range(len(column)):
-        if any(_fault(leaf) == fault for leaf in _leaves(column.slice(i, 1))):
-            return i
-    raise ValueError(f"no row holds {fault}")
+NUL = "a NUL character"
+SHOWN_DOCS = 3   # documents a refusal names; it counts them all
 
 
-def refusal(table: pa.Table, cols: Sequence[Column]) -> str | None:
-    """Why a value of TABLE (the rows about to be written, with `doc_id` and the scanned columns
-    of COLS) does not fit its column, or None."""
-    types = {c.name: c.type for c in cols}
+def holds_nul(column: pa.Array) -> bool:
+    """Whether a value of COLUMN (nested values too) holds a NUL character."""
+    return any((pa.types.is_string(leaf.type) or pa.types.is_large_string(leaf.type)) and _nul_byte(leaf)
+               for leaf in _leaves(column))
+
+
+def rows_with(column: pa.Array, fault: str) -> list[int]:
+    """The rows of COLUMN whose value holds FAULT: a column of strings at once, a nested one
+    row by row (a refusal's path only)."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if fault == NUL and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        found = pc.fill_null(pc.match_substring(column, "\x00"), False)
+        return [int(i) for i in np.flatnonzero(found.to_numpy(zero_copy_only=False))]
+    return [i for i in range(len(column)) if any(_fault(leaf) == fault for leaf in _leaves(column.slice(i, 1)))]
+
+
+# (column, fault) -> the documents whose values hold it, in the order met, each once
+Faults = dict[tuple[str, str], dict[str, None]]
+
+
+def faults(table: pa.Table, cols: Sequence[Column], found: Faults | None = None) -> Faults:
+    """Every value of TABLE (the rows about to be written, with `doc_id` and the scanned columns
+    of COLS) that does not fit its column, added to FOUND: a refusal names them all at once."""
+    found = {} if found is None else found
     for name in scanned(cols):
         if name not in table.column_names:   # the text, in a file written without it
             continue
         column = table.column(name).combine_chunks()
-        for fault in filter(None, map(_fault, _leaves(column))):
-            doc = table.column("doc_id")[_row_with(column, fault)].as_py()
-            shown = doc if len(doc) <= _SHOWN else f"{doc[:_SHOWN]}..."
-            what = {"doc_id": "the document id", TEXT: "the chunk's text"}.get(name, f"kept column {name}")
-            holder = ("PostgreSQL's text" if types[name] == "text" else
-                      "JSON (jsonb, the table's type for nested values)")
-            inside = " inside a nested value" if types[name] == "jsonb" else ""
-            return f"{what} holds {fault}{inside} (document {shown!r}), which {holder} does not hold"
-    return None
+        for fault in dict.fromkeys(filter(None, map(_fault, _leaves(column)))):
+            docs = found.setdefault((name, fault), {})
+            ids = table.column("doc_id").combine_chunks()
+            docs.update(dict.fromkeys(ids.take(pa.array(rows_with(column, fault), pa.int64())).to_pylist()))
+    return found
+
+
+def shown(docs: Sequence[str]) -> str:
+    """`document 'a'`, or `3 documents: 'a', 'b', 'c'`, or `9 documents, the first: 'a', 'b', 'c'`."""
+    names = ", ".join(repr(d if len(d) <= _SHOWN else f"{d[:_SHOWN]}...") for d in docs[:SHOWN_DOCS])
+    if len(docs) == 1:
+        return f"document {names}"
+    return f"{len(docs)} documents{', the first' if len(docs) > SHOWN_DOCS else ''}: {names}"
+
+
+def refusal(found: Faults, cols: Sequence[Column]) -> str | None:
+    """Why the values in FOUND do not fit their columns (one clause a column and fault), or None."""
+    types = {c.name: c.type for c in cols}
+    clauses = []
+    for (name, fault), docs in found.items():
+        what = {"doc_id": "the document id", TEXT: "the chunk's text"}.get(name, f"kept column {name}")
+        holder = ("PostgreSQL's text" if types[name] == "text" else
+                  "JSON (jsonb, the table's type for nested values)")
+        inside = " inside a nested value" if types[name] == "jsonb" else ""
+        clauses.append(f"{what} holds {fault}{inside} ({shown(list(docs))}), which {holder} does not hold")
+    return "; ".join(clauses) or None
 
 
 def longest_id(table: pa.Table) -> int:
