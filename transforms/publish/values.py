@@ -93,7 +93,7 @@ def rows_with(column: pa.Array, fault: str) -> list[int]:
     return [i for i in range(len(column)) if any(_fault(leaf) == fault for leaf in _leaves(column.slice(i, 1)))]
 
 
-# (column, fault) -> the documents whose values hold it, in the order met, each once
+# (column, fault) -> the documents whose values hold it, each once
 Faults = dict[tuple[str, str], dict[str, None]]
 
 
@@ -129,7 +129,8 @@ def refusal(found: Faults, cols: Sequence[Column]) -> str | None:
         holder = ("PostgreSQL's text" if types[name] == "text" else
                   "JSON (jsonb, the table's type for nested values)")
         inside = " inside a nested value" if types[name] == "jsonb" else ""
-        clauses.append(f"{what} holds {fault}{inside} ({shown(list(docs))}), which {holder} does not hold")
+        # sorted: the same documents named whatever order the view's files hold them in
+        clauses.append(f"{what} holds {fault}{inside} ({shown(sorted(docs))}), which {holder} does not hold")
     return "; ".join(clauses) or None
 
 
