@@ -388,6 +388,7 @@ def test_invalid_utf8_in_a_string_column_fails_that_row(tmp_path, sb, caplog, ca
     assert all("utf" in (r["reason"] + r["detail"]).lower() for r in kinds["failed"])
 
 
+@pytest.mark.soak   # slow: make soak
 def test_twenty_megabyte_text_completes_in_chunks_within_the_limit(tmp_path, sb):
     rng = random.Random(20)
     parts, size = [], 0

@@ -74,7 +74,7 @@ def _sent_before_the_first_answer(out) -> int:
     return sum(s < first_answer for s in starts)
 
 
-@pytest.mark.parametrize("admitted_after_s, sent", [(0.25, (4, 8)), (1000.0, (2, 2))])
+@pytest.mark.parametrize("admitted_after_s, sent", [(0.25, (4, 8)), pytest.param(1000.0, (2, 2), marks=pytest.mark.soak)])
 def test_before_a_slow_first_answer_the_limit_grows_while_nothing_is_refused(tmp_path, admitted_after_s, sent):
     """A 2 s first answer: requests out for embed.admitted_after_s without a 429 let the next one
     go (up to 4 x the initial 2); with the ramp out of reach, only the initial 2 leave."""
@@ -85,7 +85,7 @@ def test_before_a_slow_first_answer_the_limit_grows_while_nothing_is_refused(tmp
     assert low <= _sent_before_the_first_answer(tmp_path / "out") <= high
 
 
-@pytest.mark.parametrize("mode, workers", [("429", 1), ("429", 2), ("queue", 1)])
+@pytest.mark.parametrize("mode, workers", [("429", 1), pytest.param("429", 2, marks=pytest.mark.soak), ("queue", 1)])
 def test_a_service_at_capacity_gets_every_row_paid_once(tmp_path, unlimited, mode, workers):
     extra = ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing") if workers > 1 else ()
     rows, charges, s = _job(tmp_path, ["--capacity", "2", "--capacity-mode", mode], *extra)
@@ -97,6 +97,7 @@ def test_a_service_at_capacity_gets_every_row_paid_once(tmp_path, unlimited, mod
           f"{s['metrics'].get('retries', 0)} retries")
 
 
+@pytest.mark.soak   # slow: make soak
 def test_more_processes_than_places_deliver_every_row_and_keep_sending(tmp_path, unlimited):
     """Two processes on one place: the one kept out has requests refused until their retries
     run out (client.max_refusals 0 here: at the first 429). That tripped its breaker as if the
@@ -150,6 +151,7 @@ class _OtherClient:
             self.error = exc
 
 
+@pytest.mark.soak   # slow: make soak
 def test_the_process_left_alone_on_the_account_takes_the_places_back(tmp_path):
     """Another client holds one of the account's 2 places while the job starts, then stops: the
     job's 429s taught it a level while the other spent, and the balance its answers carry tells

@@ -174,6 +174,7 @@ def test_daily_cap_holds_while_another_key_spends_and_resumes_on_the_next_day(tm
     assert_every_row_once(out, rows)
 
 
+@pytest.mark.soak   # slow: make soak
 def test_two_worker_processes_hold_a_daily_cap_within_the_bound(tmp_path, sandbox_factory, setup):
     cap = 1.0
     sb = start(sandbox_factory, setup)
@@ -263,6 +264,7 @@ def test_monthly_cap_counts_earlier_days_and_refuses_before_sending(tmp_path, sa
     assert after_the_job(charges) <= round(s["stats_after"]["monthly_usage"] * 1e6) <= usage(charges)
 
 
+@pytest.mark.soak   # slow: make soak
 def test_a_429_from_stats_is_never_fatal(tmp_path, sandbox_factory, setup):
     """One account call a second, two at most at once: the job's readings are refused often."""
     cap = 1.0

@@ -100,7 +100,7 @@ class GCS:
         self._server.stop()
 
 
-@pytest.fixture(params=[S3, GCS], ids=["s3", "gs"])
+@pytest.fixture(params=[pytest.param(S3, marks=pytest.mark.soak), GCS], ids=["s3", "gs"])   # s3 in make test: test_input_changes
 def store(request, monkeypatch):
     started = request.param(monkeypatch)
     yield started

@@ -172,6 +172,7 @@ def test_publish_from_the_installed_package(fresh_install, sandbox, tmp_path, pg
     assert not (out / "_postgres").exists()
 
 
+@pytest.mark.soak   # slow: make soak
 def test_plan_and_run_from_the_installed_package(fresh_install, sandbox, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.parquet")
     plan = in_fresh(fresh_install, "-m", "pipeline", "plan", "--input", str(corpus), "--model", MODEL,

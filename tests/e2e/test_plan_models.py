@@ -36,6 +36,7 @@ def setup(tmp_path, sandbox_factory):
     return corpus, models, start_sandbox(sandbox_factory, models, balance=100.0)
 
 
+@pytest.mark.soak   # slow: make soak
 def test_all_models_json_is_the_array_of_one_model_plans(setup):
     corpus, models, sb = setup
     done = plan(corpus, sb, models, "all", "--json")

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import collections
 
+import pytest
+
 from tests.conftest import SANDBOX_KEY
 from tests.e2e.helpers import current_rows, ledger, run, summary, write_corpus
 from tests.e2e.test_faults import MODEL, PER_REQUEST, models_config, run_config
 
 
+@pytest.mark.soak   # slow: make soak
 def test_a_rate_limited_service_slows_the_job_down_but_loses_nothing(tmp_path, sandbox_factory, monkeypatch):
     monkeypatch.setenv("EMBEDDINGS_API_KEY", SANDBOX_KEY)
     rows = [{"id": f"d{i}", "text": f"rate limited document {i} of the corpus", "lang": "en"}

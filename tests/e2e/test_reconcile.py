@@ -76,6 +76,7 @@ def test_answers_billed_after_a_client_timeout_are_named(tmp_path, sandbox_facto
           f"{recon['balance_minus_requests_rub']} RUB over {sum(n - 1 for n in per_id.values())} unseen charges")
 
 
+@pytest.mark.soak   # slow: make soak
 def test_a_request_lost_after_a_switch_is_priced_at_its_own_model(tmp_path, sandbox_factory, env_key):
     """DIR built on one model (300 RUB per 1M), switched to another (100), then a day whose one
     request times out on both attempts, billed each time: its charges are the job's own, named

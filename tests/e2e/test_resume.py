@@ -30,6 +30,8 @@ JOURNALED_BEFORE_KILL = 3
 # for nothing twice.
 PROCESSES = ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
 WAYS = {"streaming": (), "processes": PROCESSES, "grouping": ("--doc_vectors", *PROCESSES)}
+# the worker processes without grouping in make soak: grouping runs them too
+WAY_PARAMS = [pytest.param(w, marks=pytest.mark.soak) if w == "processes" else w for w in WAYS]
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def kill_midway(tmp_path: Path, sandbox_factory, rows: list[dict]) -> tuple[Path
     return corpus, models, out, slow
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", WAY_PARAMS)
 def test_killed_run_resumes_without_paying_twice(tmp_path, sandbox_factory, env_key, way):
     rows = corpus_rows(n_short=120, n_long=2)
     corpus, models, out, slow = kill_midway(tmp_path, sandbox_factory, rows)
@@ -95,7 +97,7 @@ def test_killed_run_resumes_without_paying_twice(tmp_path, sandbox_factory, env_
 
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", WAY_PARAMS)
 def test_known_vectors_are_reused_at_no_cost_and_another_model_is_refused(tmp_path, sandbox_factory, env_key, way):
     first_rows = corpus_rows(n_short=60, n_long=1, prefix="a-")
     models = write_models(tmp_path / "models.yaml")
@@ -170,7 +172,7 @@ def test_running_again_into_a_finished_directory_does_not_pay_twice(tmp_path, sa
     assert_every_row_once(out, rows)
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", WAY_PARAMS)
 def test_resume_knows_chunks_the_service_made_us_split(tmp_path, sandbox_factory, env_key, way):
     """The service counts 30% more tokens than the client: long chunks come back over-length and
     are re-split and paid as pieces. A later --resume must know them as delivered."""

@@ -89,6 +89,7 @@ def test_a_capped_run_leaves_late_rows_pending_and_the_resume_pays_once(tmp_path
     assert billed_twice(ledger(sandbox)) == {}
 
 
+@pytest.mark.soak   # slow: make soak
 def test_worker_processes_share_a_file_of_one_row_group(tmp_path, sandbox_factory, monkeypatch):
     """A runner gives a stage's input to its workers once, at the start: one row group would go to
     one process. Pulled table by table, both read it, and every row is read once."""

@@ -394,6 +394,7 @@ def test_compare_shows_the_neighbours_the_two_models_share(tmp_path, sandbox_fac
     assert main(["compare", str(out)]) == 0 and "nearest neighbours" in capsys.readouterr().out
 
 
+@pytest.mark.soak   # slow: make soak
 def test_a_switch_on_an_object_store_serves_its_views_by_their_manifests(tmp_path, sandbox_factory, env_key,
                                                                          monkeypatch):
     """No links on S3: the current view is `_current.json`, the target's `_target.json`; the switch

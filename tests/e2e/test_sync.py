@@ -101,7 +101,8 @@ def plan_json(corpus: Path, out: Path, sb, models: Path, *extra: str, capsys) ->
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("workers", [(), ("--direct_num_workers", "2", "--direct_running_mode", "multi_processing")],
+@pytest.mark.parametrize("workers", [(), pytest.param(("--direct_num_workers", "2", "--direct_running_mode",
+                                                         "multi_processing"), marks=pytest.mark.soak)],
                          ids=["one-process", "two-processes"])
 def test_a_changed_corpus_makes_the_current_view_exact_and_pays_only_what_changed(tmp_path, sandbox_factory,
                                                                                  env_key, capsys, workers):

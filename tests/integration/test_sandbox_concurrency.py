@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 import requests
 
 from service.catalog import load_models
@@ -60,6 +61,7 @@ def _check_chain(ledger: list[dict], initial_micro: int) -> None:
         assert to_micro(row["balance_after"]) == balance >= 0
 
 
+@pytest.mark.soak   # slow: make soak
 def test_64_threads_every_charge_accounted_to_the_micro_rouble(sandbox_factory, record_property):
     sb = sandbox_factory(key=KEY, balance=1000.0, budget=900.0)
     t0 = time.perf_counter()

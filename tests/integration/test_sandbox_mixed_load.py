@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 import requests
 
 from service.sandbox.money import to_micro
@@ -30,6 +31,7 @@ def _balance_when_allowed(sb) -> float:
     raise AssertionError("the balance endpoint kept answering 429")
 
 
+@pytest.mark.soak   # slow: make soak
 def test_mixed_load_loses_no_charge_and_limits_only_account_calls(sandbox_factory):
     sb = sandbox_factory(key=KEY, balance=50.0)
     deadline = time.monotonic() + SECONDS

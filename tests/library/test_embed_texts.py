@@ -116,6 +116,7 @@ def test_a_key_file_and_a_named_variable_are_read_the_key_never_shown(sandbox, m
     assert all(SANDBOX_KEY not in repr(v) for kind in out.values() for v in kind)
 
 
+@pytest.mark.soak   # slow: make soak
 def test_the_portable_runner_gives_the_same_rows(sandbox, key_env, tmp_path, job_endpoint):  # noqa: F811
     """The path Flink and Dataflow take: a job service, the pipeline as a portable proto."""
     rows = corpus_rows() + BAD

@@ -161,6 +161,7 @@ PIPELINE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.soak   # slow: make soak
 def test_two_pipelines_on_one_store_at_once_with_compaction_beside_them(sandbox, tmp_path):
     """Each pays a text at most once, so together at most twice; the store stays whole."""
     store, n, models = str(tmp_path / "store"), 400, _small_requests(tmp_path)
