@@ -39,7 +39,8 @@ from pipeline.publish import checks, filters
 from pipeline.publish import database as dbs
 from pipeline.publish import search as found
 from pipeline.publish.index import Index
-from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, Database, TableName, parse_table, reach
+from pipeline.publish.embedded import reach
+from pipeline.publish.target import DEFAULT_TABLE, EMBEDDED, Database, TableName, parse_table
 from pipeline.settings.config import RunSettings
 from pipeline.settings.job import new_run_id
 from pipeline.settings.options import EmbedPipeOptions, command_args

@@ -21,7 +21,7 @@ from pipeline.exits import JobFailed, UsageError
 from pipeline.publish.embedded_files import read_path
 from pipeline.publish.embedded_server import SUPERUSER, Cluster, ServerFailed
 from pipeline.publish.embedded_user import account_for, check_reach
-from pipeline.publish.target import EMBEDDED, Database, embedded_data
+from pipeline.publish.target import EMBEDDED, Database, embedded_data, parse_url
 from pipeline.settings.config import PublishSettings
 
 
@@ -143,3 +143,14 @@ def embedded(output_dir: str, *, create: bool = False, settings: PublishSettings
 def psql_binary() -> Path:
     """The psql of the embedded server's installation (of its own version)."""
     return installed()[1] / "psql"
+
+
+@contextlib.contextmanager
+def reach(target: str, output_dir: str, flag: str = "--to", *, create: bool = False,
+          settings: PublishSettings | None = None) -> Iterator[Database]:
+    """The database TARGET names: DIR's embedded server, started for the block, or a URL's."""
+    if target == EMBEDDED:
+        with embedded(output_dir, create=create, settings=settings) as db:
+            yield db
+    else:
+        yield parse_url(target, flag)

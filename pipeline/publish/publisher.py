@@ -44,7 +44,8 @@ from pipeline.publish.failure import failure
 from pipeline.publish.index import Index, build_indexes
 from pipeline.publish.names import Names
 from pipeline.publish.snapshots import wait_for_older_snapshots
-from pipeline.publish.target import EMBEDDED, Database, TableName, check_target, embedded_data, reach
+from pipeline.publish.embedded import reach
+from pipeline.publish.target import EMBEDDED, Database, TableName, check_target, embedded_data
 from pipeline.runner import make_runner
 from pipeline.settings.config import PublishSettings
 from transforms.errors import one_line

@@ -4,16 +4,14 @@ NAME (a table name that can only be an identifier).
 A URL is read by libpq's own parser (psycopg.conninfo): a password (in the user part or as a
 parameter), or any parameter libpq keeps secret, refuses it, and no message ever shows the URL
 itself, only its host, port, database and user. `embedded` is DIR's own server, its data in
-DIR/_postgres/ (pipeline/publish/embedded.py). A server at a URL is never reconfigured.
+DIR/_postgres/ (pipeline/publish/embedded.py, which reaches either). A server at a URL is never reconfigured.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,6 @@ from pipeline.exits import UsageError
 from pipeline.outdir import layout
 from pipeline.outdir.view import is_local
 from pipeline.publish.conninfo import nested, secrets_in
-from pipeline.settings.config import PublishSettings
 
 EMBEDDED = "embedded"
 DEFAULT_TABLE = "embeddings"
@@ -119,14 +116,3 @@ def check_target(target: str, output_dir: str, flag: str = "--to") -> None:
         embedded_data(output_dir, flag)
     else:
         parse_url(target, flag)
-
-
-@contextlib.contextmanager
-def reach(target: str, output_dir: str, flag: str = "--to", *, create: bool = False,
-          settings: PublishSettings | None = None) -> Iterator[Database]:
-    if target == EMBEDDED:
-        from pipeline.publish.embedded import embedded   # the postgres extra's server, only for `embedded`
-        with embedded(output_dir, create=create, settings=settings) as db:
-            yield db
-    else:
-        yield parse_url(target, flag)
