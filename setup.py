@@ -64,5 +64,5 @@ setup(
         "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-secret-manager>=2.16,<3"],
         "aws": ["apache-beam[aws]>=2.60,<3"],
     },
-    entry_points={"console_scripts": ["embedpipe=pipeline.cli:main"]},
+    entry_points={"console_scripts": ["embedpipe=pipeline.cli:entry"]},
 )

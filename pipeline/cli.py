@@ -16,6 +16,7 @@ User mistakes end in one clear message and an exit code, never a traceback.
 """
 from __future__ import annotations
 
+import atexit
 import difflib
 import importlib.metadata
 import json
@@ -24,9 +25,9 @@ import os
 import platform
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
-from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, UsageError
+from pipeline.exits import EXIT_DOES_NOT_FIT, EXIT_FAILED, EXIT_OK, EXIT_USAGE, JobFailed, RunnerLost, UsageError
 from pipeline.settings.job import catalogue, chunk_tokens_refusal, model_names, resolve
 from pipeline.settings.options import EmbedPipeOptions, all_options_parser, command_options
 from pipeline.terminal import OWN_LOGGERS
@@ -201,6 +202,22 @@ def unknown_command(command: str) -> str:
     return f"unknown command '{command}': {hint} (python -m pipeline --help shows each)"
 
 
+def entry() -> NoReturn:
+    """The command's process: main's exit code; after a runner lost mid-job, with the output
+    flushed and the exit handlers run but the interpreter not finalized (exits.RunnerLost)."""
+    code = main()
+    if not _RUNNER_LOST:
+        sys.exit(code)
+    logging.shutdown()
+    atexit._run_exitfuncs()   # what a normal exit runs: Beam's stop of the runner's subprocesses
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+_RUNNER_LOST: list[bool] = []   # set by _main: how entry leaves
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
@@ -235,6 +252,8 @@ def _main(argv: list[str]) -> int:
         return EXIT_USAGE
     except JobFailed as exc:
         log.error("%s", exc)
+        if isinstance(exc, RunnerLost):
+            _RUNNER_LOST.append(True)
         return EXIT_FAILED
     except errors.AuthenticationError as exc:
         log.error("the service refused the API key (%s): check EMBEDDINGS_API_KEY or --api-key-file",
@@ -253,4 +272,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -15,3 +15,9 @@ class UsageError(Exception):
 
 class JobFailed(Exception):
     """The Beam job itself failed (exit 1); the message says what to do."""
+
+
+class RunnerLost(JobFailed):
+    """The runner's process went away mid-job (exit 1). Threads of gRPC's that served its channels
+    may still run when the interpreter finalizes, which aborts it (SIGABRT): the command's process
+    ends without finalizing (pipeline/cli.py, entry)."""

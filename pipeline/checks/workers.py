@@ -40,6 +40,11 @@ def _local_port(pool: str) -> str | None:
     return port if port.isdigit() and host in (*THIS_MACHINE, socket.gethostname()) else None
 
 
+def runner_gone(exc: Exception) -> bool:
+    """Whether EXC is the runner's connection lost: its process gone, or cancelled."""
+    return isinstance(exc, grpc.RpcError) and exc.code() in RUNNER_GONE
+
+
 def message(job: Job, exc: Exception) -> str | None:
     """The line for a job that failed for one of the causes above; None for any other failure."""
     portable = job.opts.view_as(PortableOptions)
@@ -47,7 +52,7 @@ def message(job: Job, exc: Exception) -> str | None:
     workers = f"the workers of the worker pool at {pool}" if pool else "the workers"
     paid = (f"What was paid for is journaled in {journal.journal_dir(job.opts.output, job.run_id)}; "
             f"run {job.again} then: nothing is paid twice.")
-    if isinstance(exc, grpc.RpcError) and exc.code() in RUNNER_GONE:
+    if isinstance(exc, grpc.RpcError) and runner_gone(exc):
         if portable.job_endpoint:   # a job service of its own: the job may outlive the connection
             return (f"the job service at {portable.job_endpoint} stopped answering mid-run ({exc.code().name}): the "
                     f"job may still run there; once it has ended: {paid}")

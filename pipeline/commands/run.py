@@ -25,7 +25,7 @@ from pipeline.checks.prior import Prior, check_kept, pending_input, prior, remov
 from pipeline.checks.nul import warn_nul
 from pipeline.checks.scan import Scan, scan_input, scan_pending
 from pipeline.commands import summary
-from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed, UsageError
+from pipeline.exits import EXIT_FAILED, EXIT_OK, EXIT_PARTIAL, JobFailed, RunnerLost, UsageError
 from pipeline.money import account as acct
 from pipeline.money import measure
 from pipeline.outdir import OutputDir, kept, late, layout, space
@@ -190,7 +190,7 @@ def _failed(job: Job, out: OutputDir, info: InputInfo, exc: Exception) -> JobFai
     if (changed := reading.changed(info)) is not None:
         return _changed(job, out, changed)
     if (where := workers.message(job, exc)) is not None:   # the workers or the runner, not the data
-        return JobFailed(where)
+        return RunnerLost(where) if workers.runner_gone(exc) else JobFailed(where)
     paid = f"What was paid for is journaled in {journal.journal_dir(job.opts.output, job.run_id)}"
     if (reason := reading.unreadable(exc)) is not None:
         return JobFailed(f"{reason}; {_kept(out, job)}. {paid}; replace the file with a readable copy and run "
