@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -207,7 +208,20 @@ class Cluster:
             return None
         if found.status != "ready":
             return self._ready(found.pid)
-        return found if accepts(found) else None
+        return found if self._answers(found) else None
+
+    def _answers(self, postmaster: Postmaster) -> bool:
+        """POSTMASTER's server listens at its socket, in a directory of the server's user alone:
+        a stale postmaster.pid (its server killed, its pid another process's since) may name a
+        socket directory that another user has made since, with a server of theirs in it."""
+        if postmaster.socket_dir != self.data:
+            try:
+                found = os.lstat(postmaster.socket_dir)
+            except OSError:
+                return False
+            if not stat.S_ISDIR(found.st_mode) or found.st_uid != self.account.uid or found.st_mode & 0o077:
+                return False
+        return accepts(postmaster)
 
     def _ready(self, pid: int) -> Postmaster:
         """The server of PID once ready; ServerFailed when it ends first."""
@@ -265,7 +279,7 @@ class Cluster:
 
     def _stop(self) -> None:
         found = read_postmaster(self.data)
-        if found is None or not _alive(found.pid) or not accepts(found):
+        if found is None or not _alive(found.pid) or not self._answers(found):
             return
         if not self._interrupt(found.pid):   # not the server's user's: no server of DATA
             return

@@ -320,13 +320,16 @@ def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, ba
     out = moved(day1, home / "out")
     give(home, user)
     assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    sockets = home / "sockets"   # the server's user's alone, as a socket directory of its server
+    sockets.mkdir(mode=0o700)
+    give(sockets, user)
     roots = subprocess.Popen(["sleep", "600"])
     with socket.socket(socket.AF_UNIX) as answering:
-        answering.bind(str(base / ".s.PGSQL.5432"))
+        answering.bind(str(sockets / ".s.PGSQL.5432"))
         answering.listen(8)
         threading.Thread(target=lambda: [answering.accept()[0].close() for _ in range(8)], daemon=True).start()
-        (out / "_postgres" / "postmaster.pid").write_text(f"{roots.pid}\n{out / '_postgres'}\n0\n5432\n{base}\n\n"
-                                                          "0 0\nready   \n")
+        (out / "_postgres" / "postmaster.pid").write_text(f"{roots.pid}\n{out / '_postgres'}\n0\n5432\n{sockets}\n"
+                                                          "\n0 0\nready   \n")
         try:
             done = cli("psql", str(out), "-c", "SELECT 1")
             assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
@@ -334,3 +337,41 @@ def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, ba
         finally:
             roots.kill()
             roots.wait()
+
+
+def test_a_stale_pid_file_never_leads_to_another_user_s_server(day1, base):
+    """A server killed without its stop (then a reboot: the temporary directory emptied, its pid
+    another process's) leaves a postmaster.pid naming a socket directory in /tmp: the second
+    user makes that directory and serves a database of its own there. Root's publish starts
+    DIR's own server, and the second user's database never sees the view."""
+    user = second_user()
+    out = moved(day1, base / ("d" * 100) / "out")
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    theirs, sockets = base / "theirs", Path(tempfile.gettempdir()) / f"embedpipe-pg-{uuid.uuid4().hex[:8]}"
+    for made in (theirs, sockets):
+        made.mkdir(mode=0o700)
+        os.chown(made, user.pw_uid, user.pw_gid)
+    programs = psql_binary().parent
+    made = run_as_second_user([str(programs / "initdb"), "-D", str(theirs / "data"), "-U", "postgres", "--auth=trust"],
+                              timeout=300)
+    assert made.returncode == 0, made.stderr
+    server = subprocess.Popen([str(programs / "postgres"), "-D", str(theirs / "data"), "-c", "listen_addresses=",
+                               "-k", str(sockets)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              **as_second_user())
+    reused = subprocess.Popen(["sleep", "600"])
+    try:
+        until(lambda: next(sockets.glob(".s.PGSQL.5432"), None), "the second user's server", server)
+        (out / "_postgres" / "postmaster.pid").write_text(f"{reused.pid}\n{out / '_postgres'}\n0\n5432\n{sockets}\n\n"
+                                                          "0 0\nready   \n")
+        done = cli("publish", str(out), "--to", "embedded", "--table", "taken")
+        assert done.returncode == 0, done.stderr[-3000:]
+        theirs_read = run_as_second_user([psql(), as_root(sockets), "-tA", "-c", "SELECT to_regclass('taken') IS NULL"])
+        assert theirs_read.stdout.strip() == "t", theirs_read.stderr
+        counted = cli("psql", str(out), "-tA", "-c", "SELECT count(*) > 0 FROM taken")
+        assert counted.stdout.strip() == "t", counted.stderr
+    finally:
+        reused.kill()
+        reused.wait()
+        server.terminate()
+        server.wait(60)
+        shutil.rmtree(sockets, ignore_errors=True)
