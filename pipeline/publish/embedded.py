@@ -73,6 +73,9 @@ def _cluster(output_dir: str, data: Path, create: bool) -> Cluster:
     something else is there."""
     version, programs = installed()
     again = shlex.join(["python", "-m", "pipeline", "publish", output_dir, "--to", EMBEDDED])
+    if "\n" in str(data):   # postmaster.pid is read by lines: its data and socket directories would split
+        raise UsageError(f"{str(data)!r} holds a line break, which PostgreSQL cannot name in its postmaster.pid: "
+                         "move DIR to a path without one, or publish to a postgresql:// URL")
     if data.is_symlink():
         if data_version(data) is None:   # made there, the database would land where the link points
             raise UsageError(f"{data} is a link to {os.readlink(data)}, which holds no database: the embedded "

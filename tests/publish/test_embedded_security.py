@@ -273,6 +273,18 @@ def test_a_path_with_a_space_a_quote_and_a_command_is_read_by_no_shell(day1, bas
     assert not marker.exists()
 
 
+def test_a_path_with_a_line_break_is_one_line_and_no_server_left(day1, base):
+    """postmaster.pid names the data and socket directories one a line: a server started there
+    would be found by no command, nor stopped."""
+    out = moved(day1, base / "a\nb" / "out")
+    for args in (["publish", str(out), "--to", "embedded"], ["psql", str(out), "-c", "SELECT 1"]):
+        done = cli(*args)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "holds a line break" in done.stderr
+    assert not (out / "_postgres").exists()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+
+
 def test_a_link_in_place_of_the_data_directory_never_makes_it_elsewhere(day1, base):
     """DIR's owner links DIR/_postgres to an empty directory of root's: root's publish refuses it
     in one line, and that directory stays root's, closed and empty."""
