@@ -86,7 +86,10 @@ def record(state: Path, pools: dict[int, int | None]) -> None:
     """`{"worker_pools": [PID, ...], "started": {"PID": TICKS}}`, replaced at once."""
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = _pids_file(state).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"worker_pools": list(pools), "started": {str(p): t for p, t in pools.items()}}) + "\n")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)   # others write it not, whatever the umask
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps({"worker_pools": list(pools), "started": {str(p): t for p, t in pools.items()}}) + "\n")
     os.replace(tmp, _pids_file(state))
 
 

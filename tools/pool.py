@@ -81,7 +81,7 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, hos
         raise SystemExit(f"{state} is not yours alone (another user's, or others write it): a pool there could run "
                          "jobs of other users; choose a directory of yours alone with POOL_DIR=DIR")
     log = state / f"worker_pool-{port}.log"
-    with open(log, "ab") as fh:
+    with _private_file(log) as fh:
         offset = fh.tell()
         proc = subprocess.Popen([sys.executable, *workerpool.serve_args(state, host, port)], stdin=subprocess.DEVNULL,
                                 stdout=fh, stderr=subprocess.STDOUT, env=pool_env(env), cwd=ROOT,
@@ -96,6 +96,13 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, hos
     times = workerpool.recorded(state)
     workerpool.record(state, {**{p: times[p] for p in workerpool.running(state)}, **pool})
     return proc.pid
+
+
+def _private_file(path: Path) -> Any:
+    """PATH open to append, this user's alone to read and write whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def up(port: int, state: Path = STATE, env: dict[str, str] | None = None, host: str = DEFAULT_HOST) -> list[int]:
@@ -193,7 +200,9 @@ class _Pool(workerpool.Servicer):
 
 def serve(state: Path, host: str, port: int) -> None:
     """The pool itself (`start` runs it): serves until SIGINT."""
-    _workers_dir(state).mkdir(exist_ok=True)
+    # the workers load what it holds (staged/, a pickled main session): this user's alone
+    _workers_dir(state).mkdir(mode=0o700, exist_ok=True)
+    _workers_dir(state).chmod(0o700)
     address, server = workerpool.serve(_Pool(state), host, port)
     print(f"{READY.decode()}{address} for {state}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
