@@ -76,10 +76,13 @@ def recorded(state: Path) -> dict[int, int | None]:
     """STATE's recorded pools: pid -> start time (None for a record that has none)."""
     try:
         data = json.loads(_pids_file(state).read_text())
+        times = data.get("started", {})
+        return {int(p): times.get(str(p)) for p in data["worker_pools"]}
     except FileNotFoundError:
         return {}
-    times = data.get("started", {})
-    return {int(p): times.get(str(p)) for p in data["worker_pools"]}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:   # cut short, or edited
+        raise UsageError(f"{_pids_file(state)} is no record of worker pools ({type(exc).__name__}: {exc}): stop its "
+                         "pools by their pids (ps -eo pid,args | grep 'tools.pool serve'), then remove it") from None
 
 
 def record(state: Path, pools: dict[int, int | None]) -> None:

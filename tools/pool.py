@@ -42,6 +42,7 @@ from typing import Any
 from apache_beam.portability.api import beam_fn_api_pb2
 
 from pipeline import workerpool
+from pipeline.exits import UsageError
 from service.credentials import ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]   # the checkout, which the pool and its workers run from
@@ -219,6 +220,14 @@ def _serve_args(argv: list[str]) -> Any:
 
 
 def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except UsageError as exc:   # its state unreadable: one line
+        print(exc, file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     given = os.environ.get("POOL_PORT", "")
     state = Path(os.environ.get(workerpool.STATE_VAR) or STATE).absolute()

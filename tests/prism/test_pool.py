@@ -140,6 +140,19 @@ def test_under_umask_000_what_the_pool_writes_stays_its_user_s(tmp_path):
         pools.down(state)
 
 
+def test_a_record_cut_short_is_one_line_not_a_traceback(tmp_path):
+    state = tmp_path / ".pool"
+    state.mkdir(mode=0o700)
+    (state / "pids.json").write_text('{"worker_pools": [1]}\nx\n')
+    env = {**os.environ, "POOL_DIR": str(state)}
+    for command in ("down", "up", "stopped"):
+        done = subprocess.run([sys.executable, "-m", "tools.pool", command], cwd=pools.ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.count("\n") == done.stderr.count("apitools") + 1   # one line (and Beam's import warnings)
+        assert "is no record of worker pools" in done.stderr
+
+
 def test_a_port_taken_by_another_process_is_refused(tmp_path):
     port = free_port()
     with socket.socket() as s:
