@@ -204,11 +204,24 @@ class Cluster:
     def _join(self) -> Postmaster | None:
         """The server running on DATA (waited for while it starts), or None."""
         found = read_postmaster(self.data)
-        if found is None or not _alive(found.pid):
+        if found is None or not self._serves(found.pid):
             return None
         if found.status != "ready":
             return self._ready(found.pid)
         return found if self._answers(found) else None
+
+    def _serves(self, pid: int) -> bool:
+        """PID, named by DATA/postmaster.pid, is a postmaster of DATA: alive, and working in DATA
+        as PostgreSQL does. A stale file (its server killed, say by a reboot while it started or
+        stopped) names a pid that may be another process's since, which no command must wait for."""
+        if not _alive(pid):
+            return False
+        if not Path("/proc/self/cwd").exists():   # no procfs: a live pid is all there is to know
+            return True
+        try:
+            return os.readlink(f"/proc/{pid}/cwd") == os.path.realpath(self.data)
+        except OSError:   # gone, or another user's process (the server runs as ours)
+            return False
 
     def _answers(self, postmaster: Postmaster) -> bool:
         """POSTMASTER's server listens at its socket, in a directory of the server's user alone:
@@ -240,6 +253,8 @@ class Cluster:
     def _start(self, directory: int) -> Postmaster:
         if (stale := read_postmaster(self.data)) is not None:
             self._remove_socket_dir(stale.socket_dir)
+            if not self._serves(stale.pid):   # else PostgreSQL refuses it while that pid is its user's
+                os.unlink("postmaster.pid", dir_fd=directory)
         sockets = self.data if _fits(self.data) else self._private_socket_dir()
         log = files.open_plain(directory, self.log.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.account)
         try:
@@ -279,7 +294,7 @@ class Cluster:
 
     def _stop(self) -> None:
         found = read_postmaster(self.data)
-        if found is None or not _alive(found.pid) or not self._answers(found):
+        if found is None or not self._serves(found.pid) or not self._answers(found):
             return
         if not self._interrupt(found.pid):   # not the server's user's: no server of DATA
             return

@@ -323,9 +323,33 @@ def test_root_writes_nothing_through_a_link_in_the_data_directory(day1, base, na
     assert victim.read_text() == "root's\n"
 
 
+@pytest.mark.parametrize("status", ["ready", "starting", "stopping"])
+def test_a_stale_pid_file_whose_pid_another_process_has_is_passed_over(day1, base, status):
+    """A server killed as it ran, started or stopped (a reboot), its pid the server's user's
+    process since: the next command neither waits for that process nor is refused by
+    PostgreSQL's own check of the pid; it starts DIR's server, and that process is untouched."""
+    user = second_user()
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    out = moved(day1, home / "out")
+    give(home, user)
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    reused = subprocess.Popen(["sleep", "600"], **as_second_user())
+    try:
+        (out / "_postgres" / "postmaster.pid").write_text(f"{reused.pid}\n{out / '_postgres'}\n0\n5432\n"
+                                                          f"{out / '_postgres'}\n\n0 0\n{status}\n")
+        done = subprocess.run(command("psql", str(out), "-tA", "-c", "SELECT count(*) > 0 FROM embeddings"),
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == "t", done.stderr[-2000:]
+        assert reused.poll() is None
+    finally:
+        reused.kill()
+        reused.wait()
+
+
 def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, base):
-    """The server's user (here DIR's owner) writes a postmaster.pid naming a process of root's and
-    a socket that answers: root's command ends, that process untouched."""
+    """The server's user (here DIR's owner) writes a postmaster.pid naming a process of root's (in
+    DATA) and a socket that answers: root's command ends, that process untouched."""
     user = second_user()
     home = base / "home"
     home.mkdir(mode=0o700)
@@ -335,7 +359,7 @@ def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, ba
     sockets = home / "sockets"   # the server's user's alone, as a socket directory of its server
     sockets.mkdir(mode=0o700)
     give(sockets, user)
-    roots = subprocess.Popen(["sleep", "600"])
+    roots = subprocess.Popen(["sleep", "600"], cwd=out / "_postgres")   # working in DATA, as a postmaster does
     with socket.socket(socket.AF_UNIX) as answering:
         answering.bind(str(sockets / ".s.PGSQL.5432"))
         answering.listen(8)
