@@ -109,9 +109,14 @@ def _alive(pid: int) -> bool:
     return child.poll() is None if child else pid_alive(pid)
 
 
+_KEPT = ("PATH", "TZ", "LANG", "LANGUAGE", "TMPDIR", "LD_LIBRARY_PATH")
+
+
 def _environment() -> dict[str, str]:
-    """The server's: ours without libpq's and PostgreSQL's variables (PGDATA, PGOPTIONS...)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    """The server's: of ours, only what its programs read (the path, the locale, the time zone).
+    Its user may be another (DIR's owner), who reads its processes' environment: no API key nor
+    other secret of the command's; no libpq or PostgreSQL variable (PGDATA, PGOPTIONS...)."""
+    return {k: v for k, v in os.environ.items() if k in _KEPT or k.startswith("LC_")}
 
 
 def _major(version: str) -> int:

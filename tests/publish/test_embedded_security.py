@@ -242,6 +242,25 @@ def test_as_root_a_dir_of_another_user_is_served_as_that_user_and_the_modes_abov
         assert_runs_as(pid, user)
 
 
+def test_the_api_key_never_reaches_the_server_of_another_user(day1, base, monkeypatch):
+    """Root publishes and reads a DIR of the second user's with the API key (and another secret)
+    in its environment: the server, which runs as that user, holds neither."""
+    user = second_user()
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    out = moved(day1, home / "out")
+    give(home, user)
+    monkeypatch.setenv("SOME_TOKEN", "tok-not-for-the-server")
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    with held(out) as (pid, _):
+        assert os.environ["EMBEDDINGS_API_KEY"]
+        processes = [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+        read = [run_as_second_user(["cat", f"/proc/{p}/environ"]) for p in processes]
+        assert any(r.returncode == 0 and "PATH=" in r.stdout for r in read)   # the second user reads them...
+        for r in read:
+            assert os.environ["EMBEDDINGS_API_KEY"] not in r.stdout and "tok-not-for-the-server" not in r.stdout
+
+
 def test_a_plain_user_serves_its_own_dir_privately(day1, base):
     """The second user publishes its own DIR (a path too long for a socket in it): the modes above
     DIR stay, its server runs as it alone, its socket's directory is its own and closed."""
