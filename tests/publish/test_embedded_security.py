@@ -251,7 +251,16 @@ def test_the_api_key_never_reaches_the_server_of_another_user(day1, base, monkey
     out = moved(day1, home / "out")
     give(home, user)
     monkeypatch.setenv("SOME_TOKEN", "tok-not-for-the-server")
+    seen = base / "seen"   # what each program run as that user is given (test(1), which asks what it can reach)
+    seen.mkdir(mode=0o777)
+    seen.chmod(0o777)
+    (base / "bin").mkdir()
+    (base / "bin" / "test").write_text(f'#!/bin/sh\n/usr/bin/env > "{seen}/$$"\nexec {shutil.which("test")} "$@"\n')
+    (base / "bin" / "test").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{base / 'bin'}:{os.environ['PATH']}")
     assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    given = [p.read_text() for p in seen.iterdir()]
+    assert given and not [g for g in given if os.environ["EMBEDDINGS_API_KEY"] in g or "tok-not" in g], given
     with held(out) as (pid, _):
         assert os.environ["EMBEDDINGS_API_KEY"]
         processes = [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
