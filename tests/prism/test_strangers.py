@@ -181,6 +181,28 @@ def test_a_launcher_refuses_another_checkout_s_pool_before_anything_is_sent(tmp_
     assert "starting worker" not in theirs.log.read_text()
 
 
+def test_a_pool_at_another_address_of_this_machine_is_refused_unless_it_is_this_checkout_s(own_pool, monkeypatch):
+    """127.0.0.0/8 is loopback whole, and 0.0.0.0 dials it: a stranger's pool at 127.0.0.2 on the
+    port of this checkout's (which listens on localhost) is refused, as one on no address at all."""
+    pool = own_pool()
+    monkeypatch.setenv(workerpool.STATE_VAR, str(pool.state))
+
+    def taken(config: str) -> object:
+        return prism.own_pool(PipelineOptions(["--runner", "PrismRunner", "--environment_type", "EXTERNAL",
+                                               "--environment_config", config]))
+
+    for ours in (pool.address, f"127.0.0.1:{pool.port}", f"0.0.0.0:{pool.port}", f"[::ffff:127.0.0.1]:{pool.port}"):
+        assert taken(ours) == pool.state, ours
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.2", pool.port))
+        stranger.listen()
+        with pytest.raises(UsageError, match=f"the worker pool on port {pool.port} is not this checkout's"):
+            taken(f"127.0.0.2:{pool.port}")
+    with pytest.raises(UsageError, match="no worker pool runs on port"):
+        taken(f"127.0.0.3:{free_port()}")
+    assert taken("pool.example.internal:50000") is None   # a pool elsewhere: its owner's (no lookup made)
+
+
 def test_the_job_s_worker_pays_with_the_launcher_s_key_not_the_pool_s(tmp_path, own_pool, sandbox_factory,
                                                                       leak_key, prism_binary):
     pool = own_pool(env_for("sk-someone-elses-key"))   # started with another account's key
