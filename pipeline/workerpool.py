@@ -62,9 +62,10 @@ def started(pid: int) -> int | None:
 
 def private(path: Path, others: int = 0o077) -> bool:
     """Whether PATH is this user's, with none of the OTHERS permission bits (0o022: no one else
-    writes it; 0o077: no one else reads it either)."""
+    writes it; 0o077: no one else reads it either), and no link (whoever made a link in a
+    directory others write, /tmp, may point it elsewhere at any time)."""
     try:
-        st = path.stat()
+        st = path.lstat()
     except OSError:
         return False
     return st.st_uid == os.getuid() and not st.st_mode & others
@@ -285,9 +286,9 @@ def own_pool(portable: PortableOptions) -> Path | None:
     if portable.environment_type != "EXTERNAL" or port is None:
         return None
     state = state_dir()
-    if state.exists() and not private(state, 0o022):
-        raise UsageError(f"the worker pools' directory {state} is not yours alone (another user's, or others write "
-                         "it): a pool there could run jobs of other users. Start this checkout's pool with "
+    if os.path.lexists(state) and not private(state, 0o022):
+        raise UsageError(f"the worker pools' directory {state} is not yours alone (a link, another user's, or others "
+                         "write it): a pool there could run jobs of other users. Start this checkout's pool with "
                          "POOL_DIR=DIR, a directory of yours alone, and run with the same POOL_DIR")
     if not (here := local_addresses(host)):
         return None   # a pool elsewhere: its owner's

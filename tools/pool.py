@@ -79,7 +79,7 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, hos
     state = state.absolute()
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not workerpool.private(state, 0o022):   # whoever writes it could admit jobs
-        raise SystemExit(f"{state} is not yours alone (another user's, or others write it): a pool there could run "
+        raise SystemExit(f"{state} is not yours alone (a link, another user's, or others write it): a pool there could run "
                          "jobs of other users; choose a directory of yours alone with POOL_DIR=DIR")
     log = state / f"worker_pool-{port}.log"
     with _private_file(log) as fh:
@@ -238,8 +238,8 @@ def _main(argv: list[str]) -> int:
     if given and not given.isdigit():
         print(f"POOL_PORT={given}: not a port number", file=sys.stderr)
         return 2
-    if state.exists() and not workerpool.private(state, 0o022):
-        print(f"{state} is not yours alone (another user's, or others write it): a pool there could run jobs of "
+    if os.path.lexists(state) and not workerpool.private(state, 0o022):
+        print(f"{state} is not yours alone (a link, another user's, or others write it): a pool there could run jobs of "
               "other users; choose a directory of yours alone with POOL_DIR=DIR", file=sys.stderr)
         return 1
     if command == "up":

@@ -163,6 +163,33 @@ def test_another_user_admits_no_job(own_pool, runner, tmp_path, monkeypatch):
     os.chown(pool.state, os.getuid(), os.getgid())   # the fixture stops it
 
 
+def test_a_pool_directory_that_is_a_link_is_refused(tmp_path, monkeypatch):
+    """The second user links the POOL_DIR root names in /tmp to a directory of root's: the pool and
+    the launcher refuse it (the link could be turned, mid-run, to a directory of that user's)."""
+    user = second_user()
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    roots = tmp_path / "roots"
+    roots.mkdir(mode=0o700)
+    link = shared / "pool"
+    link.symlink_to(roots)
+    os.chown(link, user.pw_uid, user.pw_gid, follow_symlinks=False)
+    try:
+        with pytest.raises(SystemExit, match="is not yours alone"):
+            pools.start(free_port(), link)
+    finally:
+        pools.down(link)   # one started there, if any
+    monkeypatch.setenv(workerpool.STATE_VAR, str(link))
+    with socket.socket() as listening:   # a pool there, whichever
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        with pytest.raises(UsageError, match="is not yours alone"):
+            prism.own_pool(PipelineOptions(["--runner", "PrismRunner", "--environment_type", "EXTERNAL",
+                                            "--environment_config", f"localhost:{listening.getsockname()[1]}"]))
+    assert not list(roots.iterdir())
+
+
 def test_a_launcher_refuses_another_checkout_s_pool_before_anything_is_sent(tmp_path, own_pool, sandbox_factory,
                                                                            leak_key, prism_binary):
     """B's pool on a port, A's launcher told to use it: refused in one line, before the balance is
