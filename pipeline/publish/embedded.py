@@ -116,7 +116,10 @@ def _why(log: Path, exc: ServerFailed) -> str:
         return str(exc)
     pid = re.search(r"\[\d+\]", lines[-1])
     last = [line for line in lines[-5:] if pid and pid.group(0) in line] or lines[-1:]
-    return "; ".join(re.sub(r"^.*?\b[A-Z]+:\s+", "", line, count=1) for line in last)
+    said = "; ".join(re.sub(r"^.*?\b[A-Z]+:\s+", "", line, count=1) for line in last)
+    # the log quotes the configuration, which the server's user (DIR's owner, say) writes:
+    # no control character of theirs reaches the terminal of the command's user
+    return "".join(c if c.isprintable() else "?" for c in said)
 
 
 @contextlib.contextmanager

@@ -330,6 +330,22 @@ def test_a_link_in_place_of_the_data_directory_never_makes_it_elsewhere(day1, ba
     assert victim.stat().st_uid == 0 and victim.stat().st_mode & 0o777 == 0o700 and not list(victim.iterdir())
 
 
+def test_the_server_s_last_words_reach_root_s_terminal_without_control_characters(day1, base):
+    """DIR's owner, who writes the configuration, puts terminal escapes in a setting's value: root's
+    command, whose server does not start, says what it said in one line, without them."""
+    user = second_user()
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    out = moved(day1, home / "out")
+    give(home, user)
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    with (out / "_postgres" / "postgresql.conf").open("a") as conf:
+        conf.write("work_mem = '\x1b]0;title\x07\x1b[2J'\n")
+    done = cli("psql", str(out), "-c", "SELECT 1")
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "work_mem" in done.stderr and not [c for c in done.stderr.strip() if not c.isprintable()], done.stderr
+
+
 @pytest.mark.parametrize("name", ["log", "postgresql.conf"])
 def test_root_writes_nothing_through_a_link_in_the_data_directory(day1, base, name):
     """The server's user (here DIR's owner) replaces a file that root's command writes to with a
