@@ -293,8 +293,13 @@ def own_pool(portable: PortableOptions) -> Path | None:
     if not (here := local_addresses(host)):
         return None   # a pool elsewhere: its owner's
     with contextlib.suppress(OSError):   # a pool that ended meanwhile
-        if any(q == port and all(_covers(_host_of(p), ip) for ip in here) for p, q in running(state).items()):
-            return state
+        for host_of_ours in (_host_of(p) for p, q in running(state).items() if q == port):
+            if all(_covers(host_of_ours, ip) for ip in here):
+                return state
+            raise UsageError(f"--environment_config {config}: this checkout's worker pool on port {port} listens on "
+                             f"{host_of_ours} alone, and {host} may reach another listener on the same port (at "
+                             f"{', '.join(sorted(map(str, here)))}): pass --environment_config "
+                             f"{address(host_of_ours, port)}")
     with socket.socket(socket.AF_INET6 if (dialed := min(here, key=str)).version == 6 else socket.AF_INET) as probe:
         if probe.connect_ex((str(dialed), port)):
             raise UsageError(f"--environment_config {config}: no worker pool runs on port {port}: start this "

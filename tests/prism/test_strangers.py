@@ -223,11 +223,26 @@ def test_a_pool_at_another_address_of_this_machine_is_refused_unless_it_is_this_
     with socket.socket() as stranger:
         stranger.bind(("127.0.0.2", pool.port))
         stranger.listen()
-        with pytest.raises(UsageError, match=f"the worker pool on port {pool.port} is not this checkout's"):
+        with pytest.raises(UsageError, match=f"listens on localhost alone.*--environment_config localhost:{pool.port}"):
             taken(f"127.0.0.2:{pool.port}")
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.2", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        with pytest.raises(UsageError, match=f"the worker pool on port {port} is not this checkout's"):
+            taken(f"127.0.0.2:{port}")
     with pytest.raises(UsageError, match="no worker pool runs on port"):
         taken(f"127.0.0.3:{free_port()}")
     assert taken("pool.example.internal:50000") is None   # a pool elsewhere: its owner's (no lookup made)
+    state, port = pool.state.parent / "v4", free_port()
+    monkeypatch.setenv(workerpool.STATE_VAR, str(state))
+    try:
+        pools.start(port, state, host="127.0.0.1")   # POOL_HOST=127.0.0.1: ::1 at its port is anyone's
+        with pytest.raises(UsageError, match=f"listens on 127.0.0.1 alone.*pass --environment_config 127.0.0.1:{port}"):
+            taken(f"[::1]:{port}")
+        assert taken(f"127.0.0.1:{port}") == state
+    finally:
+        pools.down(state)
 
 
 def test_the_job_s_worker_pays_with_the_launcher_s_key_not_the_pool_s(tmp_path, own_pool, sandbox_factory,
