@@ -20,7 +20,7 @@ from psycopg.conninfo import make_conninfo
 from pipeline.exits import JobFailed, UsageError
 from pipeline.publish.embedded_files import read_path
 from pipeline.publish.embedded_server import SUPERUSER, Cluster, ServerFailed
-from pipeline.publish.embedded_user import account_for, check_reach
+from pipeline.publish.embedded_user import account_for, as_root, check_reach
 from pipeline.publish.target import EMBEDDED, Database, embedded_data, parse_url
 from pipeline.settings.config import PublishSettings
 
@@ -95,6 +95,9 @@ def _cluster(output_dir: str, data: Path, create: bool) -> Cluster:
                          f"{version}: move it aside, and publish makes a new one from DIR's view: {aside} && {again}")
     account = account_for(data)
     check_reach(account, data, programs)
+    if found is None and not as_root() and not os.access(data.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{output_dir} is not yours to write, and the embedded database is made in it ({data}): "
+                         f"publish as DIR's owner or as root, or to a postgresql:// URL")
     cluster = Cluster(data, account, programs)
     if found is None:
         try:

@@ -291,6 +291,15 @@ def test_a_plain_user_serves_its_own_dir_privately(day1, base):
     assert ran.stdout.split()[-1] == str(user.pw_gid)   # its own server: COPY runs as it, in its group only
 
 
+def test_a_plain_user_publishing_a_dir_it_cannot_write_is_one_line(day1, base):
+    out = moved(day1, base / "roots" / "out")   # root's, which the second user reads
+    for path in (base / "roots", *out.rglob("*")):
+        path.chmod(path.stat().st_mode | 0o555 if path.is_dir() else path.stat().st_mode | 0o444)
+    done = cli("publish", str(out), "--to", "embedded", as_second=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"{out} is not yours to write" in done.stderr and not (out / "_postgres").exists()
+
+
 def test_a_path_with_a_space_a_quote_and_a_command_is_read_by_no_shell(day1, base):
     marker = Path(f"/tmp/embedpipe-marker-{uuid.uuid4().hex}")
     out = moved(day1, base / f"a b'c\"d $(touch {marker})" / "out")
