@@ -20,6 +20,8 @@ other users write, and an admission counts only in a directory and a file no one
 """
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -41,8 +43,8 @@ from service.credentials import ENV_VAR
 ROOT = Path(__file__).resolve().parents[1]   # the checkout
 STATE_VAR = "POOL_DIR"
 SERVE = ["-m", "tools.pool", "serve"]        # a pool's command line after its interpreter
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 _LOGGER = logging.getLogger(__name__)
+IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 Admits = Callable[[beam_fn_api_pb2.StartWorkerRequest], dict[str, str] | None]
 
 
@@ -60,9 +62,10 @@ def started(pid: int) -> int | None:
 
 def private(path: Path, others: int = 0o077) -> bool:
     """Whether PATH is this user's, with none of the OTHERS permission bits (0o022: no one else
-    writes it; 0o077: no one else reads it either)."""
+    writes it; 0o077: no one else reads it either), and no link (whoever made a link in a
+    directory others write, /tmp, may point it elsewhere at any time)."""
     try:
-        st = path.stat()
+        st = path.lstat()
     except OSError:
         return False
     return st.st_uid == os.getuid() and not st.st_mode & others
@@ -76,17 +79,23 @@ def recorded(state: Path) -> dict[int, int | None]:
     """STATE's recorded pools: pid -> start time (None for a record that has none)."""
     try:
         data = json.loads(_pids_file(state).read_text())
+        times = data.get("started", {})
+        return {int(p): times.get(str(p)) for p in data["worker_pools"]}
     except FileNotFoundError:
         return {}
-    times = data.get("started", {})
-    return {int(p): times.get(str(p)) for p in data["worker_pools"]}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:   # cut short, or edited
+        raise UsageError(f"{_pids_file(state)} is no record of worker pools ({type(exc).__name__}: {exc}): stop its "
+                         "pools by their pids (ps -eo pid,args | grep 'tools.pool serve'), then remove it") from None
 
 
 def record(state: Path, pools: dict[int, int | None]) -> None:
     """`{"worker_pools": [PID, ...], "started": {"PID": TICKS}}`, replaced at once."""
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = _pids_file(state).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"worker_pools": list(pools), "started": {str(p): t for p, t in pools.items()}}) + "\n")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)   # others write it not, whatever the umask
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps({"worker_pools": list(pools), "started": {str(p): t for p, t in pools.items()}}) + "\n")
     os.replace(tmp, _pids_file(state))
 
 
@@ -215,25 +224,84 @@ class OwnJobs:
         return None
 
 
+def _this_machine(ip: IP) -> bool:
+    """Whether IP is an address of this machine's (loopback, or one a socket here can bind)."""
+    if ip.is_loopback:
+        return True
+    try:
+        with socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET) as probe:
+            probe.bind((str(ip), 0))
+        return True
+    except OSError:
+        return False
+
+
+def _dialed(ip: IP) -> IP:
+    """Where a connection to IP goes: an IPv4 address mapped into IPv6 is that address, and no
+    address (0.0.0.0, ::) is loopback."""
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    if ip.is_unspecified:
+        return ipaddress.ip_address("127.0.0.1" if ip.version == 4 else "::1")
+    return ip
+
+
+def local_addresses(host: str) -> set[IP]:
+    """The addresses of this machine that a runner dialing HOST reaches; none for a host
+    elsewhere. Of names, only localhost and this machine's own are looked up (no lookup leaves it)."""
+    name = host.strip("[]")
+    try:
+        found = {ipaddress.ip_address(name.split("%")[0])}
+    except ValueError:
+        if name not in ("localhost", socket.gethostname()):
+            return set()
+        try:
+            found = {ipaddress.ip_address(str(info[4][0]).split("%")[0])
+                     for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+        except OSError:
+            return set()
+    return {ip for ip in map(_dialed, found) if _this_machine(ip)}
+
+
+def _covers(pool_host: str, ip: IP) -> bool:
+    """Whether a pool bound to POOL_HOST (tools/pool.py `serve`'s --host) listens at IP."""
+    if pool_host == "localhost":
+        return str(ip) in ("127.0.0.1", "::1")
+    if pool_host in ("0.0.0.0", "::"):
+        return ip.version == 4 or pool_host == "::"
+    return ip in local_addresses(pool_host)
+
+
+def _host_of(pid: int) -> str:
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    return next((a.removeprefix("--host=") for a in args if a.startswith("--host=")), "")
+
+
 def own_pool(portable: PortableOptions) -> Path | None:
     """The state directory of the pool EXTERNAL workers come from when it is this checkout's;
-    None for workers of no pool or of a pool elsewhere. A pool on this machine that is not this
-    checkout's is a usage error: its workers would run another checkout's code."""
+    None for workers of no pool or of a pool elsewhere. A pool on this machine (at any of its
+    addresses, 127.0.0.2 and 0.0.0.0 as well as localhost) that is not this checkout's is a
+    usage error: its workers would run another checkout's code."""
     config = portable.environment_config
     host, port = split_address(config or "")
     if portable.environment_type != "EXTERNAL" or port is None:
         return None
     state = state_dir()
-    if state.exists() and not private(state, 0o022):
-        raise UsageError(f"the worker pools' directory {state} is not yours alone (another user's, or others write "
-                         "it): a pool there could run jobs of other users. Start this checkout's pool with "
+    if os.path.lexists(state) and not private(state, 0o022):
+        raise UsageError(f"the worker pools' directory {state} is not yours alone (a link, another user's, or others "
+                         "write it): a pool there could run jobs of other users. Start this checkout's pool with "
                          "POOL_DIR=DIR, a directory of yours alone, and run with the same POOL_DIR")
-    if port in running(state).values():
-        return state
-    if host not in LOOPBACK_HOSTS:
-        return None
-    with socket.socket() as probe:
-        if probe.connect_ex(("127.0.0.1", port)):
+    if not (here := local_addresses(host)):
+        return None   # a pool elsewhere: its owner's
+    with contextlib.suppress(OSError):   # a pool that ended meanwhile
+        for host_of_ours in (_host_of(p) for p, q in running(state).items() if q == port):
+            if all(_covers(host_of_ours, ip) for ip in here):
+                return state
+            raise UsageError(f"--environment_config {config}: this checkout's worker pool on port {port} listens on "
+                             f"{host_of_ours} alone, and {host} may reach another listener on the same port (at "
+                             f"{', '.join(sorted(map(str, here)))}): pass --environment_config "
+                             f"{address(host_of_ours, port)}")
+    with socket.socket(socket.AF_INET6 if (dialed := min(here, key=str)).version == 6 else socket.AF_INET) as probe:
+        if probe.connect_ex((str(dialed), port)):
             raise UsageError(f"--environment_config {config}: no worker pool runs on port {port}: start this "
                              f"checkout's with `POOL_PORT={port} make pool-up` (in {ROOT})")
     with socket.socket() as free:

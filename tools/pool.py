@@ -42,6 +42,7 @@ from typing import Any
 from apache_beam.portability.api import beam_fn_api_pb2
 
 from pipeline import workerpool
+from pipeline.exits import UsageError
 from service.credentials import ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]   # the checkout, which the pool and its workers run from
@@ -78,10 +79,10 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, hos
     state = state.absolute()
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not workerpool.private(state, 0o022):   # whoever writes it could admit jobs
-        raise SystemExit(f"{state} is not yours alone (another user's, or others write it): a pool there could run "
+        raise SystemExit(f"{state} is not yours alone (a link, another user's, or others write it): a pool there could run "
                          "jobs of other users; choose a directory of yours alone with POOL_DIR=DIR")
     log = state / f"worker_pool-{port}.log"
-    with open(log, "ab") as fh:
+    with _private_file(log) as fh:
         offset = fh.tell()
         proc = subprocess.Popen([sys.executable, *workerpool.serve_args(state, host, port)], stdin=subprocess.DEVNULL,
                                 stdout=fh, stderr=subprocess.STDOUT, env=pool_env(env), cwd=ROOT,
@@ -96,6 +97,13 @@ def start(port: int, state: Path = STATE, env: dict[str, str] | None = None, hos
     times = workerpool.recorded(state)
     workerpool.record(state, {**{p: times[p] for p in workerpool.running(state)}, **pool})
     return proc.pid
+
+
+def _private_file(path: Path) -> Any:
+    """PATH open to append, this user's alone to read and write whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def up(port: int, state: Path = STATE, env: dict[str, str] | None = None, host: str = DEFAULT_HOST) -> list[int]:
@@ -193,7 +201,9 @@ class _Pool(workerpool.Servicer):
 
 def serve(state: Path, host: str, port: int) -> None:
     """The pool itself (`start` runs it): serves until SIGINT."""
-    _workers_dir(state).mkdir(exist_ok=True)
+    # the workers load what it holds (staged/, a pickled main session): this user's alone
+    _workers_dir(state).mkdir(mode=0o700, exist_ok=True)
+    _workers_dir(state).chmod(0o700)
     address, server = workerpool.serve(_Pool(state), host, port)
     print(f"{READY.decode()}{address} for {state}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
@@ -210,6 +220,14 @@ def _serve_args(argv: list[str]) -> Any:
 
 
 def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except UsageError as exc:   # its state unreadable: one line
+        print(exc, file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     given = os.environ.get("POOL_PORT", "")
     state = Path(os.environ.get(workerpool.STATE_VAR) or STATE).absolute()
@@ -220,8 +238,8 @@ def main(argv: list[str]) -> int:
     if given and not given.isdigit():
         print(f"POOL_PORT={given}: not a port number", file=sys.stderr)
         return 2
-    if state.exists() and not workerpool.private(state, 0o022):
-        print(f"{state} is not yours alone (another user's, or others write it): a pool there could run jobs of "
+    if os.path.lexists(state) and not workerpool.private(state, 0o022):
+        print(f"{state} is not yours alone (a link, another user's, or others write it): a pool there could run jobs of "
               "other users; choose a directory of yours alone with POOL_DIR=DIR", file=sys.stderr)
         return 1
     if command == "up":

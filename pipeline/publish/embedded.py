@@ -20,7 +20,7 @@ from psycopg.conninfo import make_conninfo
 from pipeline.exits import JobFailed, UsageError
 from pipeline.publish.embedded_files import read_path
 from pipeline.publish.embedded_server import SUPERUSER, Cluster, ServerFailed
-from pipeline.publish.embedded_user import account_for, check_reach
+from pipeline.publish.embedded_user import account_for, as_root, check_reach
 from pipeline.publish.target import EMBEDDED, Database, embedded_data, parse_url
 from pipeline.settings.config import PublishSettings
 
@@ -73,6 +73,9 @@ def _cluster(output_dir: str, data: Path, create: bool) -> Cluster:
     something else is there."""
     version, programs = installed()
     again = shlex.join(["python", "-m", "pipeline", "publish", output_dir, "--to", EMBEDDED])
+    if "\n" in str(data):   # postmaster.pid is read by lines: its data and socket directories would split
+        raise UsageError(f"{str(data)!r} holds a line break, which PostgreSQL cannot name in its postmaster.pid: "
+                         "move DIR to a path without one, or publish to a postgresql:// URL")
     if data.is_symlink():
         if data_version(data) is None:   # made there, the database would land where the link points
             raise UsageError(f"{data} is a link to {os.readlink(data)}, which holds no database: the embedded "
@@ -92,6 +95,9 @@ def _cluster(output_dir: str, data: Path, create: bool) -> Cluster:
                          f"{version}: move it aside, and publish makes a new one from DIR's view: {aside} && {again}")
     account = account_for(data)
     check_reach(account, data, programs)
+    if found is None and not as_root() and not os.access(data.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{output_dir} is not yours to write, and the embedded database is made in it ({data}): "
+                         f"publish as DIR's owner or as root, or to a postgresql:// URL")
     cluster = Cluster(data, account, programs)
     if found is None:
         try:
@@ -113,7 +119,10 @@ def _why(log: Path, exc: ServerFailed) -> str:
         return str(exc)
     pid = re.search(r"\[\d+\]", lines[-1])
     last = [line for line in lines[-5:] if pid and pid.group(0) in line] or lines[-1:]
-    return "; ".join(re.sub(r"^.*?\b[A-Z]+:\s+", "", line, count=1) for line in last)
+    said = "; ".join(re.sub(r"^.*?\b[A-Z]+:\s+", "", line, count=1) for line in last)
+    # the log quotes the configuration, which the server's user (DIR's owner, say) writes:
+    # no control character of theirs reaches the terminal of the command's user
+    return "".join(c if c.isprintable() else "?" for c in said)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -108,9 +109,14 @@ def _alive(pid: int) -> bool:
     return child.poll() is None if child else pid_alive(pid)
 
 
+_KEPT = ("PATH", "TZ", "LANG", "LANGUAGE", "TMPDIR", "LD_LIBRARY_PATH")
+
+
 def _environment() -> dict[str, str]:
-    """The server's: ours without libpq's and PostgreSQL's variables (PGDATA, PGOPTIONS...)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    """The server's: of ours, only what its programs read (the path, the locale, the time zone).
+    Its user may be another (DIR's owner), who reads its processes' environment: no API key nor
+    other secret of the command's; no libpq or PostgreSQL variable (PGDATA, PGOPTIONS...)."""
+    return {k: v for k, v in os.environ.items() if k in _KEPT or k.startswith("LC_")}
 
 
 def _major(version: str) -> int:
@@ -203,11 +209,37 @@ class Cluster:
     def _join(self) -> Postmaster | None:
         """The server running on DATA (waited for while it starts), or None."""
         found = read_postmaster(self.data)
-        if found is None or not _alive(found.pid):
+        if found is None or not self._serves(found.pid):
             return None
         if found.status != "ready":
             return self._ready(found.pid)
-        return found if accepts(found) else None
+        return found if self._answers(found) else None
+
+    def _serves(self, pid: int) -> bool:
+        """PID, named by DATA/postmaster.pid, is a postmaster of DATA: alive, and working in DATA
+        as PostgreSQL does. A stale file (its server killed, say by a reboot while it started or
+        stopped) names a pid that may be another process's since, which no command must wait for."""
+        if not _alive(pid):
+            return False
+        if not Path("/proc/self/cwd").exists():   # no procfs: a live pid is all there is to know
+            return True
+        try:
+            return os.readlink(f"/proc/{pid}/cwd") == os.path.realpath(self.data)
+        except OSError:   # gone, or another user's process (the server runs as ours)
+            return False
+
+    def _answers(self, postmaster: Postmaster) -> bool:
+        """POSTMASTER's server listens at its socket, in a directory of the server's user alone:
+        a stale postmaster.pid (its server killed, its pid another process's since) may name a
+        socket directory that another user has made since, with a server of theirs in it."""
+        if postmaster.socket_dir != self.data:
+            try:
+                found = os.lstat(postmaster.socket_dir)
+            except OSError:
+                return False
+            if not stat.S_ISDIR(found.st_mode) or found.st_uid != self.account.uid or found.st_mode & 0o077:
+                return False
+        return accepts(postmaster)
 
     def _ready(self, pid: int) -> Postmaster:
         """The server of PID once ready; ServerFailed when it ends first."""
@@ -226,6 +258,8 @@ class Cluster:
     def _start(self, directory: int) -> Postmaster:
         if (stale := read_postmaster(self.data)) is not None:
             self._remove_socket_dir(stale.socket_dir)
+            if not self._serves(stale.pid):   # else PostgreSQL refuses it while that pid is its user's
+                os.unlink("postmaster.pid", dir_fd=directory)
         sockets = self.data if _fits(self.data) else self._private_socket_dir()
         log = files.open_plain(directory, self.log.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.account)
         try:
@@ -265,7 +299,7 @@ class Cluster:
 
     def _stop(self) -> None:
         found = read_postmaster(self.data)
-        if found is None or not _alive(found.pid) or not accepts(found):
+        if found is None or not self._serves(found.pid) or not self._answers(found):
             return
         if not self._interrupt(found.pid):   # not the server's user's: no server of DATA
             return

@@ -120,6 +120,39 @@ def test_a_checkout_path_with_shell_syntax_is_no_command(tmp_path, monkeypatch):
         assert "stopped worker pool pids" in pool("down").stdout
 
 
+def test_under_umask_000_what_the_pool_writes_stays_its_user_s(tmp_path):
+    """A POOL_DIR others may read (0755) and a umask of 000: the pool's record, its log and its
+    workers' directory (whose staged/pickled_main_session a worker loads) are written by no one
+    else."""
+    state, port = tmp_path / "pools", free_port()
+    state.mkdir(mode=0o755)
+    old = os.umask(0)
+    try:
+        pools.up(port, state)
+    finally:
+        os.umask(old)
+    try:
+        wait_until(lambda: (state / "workers").exists(), 30, "the workers' directory")
+        for path, others in ((state / "pids.json", 0o022), (state / f"worker_pool-{port}.log", 0o022),
+                             (state / "workers", 0o077)):
+            assert path.stat().st_mode & others == 0, (path, oct(path.stat().st_mode))
+    finally:
+        pools.down(state)
+
+
+def test_a_record_cut_short_is_one_line_not_a_traceback(tmp_path):
+    state = tmp_path / ".pool"
+    state.mkdir(mode=0o700)
+    (state / "pids.json").write_text('{"worker_pools": [1]}\nx\n')
+    env = {**os.environ, "POOL_DIR": str(state)}
+    for command in ("down", "up", "stopped"):
+        done = subprocess.run([sys.executable, "-m", "tools.pool", command], cwd=pools.ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.count("\n") == done.stderr.count("apitools") + 1   # one line (and Beam's import warnings)
+        assert "is no record of worker pools" in done.stderr
+
+
 def test_a_port_taken_by_another_process_is_refused(tmp_path):
     port = free_port()
     with socket.socket() as s:

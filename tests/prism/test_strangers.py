@@ -163,6 +163,33 @@ def test_another_user_admits_no_job(own_pool, runner, tmp_path, monkeypatch):
     os.chown(pool.state, os.getuid(), os.getgid())   # the fixture stops it
 
 
+def test_a_pool_directory_that_is_a_link_is_refused(tmp_path, monkeypatch):
+    """The second user links the POOL_DIR root names in /tmp to a directory of root's: the pool and
+    the launcher refuse it (the link could be turned, mid-run, to a directory of that user's)."""
+    user = second_user()
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    roots = tmp_path / "roots"
+    roots.mkdir(mode=0o700)
+    link = shared / "pool"
+    link.symlink_to(roots)
+    os.chown(link, user.pw_uid, user.pw_gid, follow_symlinks=False)
+    try:
+        with pytest.raises(SystemExit, match="is not yours alone"):
+            pools.start(free_port(), link)
+    finally:
+        pools.down(link)   # one started there, if any
+    monkeypatch.setenv(workerpool.STATE_VAR, str(link))
+    with socket.socket() as listening:   # a pool there, whichever
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        with pytest.raises(UsageError, match="is not yours alone"):
+            prism.own_pool(PipelineOptions(["--runner", "PrismRunner", "--environment_type", "EXTERNAL",
+                                            "--environment_config", f"localhost:{listening.getsockname()[1]}"]))
+    assert not list(roots.iterdir())
+
+
 def test_a_launcher_refuses_another_checkout_s_pool_before_anything_is_sent(tmp_path, own_pool, sandbox_factory,
                                                                            leak_key, prism_binary):
     """B's pool on a port, A's launcher told to use it: refused in one line, before the balance is
@@ -179,6 +206,43 @@ def test_a_launcher_refuses_another_checkout_s_pool_before_anything_is_sent(tmp_
     assert f"the worker pool on port {theirs.port} is not this checkout's" in line, line
     assert side.ledger() == [] and not (tmp_path / "side" / "out").exists()
     assert "starting worker" not in theirs.log.read_text()
+
+
+def test_a_pool_at_another_address_of_this_machine_is_refused_unless_it_is_this_checkout_s(own_pool, monkeypatch):
+    """127.0.0.0/8 is loopback whole, and 0.0.0.0 dials it: a stranger's pool at 127.0.0.2 on the
+    port of this checkout's (which listens on localhost) is refused, as one on no address at all."""
+    pool = own_pool()
+    monkeypatch.setenv(workerpool.STATE_VAR, str(pool.state))
+
+    def taken(config: str) -> object:
+        return prism.own_pool(PipelineOptions(["--runner", "PrismRunner", "--environment_type", "EXTERNAL",
+                                               "--environment_config", config]))
+
+    for ours in (pool.address, f"127.0.0.1:{pool.port}", f"0.0.0.0:{pool.port}", f"[::ffff:127.0.0.1]:{pool.port}"):
+        assert taken(ours) == pool.state, ours
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.2", pool.port))
+        stranger.listen()
+        with pytest.raises(UsageError, match=f"listens on localhost alone.*--environment_config localhost:{pool.port}"):
+            taken(f"127.0.0.2:{pool.port}")
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.2", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        with pytest.raises(UsageError, match=f"the worker pool on port {port} is not this checkout's"):
+            taken(f"127.0.0.2:{port}")
+    with pytest.raises(UsageError, match="no worker pool runs on port"):
+        taken(f"127.0.0.3:{free_port()}")
+    assert taken("pool.example.internal:50000") is None   # a pool elsewhere: its owner's (no lookup made)
+    state, port = pool.state.parent / "v4", free_port()
+    monkeypatch.setenv(workerpool.STATE_VAR, str(state))
+    try:
+        pools.start(port, state, host="127.0.0.1")   # POOL_HOST=127.0.0.1: ::1 at its port is anyone's
+        with pytest.raises(UsageError, match=f"listens on 127.0.0.1 alone.*pass --environment_config 127.0.0.1:{port}"):
+            taken(f"[::1]:{port}")
+        assert taken(f"127.0.0.1:{port}") == state
+    finally:
+        pools.down(state)
 
 
 def test_the_job_s_worker_pays_with_the_launcher_s_key_not_the_pool_s(tmp_path, own_pool, sandbox_factory,

@@ -242,6 +242,34 @@ def test_as_root_a_dir_of_another_user_is_served_as_that_user_and_the_modes_abov
         assert_runs_as(pid, user)
 
 
+def test_the_api_key_never_reaches_the_server_of_another_user(day1, base, monkeypatch):
+    """Root publishes and reads a DIR of the second user's with the API key (and another secret)
+    in its environment: the server, which runs as that user, holds neither."""
+    user = second_user()
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    out = moved(day1, home / "out")
+    give(home, user)
+    monkeypatch.setenv("SOME_TOKEN", "tok-not-for-the-server")
+    seen = base / "seen"   # what each program run as that user is given (test(1), which asks what it can reach)
+    seen.mkdir(mode=0o777)
+    seen.chmod(0o777)
+    (base / "bin").mkdir()
+    (base / "bin" / "test").write_text(f'#!/bin/sh\n/usr/bin/env > "{seen}/$$"\nexec {shutil.which("test")} "$@"\n')
+    (base / "bin" / "test").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{base / 'bin'}:{os.environ['PATH']}")
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    given = [p.read_text() for p in seen.iterdir()]
+    assert given and not [g for g in given if os.environ["EMBEDDINGS_API_KEY"] in g or "tok-not" in g], given
+    with held(out) as (pid, _):
+        assert os.environ["EMBEDDINGS_API_KEY"]
+        processes = [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+        read = [run_as_second_user(["cat", f"/proc/{p}/environ"]) for p in processes]
+        assert any(r.returncode == 0 and "PATH=" in r.stdout for r in read)   # the second user reads them...
+        for r in read:
+            assert os.environ["EMBEDDINGS_API_KEY"] not in r.stdout and "tok-not-for-the-server" not in r.stdout
+
+
 def test_a_plain_user_serves_its_own_dir_privately(day1, base):
     """The second user publishes its own DIR (a path too long for a socket in it): the modes above
     DIR stay, its server runs as it alone, its socket's directory is its own and closed."""
@@ -263,6 +291,15 @@ def test_a_plain_user_serves_its_own_dir_privately(day1, base):
     assert ran.stdout.split()[-1] == str(user.pw_gid)   # its own server: COPY runs as it, in its group only
 
 
+def test_a_plain_user_publishing_a_dir_it_cannot_write_is_one_line(day1, base):
+    out = moved(day1, base / "roots" / "out")   # root's, which the second user reads
+    for path in (base / "roots", *out.rglob("*")):
+        path.chmod(path.stat().st_mode | 0o555 if path.is_dir() else path.stat().st_mode | 0o444)
+    done = cli("publish", str(out), "--to", "embedded", as_second=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"{out} is not yours to write" in done.stderr and not (out / "_postgres").exists()
+
+
 def test_a_path_with_a_space_a_quote_and_a_command_is_read_by_no_shell(day1, base):
     marker = Path(f"/tmp/embedpipe-marker-{uuid.uuid4().hex}")
     out = moved(day1, base / f"a b'c\"d $(touch {marker})" / "out")
@@ -271,6 +308,18 @@ def test_a_path_with_a_space_a_quote_and_a_command_is_read_by_no_shell(day1, bas
     counted = cli("psql", str(out), "-tA", "-c", "SELECT count(*) > 0 FROM embeddings")
     assert counted.stdout.strip() == "t", counted.stderr
     assert not marker.exists()
+
+
+def test_a_path_with_a_line_break_is_one_line_and_no_server_left(day1, base):
+    """postmaster.pid names the data and socket directories one a line: a server started there
+    would be found by no command, nor stopped."""
+    out = moved(day1, base / "a\nb" / "out")
+    for args in (["publish", str(out), "--to", "embedded"], ["psql", str(out), "-c", "SELECT 1"]):
+        done = cli(*args)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "holds a line break" in done.stderr
+    assert not (out / "_postgres").exists()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
 
 
 def test_a_link_in_place_of_the_data_directory_never_makes_it_elsewhere(day1, base):
@@ -288,6 +337,22 @@ def test_a_link_in_place_of_the_data_directory_never_makes_it_elsewhere(day1, ba
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "is a link to" in done.stderr
     assert victim.stat().st_uid == 0 and victim.stat().st_mode & 0o777 == 0o700 and not list(victim.iterdir())
+
+
+def test_the_server_s_last_words_reach_root_s_terminal_without_control_characters(day1, base):
+    """DIR's owner, who writes the configuration, puts terminal escapes in a setting's value: root's
+    command, whose server does not start, says what it said in one line, without them."""
+    user = second_user()
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    out = moved(day1, home / "out")
+    give(home, user)
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    with (out / "_postgres" / "postgresql.conf").open("a") as conf:
+        conf.write("work_mem = '\x1b]0;title\x07\x1b[2J'\n")
+    done = cli("psql", str(out), "-c", "SELECT 1")
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "work_mem" in done.stderr and not [c for c in done.stderr.strip() if not c.isprintable()], done.stderr
 
 
 @pytest.mark.parametrize("name", ["log", "postgresql.conf"])
@@ -311,22 +376,49 @@ def test_root_writes_nothing_through_a_link_in_the_data_directory(day1, base, na
     assert victim.read_text() == "root's\n"
 
 
-def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, base):
-    """The server's user (here DIR's owner) writes a postmaster.pid naming a process of root's and
-    a socket that answers: root's command ends, that process untouched."""
+@pytest.mark.parametrize("status", ["ready", "starting", "stopping"])
+def test_a_stale_pid_file_whose_pid_another_process_has_is_passed_over(day1, base, status):
+    """A server killed as it ran, started or stopped (a reboot), its pid the server's user's
+    process since: the next command neither waits for that process nor is refused by
+    PostgreSQL's own check of the pid; it starts DIR's server, and that process is untouched."""
     user = second_user()
     home = base / "home"
     home.mkdir(mode=0o700)
     out = moved(day1, home / "out")
     give(home, user)
     assert cli("publish", str(out), "--to", "embedded").returncode == 0
-    roots = subprocess.Popen(["sleep", "600"])
+    reused = subprocess.Popen(["sleep", "600"], **as_second_user())
+    try:
+        (out / "_postgres" / "postmaster.pid").write_text(f"{reused.pid}\n{out / '_postgres'}\n0\n5432\n"
+                                                          f"{out / '_postgres'}\n\n0 0\n{status}\n")
+        done = subprocess.run(command("psql", str(out), "-tA", "-c", "SELECT count(*) > 0 FROM embeddings"),
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == "t", done.stderr[-2000:]
+        assert reused.poll() is None
+    finally:
+        reused.kill()
+        reused.wait()
+
+
+def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, base):
+    """The server's user (here DIR's owner) writes a postmaster.pid naming a process of root's (in
+    DATA) and a socket that answers: root's command ends, that process untouched."""
+    user = second_user()
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    out = moved(day1, home / "out")
+    give(home, user)
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    sockets = home / "sockets"   # the server's user's alone, as a socket directory of its server
+    sockets.mkdir(mode=0o700)
+    give(sockets, user)
+    roots = subprocess.Popen(["sleep", "600"], cwd=out / "_postgres")   # working in DATA, as a postmaster does
     with socket.socket(socket.AF_UNIX) as answering:
-        answering.bind(str(base / ".s.PGSQL.5432"))
+        answering.bind(str(sockets / ".s.PGSQL.5432"))
         answering.listen(8)
         threading.Thread(target=lambda: [answering.accept()[0].close() for _ in range(8)], daemon=True).start()
-        (out / "_postgres" / "postmaster.pid").write_text(f"{roots.pid}\n{out / '_postgres'}\n0\n5432\n{base}\n\n"
-                                                          "0 0\nready   \n")
+        (out / "_postgres" / "postmaster.pid").write_text(f"{roots.pid}\n{out / '_postgres'}\n0\n5432\n{sockets}\n"
+                                                          "\n0 0\nready   \n")
         try:
             done = cli("psql", str(out), "-c", "SELECT 1")
             assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
@@ -334,3 +426,41 @@ def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, ba
         finally:
             roots.kill()
             roots.wait()
+
+
+def test_a_stale_pid_file_never_leads_to_another_user_s_server(day1, base):
+    """A server killed without its stop (then a reboot: the temporary directory emptied, its pid
+    another process's) leaves a postmaster.pid naming a socket directory in /tmp: the second
+    user makes that directory and serves a database of its own there. Root's publish starts
+    DIR's own server, and the second user's database never sees the view."""
+    user = second_user()
+    out = moved(day1, base / ("d" * 100) / "out")
+    assert cli("publish", str(out), "--to", "embedded").returncode == 0
+    theirs, sockets = base / "theirs", Path(tempfile.gettempdir()) / f"embedpipe-pg-{uuid.uuid4().hex[:8]}"
+    for made in (theirs, sockets):
+        made.mkdir(mode=0o700)
+        os.chown(made, user.pw_uid, user.pw_gid)
+    programs = psql_binary().parent
+    made = run_as_second_user([str(programs / "initdb"), "-D", str(theirs / "data"), "-U", "postgres", "--auth=trust"],
+                              timeout=300)
+    assert made.returncode == 0, made.stderr
+    server = subprocess.Popen([str(programs / "postgres"), "-D", str(theirs / "data"), "-c", "listen_addresses=",
+                               "-k", str(sockets)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              **as_second_user())
+    reused = subprocess.Popen(["sleep", "600"])
+    try:
+        until(lambda: next(sockets.glob(".s.PGSQL.5432"), None), "the second user's server", server)
+        (out / "_postgres" / "postmaster.pid").write_text(f"{reused.pid}\n{out / '_postgres'}\n0\n5432\n{sockets}\n\n"
+                                                          "0 0\nready   \n")
+        done = cli("publish", str(out), "--to", "embedded", "--table", "taken")
+        assert done.returncode == 0, done.stderr[-3000:]
+        theirs_read = run_as_second_user([psql(), as_root(sockets), "-tA", "-c", "SELECT to_regclass('taken') IS NULL"])
+        assert theirs_read.stdout.strip() == "t", theirs_read.stderr
+        counted = cli("psql", str(out), "-tA", "-c", "SELECT count(*) > 0 FROM taken")
+        assert counted.stdout.strip() == "t", counted.stderr
+    finally:
+        reused.kill()
+        reused.wait()
+        server.terminate()
+        server.wait(60)
+        shutil.rmtree(sockets, ignore_errors=True)
