@@ -23,22 +23,44 @@ pytest_plugins = ("tests.postgres",)   # the PostgreSQL server of the tests that
 os.environ["NO_PROXY"] = ",".join(p for p in (os.environ.get("NO_PROXY"), "127.0.0.1", "localhost") if p)
 
 
+SPARES = 2   # sandbox processes a test process keeps for the next tests
+
+
+@pytest.fixture(scope="session")
+def spare_sandboxes():
+    """Running sandbox processes the factory starts the next sandboxes in (start_in: a new
+    sandbox each time, in an old process): stopped at the end of the session."""
+    spares: list[SandboxProcess] = []
+    yield spares
+    for sb in spares:
+        sb.stop()
+
+
 @pytest.fixture
-def sandbox_factory(tmp_path_factory):
+def sandbox_factory(tmp_path_factory, spare_sandboxes):
     """Call with SandboxProcess's arguments (db defaults to a fresh temporary file); returns a
-    started sandbox. Every one is stopped at teardown."""
+    started sandbox, as a new process would start it (in a spare process where one is left,
+    SandboxProcess.start_in). One still running at teardown is kept as a spare, else stopped."""
     started: list[SandboxProcess] = []
 
     def make(db=None, **kwargs) -> SandboxProcess:
         if db is None:
             db = tmp_path_factory.mktemp("sandbox") / "sandbox.db"
-        sb = SandboxProcess(db, **kwargs)
+        sb = SandboxProcess(db, renewable=True, **kwargs)
         started.append(sb)
+        while spare_sandboxes:
+            spare = spare_sandboxes.pop()
+            if spare.running() and spare.host == sb.host and kwargs.get("port", 0) in (0, spare.port):
+                return sb.start_in(spare)
+            spare.stop()
         return sb.start()
 
     yield make
     for sb in started:
-        sb.stop()
+        if sb.running() and len(spare_sandboxes) < SPARES:
+            spare_sandboxes.append(sb)
+        else:
+            sb.stop()
 
 
 @pytest.fixture

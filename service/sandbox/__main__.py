@@ -14,8 +14,8 @@ from types import FrameType
 
 from service.catalog import ConfigError
 
-from .config import build_parser, config_from_args
-from .server import make_server
+from .config import SandboxConfig, build_parser, config_from_args
+from .server import SandboxServer, make_server
 from .store import read_ledger
 
 log = logging.getLogger("service.sandbox")
@@ -28,39 +28,87 @@ def _write_ready_file(path: str, port: int) -> None:
     os.replace(tmp, path)   # readers never see a half-written file
 
 
-def serve(argv: list[str]) -> int:
+def _configured(argv: list[str]) -> tuple[argparse.Namespace, SandboxConfig]:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(args.log_level)
+    return args, config_from_args(args)
+
+
+def _serving(config: SandboxConfig, port: int) -> None:
+    keys = ", ".join(f"{k.key_id}@{k.account}" for k in config.keys)   # fingerprints only
+    log.info("serving http://%s:%d/v1 (db %s, keys %s, precheck %s, capacity %s (%s), faults %s)", config.host,
+             port, config.db, keys, config.precheck, config.capacity or "unlimited", config.capacity_mode,
+             config.faults)
+    if config.ready_file:
+        _write_ready_file(config.ready_file, port)
+
+
+def _log_to(path: str) -> None:
+    """Standard output and error (the log) go to PATH from here on, as a new process's would."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _follow_stdin(server: SandboxServer, exit_code: list[int]) -> None:
+    """--control-stdin: renew the sandbox per line, once the current one answers no request; a
+    line that would not start a new process ends this one with that process's exit code; the
+    end of stdin stops the server."""
+    for line in sys.stdin:
+        command = json.loads(line)
+        server.sandbox.wait_idle()
+        log.info("stopped; faults injected: %s", server.sandbox.faults.injected)
+        _log_to(command["log"])
+        try:
+            config = _configured(command["argv"])[1]
+            server.renew(config).store.close()
+        except SystemExit as exc:   # argparse printed why
+            exit_code[0] = exc.code if isinstance(exc.code, int) else 2
+            break
+        except ConfigError as exc:
+            log.error("%s", exc)
+            exit_code[0] = 2
+            break
+        except (OSError, sqlite3.Error) as exc:
+            log.error("cannot start: %s", exc)
+            exit_code[0] = 1
+            break
+        _serving(config, server.server_address[1])
+    server.shutdown()
+
+
+def serve(argv: list[str]) -> int:
+    logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = config_from_args(args)
-        server, sandbox = make_server(config)
+        args, config = _configured(argv)
+        server, _ = make_server(config)
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
     except (OSError, sqlite3.Error) as exc:   # the port is taken, the db cannot be opened...
         log.error("cannot start: %s", exc)
         return 1
-    port = server.server_address[1]
-    keys = ", ".join(f"{k.key_id}@{k.account}" for k in config.keys)   # fingerprints only
-    log.info("serving http://%s:%d/v1 (db %s, keys %s, precheck %s, capacity %s (%s), faults %s)", config.host,
-             port, config.db, keys, config.precheck, config.capacity or "unlimited", config.capacity_mode,
-             config.faults)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    if config.ready_file:
-        _write_ready_file(config.ready_file, port)
+    exit_code = [0]
+    if args.control_stdin:
+        threading.Thread(target=_follow_stdin, args=(server, exit_code), daemon=True).start()
+    _serving(config, server.server_address[1])
     try:
         server.serve_forever(poll_interval=0.1)
     finally:
         server.server_close()
-        sandbox.store.close()
-        log.info("stopped; faults injected: %s", sandbox.faults.injected)
-    return 0
+        server.sandbox.store.close()
+        if not exit_code[0]:
+            log.info("stopped; faults injected: %s", server.sandbox.faults.injected)
+    return exit_code[0]
 
 
 def ledger(argv: list[str]) -> int:

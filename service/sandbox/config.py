@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity-retry-after-s", type=int, default=1, help="Retry-After of the capacity 429s")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="DEBUG logs every request")
+    p.add_argument("--control-stdin", action="store_true",
+                   help='tests: each line of stdin, {"argv": [FLAG...], "log": PATH}, serves a new sandbox '
+                        "of those flags on this port as a new process would start it (its own --db, "
+                        "log, faults and rate limits); the end of stdin stops the server")
     f = p.add_argument_group("fault injection (flags override --faults)")
     f.add_argument("--faults", help="YAML fault profile (configs/sandbox/faults-*.yaml)")
     f.add_argument("--seed", type=int, help="seed of the fault draws (repeatable given the same request order)")

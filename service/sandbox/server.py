@@ -12,6 +12,7 @@ A refused request is never charged.
 from __future__ import annotations
 
 import binascii
+import contextlib
 import hashlib
 import hmac
 import json
@@ -19,16 +20,17 @@ import logging
 import math
 import socket
 import struct
+import threading
 import time
 import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from service.catalog import ModelSpec
+from service.catalog import ConfigError, ModelSpec
 from service.tokenizer import get_encoding
 
 from .capacity import Capacity, OverCapacity
@@ -97,6 +99,25 @@ class Sandbox:
         prefix = "/v1/" + config.account_segment
         self.routes = {("POST", "/v1/embeddings"): "embeddings", ("GET", prefix + "/balance"): "balance",
                        ("GET", prefix + "/stats"): "stats", ("GET", "/healthz"): "healthz"}
+        self._in_flight = 0
+        self._idle = threading.Condition()
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Counts the requests being answered, for wait_idle."""
+        with self._idle:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    def wait_idle(self) -> None:
+        """Return once no request is being answered."""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._in_flight)
 
     def authenticate(self, header: str | None) -> KeySpec:
         scheme, _, value = (header or "").partition(" ")
@@ -220,6 +241,11 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
         self._body_read = False
+        self.sandbox = type(self).sandbox   # one sandbox for the whole request, though renewed meanwhile
+        with self.sandbox.request():
+            self._answer(method, path)
+
+    def _answer(self, method: str, path: str) -> None:
         try:
             route = self.sandbox.routes.get((method, path))
             if route is None:
@@ -428,6 +454,23 @@ class _Reset(Exception):
 class SandboxServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256   # 64+ clients connecting at once must not get refused
+    RequestHandlerClass: type[Handler]
+
+    @property
+    def sandbox(self) -> Sandbox:
+        return self.RequestHandlerClass.sandbox
+
+    def renew(self, config: SandboxConfig) -> Sandbox:
+        """Serve a new Sandbox of CONFIG on this socket in place of the current one, which is
+        returned once it answers no request (its store still open). The new one starts as a new
+        process's would: its own database, fault draws, capacity and rate limits."""
+        if (config.host, config.port) != self.server_address[:2]:
+            raise ConfigError(f"a renewed sandbox serves the address it started on, not {config.host}:{config.port}")
+        old = self.sandbox
+        old.wait_idle()
+        self.RequestHandlerClass.sandbox = Sandbox(config)
+        old.wait_idle()   # a request that came meanwhile
+        return old
 
 
 def make_server(config: SandboxConfig) -> tuple[SandboxServer, Sandbox]:
