@@ -43,6 +43,17 @@ def delete_each(paths: Iterable[str]) -> list[tuple[str, Exception]]:
     return left
 
 
+def remove_empty_dirs(folders: Iterable[str]) -> None:
+    """Remove each local folder of FOLDERS that holds nothing (a local disk keeps empty
+    directories; object stores have none). One a writer beside us has just put a file in, or
+    removed, stays as it is: that is no failure."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:   # not empty (a writer's file, perhaps just made), gone, or not a local folder
+            pass
+
+
 def _delete_local(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)

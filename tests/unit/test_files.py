@@ -1,10 +1,11 @@
 """transforms/files.delete_each, the one rule of every clean-up: each path on its own, a path gone
-already no failure, a link removed itself, a local path never read as a pattern."""
+already no failure, a link removed itself, a local path never read as a pattern; and
+remove_empty_dirs, which leaves a folder a writer beside it has just used."""
 from __future__ import annotations
 
 import os
 
-from transforms.files import delete_each
+from transforms.files import delete_each, remove_empty_dirs
 
 
 def test_each_path_goes_on_its_own_and_what_is_left_comes_back_with_why(tmp_path):
@@ -34,3 +35,13 @@ def test_a_local_path_is_never_read_as_a_pattern(tmp_path):
         (tmp_path / name / "f").write_text(name)
     assert delete_each([str(tmp_path / "day[1]" / "f"), str(tmp_path / "day?" / "f")]) == []
     assert sorted(p.parent.name for p in tmp_path.glob("*/f")) == ["day1", "dayX"]
+
+
+def test_only_empty_folders_go_and_one_a_writer_just_used_is_no_failure(tmp_path):
+    for name in ("empty", "written", "inner"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "written" / "entry.intent").write_text("x")   # a writer's file, made after a check found it empty
+    (tmp_path / "inner" / "run").mkdir()
+    remove_empty_dirs([str(tmp_path / n) for n in ("empty", "written", "inner", "gone")] + ["gs://bucket/_journal/r"])
+    assert sorted(os.listdir(tmp_path)) == ["inner", "written"]
+    assert os.listdir(tmp_path / "written") == ["entry.intent"] and os.listdir(tmp_path / "inner") == ["run"]

@@ -7,7 +7,6 @@ journal is the CLI's (a killed run's answers and intents, read by --resume and t
 reconciliation), and the CLI never reads `_compacted/`. No Beam step here."""
 from __future__ import annotations
 
-import os
 import uuid
 from typing import BinaryIO, NamedTuple
 
@@ -17,7 +16,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.dedupe.store import COMPACTED, StoreError, cli_output_dir, listing, plain
-from transforms.files import delete_each, missing
+from transforms.files import delete_each, missing, remove_empty_dirs
 from transforms.money import journal
 from transforms.read.parquet import open_parquet, parquet_file
 from transforms.schemas import required
@@ -129,9 +128,7 @@ def compact(store: str, small_bytes: int = SMALL_BYTES) -> Compaction:
         merged.append(path)
     written = writers.close()
     left = delete_each(merged_files + merged + [p[:-len(".parquet")] + journal.INTENT_SUFFIX for p in merged])
-    for folder in {FileSystems.split(p)[0] for p in merged}:   # a local disk keeps empty directories
-        if os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
+    remove_empty_dirs({FileSystems.split(p)[0] for p in merged})
     if left:
         failed, why = left[0]
         raise StoreError(f"{store}: compacted (the texts are read from {COMPACTED}/), but {len(left)} of the files "

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.files import delete_each
+from transforms.files import delete_each, remove_empty_dirs
 from transforms.read.parquet import read_whole
 from transforms.schemas import required
 
@@ -199,9 +199,7 @@ def discard(output_dir: str, run_id: str) -> None:
     entries = [m.path for m in FileSystems.match([FileSystems.join(directory, "*")])[0].metadata_list]
     if entries:  # object stores have no directories: delete the objects themselves
         FileSystems.delete(entries)
-    for folder in (directory, base):  # a local disk keeps empty directories behind
-        if os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
+    remove_empty_dirs((directory, base))
 
 
 def vector_dims(vector_type: pa.DataType) -> int:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import threading
 import time
 import uuid
 from typing import ClassVar
 
 from apache_beam.io.filesystems import FileSystems
+
+from transforms.files import remove_empty_dirs
 
 log = logging.getLogger("embedpipe.progress")
 
@@ -102,9 +103,7 @@ def discard(output_dir: str, run_id: str) -> None:
             FileSystems.delete(reports)
     except Exception as exc:
         log.debug("could not remove progress reports: %s", exc)
-    for folder in (directory, base):  # a local disk keeps empty directories behind
-        if os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
+    remove_empty_dirs((directory, base))
 
 
 def read_counts(output_dir: str, run_id: str) -> Counts:
