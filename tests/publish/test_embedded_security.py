@@ -88,6 +88,15 @@ def give(path: Path, user: pwd.struct_passwd) -> None:
         os.chown(found, user.pw_uid, user.pw_gid, follow_symlinks=False)
 
 
+def the_second_users(day1: Path, base: Path, *inner: str) -> Path:
+    """DAY1 moved to home/[INNER/]out, home a 0700 directory of the second user's, as all it holds."""
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    out = moved(day1, home.joinpath(*inner, "out"))
+    give(home, second_user())
+    return out
+
+
 def modes_above(path: Path) -> dict[Path, tuple[int, int]]:
     return {p: (p.stat().st_mode & 0o7777, p.stat().st_uid) for p in path.parents}
 
@@ -229,11 +238,8 @@ def test_as_root_the_modes_above_dir_stay_and_a_closed_directory_is_one_line(day
 
 
 def test_as_root_a_dir_of_another_user_is_served_as_that_user_and_the_modes_above_stay(day1, base):
+    out = the_second_users(day1, base)
     user = second_user()
-    home = base / "home"
-    home.mkdir(mode=0o700)
-    out = moved(day1, home / "out")
-    give(home, user)
     before = modes_above(out)
     assert cli("publish", str(out), "--to", "embedded").returncode == 0
     assert modes_above(out) == before
@@ -245,11 +251,7 @@ def test_as_root_a_dir_of_another_user_is_served_as_that_user_and_the_modes_abov
 def test_the_api_key_never_reaches_the_server_of_another_user(day1, base, monkeypatch):
     """Root publishes and reads a DIR of the second user's with the API key (and another secret)
     in its environment: the server, which runs as that user, holds neither."""
-    user = second_user()
-    home = base / "home"
-    home.mkdir(mode=0o700)
-    out = moved(day1, home / "out")
-    give(home, user)
+    out = the_second_users(day1, base)
     monkeypatch.setenv("SOME_TOKEN", "tok-not-for-the-server")
     seen = base / "seen"   # what each program run as that user is given (test(1), which asks what it can reach)
     seen.mkdir(mode=0o777)
@@ -273,11 +275,8 @@ def test_the_api_key_never_reaches_the_server_of_another_user(day1, base, monkey
 def test_a_plain_user_serves_its_own_dir_privately(day1, base):
     """The second user publishes its own DIR (a path too long for a socket in it): the modes above
     DIR stay, its server runs as it alone, its socket's directory is its own and closed."""
+    out = the_second_users(day1, base, "d" * 100)
     user = second_user()
-    home = base / "home"
-    home.mkdir(mode=0o700)
-    out = moved(day1, home / ("d" * 100) / "out")
-    give(home, user)
     before = modes_above(out)
     done = cli("publish", str(out), "--to", "embedded", as_second=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -325,11 +324,7 @@ def test_a_path_with_a_line_break_is_one_line_and_no_server_left(day1, base):
 def test_a_link_in_place_of_the_data_directory_never_makes_it_elsewhere(day1, base):
     """DIR's owner links DIR/_postgres to an empty directory of root's: root's publish refuses it
     in one line, and that directory stays root's, closed and empty."""
-    user = second_user()
-    home = base / "home"
-    home.mkdir(mode=0o700)
-    out = moved(day1, home / "out")
-    give(home, user)
+    out = the_second_users(day1, base)
     victim = base / "root-only"
     victim.mkdir(mode=0o700)
     (out / "_postgres").symlink_to(victim)
@@ -342,11 +337,7 @@ def test_a_link_in_place_of_the_data_directory_never_makes_it_elsewhere(day1, ba
 def test_the_server_s_last_words_reach_root_s_terminal_without_control_characters(day1, base):
     """DIR's owner, who writes the configuration, puts terminal escapes in a setting's value: root's
     command, whose server does not start, says what it said in one line, without them."""
-    user = second_user()
-    home = base / "home"
-    home.mkdir(mode=0o700)
-    out = moved(day1, home / "out")
-    give(home, user)
+    out = the_second_users(day1, base)
     assert cli("publish", str(out), "--to", "embedded").returncode == 0
     with (out / "_postgres" / "postgresql.conf").open("a") as conf:
         conf.write("work_mem = '\x1b]0;title\x07\x1b[2J'\n")
@@ -359,11 +350,7 @@ def test_the_server_s_last_words_reach_root_s_terminal_without_control_character
 def test_root_writes_nothing_through_a_link_in_the_data_directory(day1, base, name):
     """The server's user (here DIR's owner) replaces a file that root's command writes to with a
     link to a file of root's: the command refuses in one line, and root's file is unchanged."""
-    user = second_user()
-    home = base / "home"
-    home.mkdir(mode=0o700)
-    out = moved(day1, home / "out")
-    give(home, user)
+    out = the_second_users(day1, base)
     assert cli("publish", str(out), "--to", "embedded").returncode == 0
     victim = base / "root-only.txt"
     victim.write_text("root's\n")
@@ -381,11 +368,7 @@ def test_a_stale_pid_file_whose_pid_another_process_has_is_passed_over(day1, bas
     """A server killed as it ran, started or stopped (a reboot), its pid the server's user's
     process since: the next command neither waits for that process nor is refused by
     PostgreSQL's own check of the pid; it starts DIR's server, and that process is untouched."""
-    user = second_user()
-    home = base / "home"
-    home.mkdir(mode=0o700)
-    out = moved(day1, home / "out")
-    give(home, user)
+    out = the_second_users(day1, base)
     assert cli("publish", str(out), "--to", "embedded").returncode == 0
     reused = subprocess.Popen(["sleep", "600"], **as_second_user())
     try:
@@ -403,11 +386,9 @@ def test_a_stale_pid_file_whose_pid_another_process_has_is_passed_over(day1, bas
 def test_a_pid_that_the_data_directory_names_is_never_signalled_as_root(day1, base):
     """The server's user (here DIR's owner) writes a postmaster.pid naming a process of root's (in
     DATA) and a socket that answers: root's command ends, that process untouched."""
+    out = the_second_users(day1, base)
     user = second_user()
-    home = base / "home"
-    home.mkdir(mode=0o700)
-    out = moved(day1, home / "out")
-    give(home, user)
+    home = out.parent
     assert cli("publish", str(out), "--to", "embedded").returncode == 0
     sockets = home / "sockets"   # the server's user's alone, as a socket directory of its server
     sockets.mkdir(mode=0o700)
