@@ -43,6 +43,19 @@ def _serving(config: SandboxConfig, port: int) -> None:
         _write_ready_file(config.ready_file, port)
 
 
+_START_ERRORS = (ConfigError, OSError, sqlite3.Error)
+
+
+def _cannot_start(exc: Exception) -> int:
+    """EXC logged, the exit code of a sandbox it keeps from starting: 2 for its configuration,
+    1 for the rest (the port taken, the db that cannot be opened...)."""
+    if isinstance(exc, ConfigError):
+        log.error("%s", exc)
+        return 2
+    log.error("cannot start: %s", exc)
+    return 1
+
+
 def _log_to(path: str) -> None:
     """Standard output and error (the log) go to PATH from here on, as a new process's would."""
     sys.stdout.flush()
@@ -68,13 +81,8 @@ def _follow_stdin(server: SandboxServer, exit_code: list[int]) -> None:
         except SystemExit as exc:   # argparse printed why
             exit_code[0] = exc.code if isinstance(exc.code, int) else 2
             break
-        except ConfigError as exc:
-            log.error("%s", exc)
-            exit_code[0] = 2
-            break
-        except (OSError, sqlite3.Error) as exc:
-            log.error("cannot start: %s", exc)
-            exit_code[0] = 1
+        except _START_ERRORS as exc:
+            exit_code[0] = _cannot_start(exc)
             break
         _serving(config, server.server_address[1])
     server.shutdown()
@@ -85,12 +93,8 @@ def serve(argv: list[str]) -> int:
     try:
         args, config = _configured(argv)
         server, _ = make_server(config)
-    except ConfigError as exc:
-        log.error("%s", exc)
-        return 2
-    except (OSError, sqlite3.Error) as exc:   # the port is taken, the db cannot be opened...
-        log.error("cannot start: %s", exc)
-        return 1
+    except _START_ERRORS as exc:
+        return _cannot_start(exc)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
