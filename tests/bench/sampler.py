@@ -1,6 +1,6 @@
 """A CPU-weighted sampling profiler for every Python thread (py-spy is not installed).
 
-Every 10 ms it reads each thread's stack (sys._current_frames) and the CPU that thread used
+Every 10 ms it reads each thread's stack (tests/frames.py's current_frames) and the CPU that thread used
 since the last sample (/proc/self/task/TID/schedstat), and charges that CPU to the stack.
 So waits cost nothing and threads in C code (tiktoken, zlib, numpy release the GIL) are
 charged correctly. CPU of threads Python does not know (Arrow's pools) is the process total
@@ -21,6 +21,8 @@ import runpy
 import sys
 import threading
 import time
+
+from tests.frames import current_frames
 
 # (category, substrings of a frame's "file:function"), the first frame from the leaf up that
 # matches names the category; order matters where paths nest.
@@ -105,7 +107,7 @@ class CpuSampler:
         me = threading.get_ident()
         while not self._stop.wait(self.interval_s):
             native = {t.ident: t.native_id for t in threading.enumerate()}
-            for ident, frame in sys._current_frames().items():
+            for ident, frame in current_frames().items():
                 tid = native.get(ident)
                 if ident == me or tid is None:
                     continue

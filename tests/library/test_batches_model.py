@@ -16,7 +16,6 @@ import collections
 import dataclasses
 import hashlib
 import itertools
-import sys
 import threading
 import time
 
@@ -31,6 +30,7 @@ import embedpipe
 from embedpipe.mltransform import _Service
 from service.sandbox.embedder import embed_text
 from tests.conftest import SANDBOX_KEY
+from tests.frames import current_frames
 from tests.library.helpers import MODEL, models_config
 from transforms.pending import REASONS
 
@@ -121,7 +121,7 @@ class Batches(RuleBasedStateMachine):
     @staticmethod
     def _parked(thread: threading.Thread) -> bool:
         """Whether THREAD waits (for a text another batch sends, or for its own requests)."""
-        frame = sys._current_frames().get(thread.ident)
+        frame = current_frames().get(thread.ident)
         return frame is not None and frame.f_code.co_filename.endswith("threading.py")
 
     def _wait(self) -> None:
