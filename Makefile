@@ -42,7 +42,7 @@ run: setup
 
 # The quick suite: everything except the soak, the benchmarks and the Airflow and interop venv tests.
 # Two pytest processes: most tests wait on a sandbox or a pipeline's subprocesses, so two share
-# 2 cores well (9.4 minutes, 81% of both cores busy: three would not be faster).
+# 2 cores well (9.3-10.1 minutes, ~80% of both cores busy: three would not be faster).
 test: setup
 	$(PYTEST) -q -n 2 -m "not soak and not bench and not airflow and not interop and not prism"
 
